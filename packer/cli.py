@@ -1,0 +1,158 @@
+"""The `packer` command: parse, build a config, call one function, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from packer import __version__
+from packer.config import BuildConfig, Job, load_job
+
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError)
+
+
+class _Group(click.Group):
+    """Expected errors become one line on stderr and exit 1, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EXPECTED_ERRORS as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="packer")
+def main():
+    """Tokenize text corpora, pack documents into fixed-length sequences (first-fit-decreasing),
+    write verifiable shards, and measure what padding would have cost.
+
+    Start with: packer run pipelines/sample.toml
+    """
+
+
+def _print_summary(manifest: dict, output: str):
+    t = manifest["totals"]
+    if manifest.get("already_complete"):
+        click.echo(f"{output}: dataset already complete; nothing to do (use --overwrite to rebuild)")
+    skipped = sum(t["docs_skipped"].values())
+    click.echo(
+        f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"
+        + (f" ({skipped:,} skipped: {t['docs_skipped']})" if skipped else "")
+    )
+    for ex in t.get("skip_examples", [])[:3]:
+        click.echo(f"  skipped {ex['reason']}: {ex['where']}")
+    click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
+    click.echo(f"fill rate: {t['fill_rate']:.4f}")
+    click.echo(f"shards:    {len(manifest['shards'])} in {output}")
+
+
+def _run_job(job: Job, keep_work: bool, overwrite: bool):
+    from packer.pipeline import build
+
+    click.echo(f"config: {json.dumps(job.config.to_dict())}", err=True)
+    manifest = build(job, keep_work=keep_work, overwrite=overwrite)
+    _print_summary(manifest, job.output)
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", required=True, help="Path of a tokenizer.json (HF tokenizers format).")
+@click.option("--context-length", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per packed sequence.")
+@click.option("--output", "-o", required=True, help="Output directory for shards and manifest.")
+@click.option("--workers", type=click.IntRange(min=0), default=0, help="Worker processes (default: all cores).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bin shuffle.")
+@click.option("--text-field", default="text", show_default=True, help="JSON field holding the document text.")
+@click.option("--algorithm", type=click.Choice(["ffd", "bfd"]), default="ffd", show_default=True, help="Packing: first-fit or best-fit decreasing.")
+@click.option("--long-docs", type=click.Choice(["split", "truncate", "drop"]), default="split", show_default=True, help="What to do with documents longer than the context.")
+@click.option("--eos/--no-eos", default=True, show_default=True, help="Append the end-of-text token to each document.")
+@click.option("--bos/--no-bos", default=False, show_default=True, help="Prepend the begin-of-text token to each document.")
+@click.option("--eos-token", default=None, help="Name of the end-of-text token (default: found in the tokenizer).")
+@click.option("--bos-token", default=None, help="Name of the begin-of-text token.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard.")
+@click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
+@click.option("--overwrite", is_flag=True, help="Replace a complete dataset already in OUTPUT.")
+def build(inputs, tokenizer, output, workers, keep_work, overwrite, **config):
+    """Tokenize INPUTS (JSONL files, directories or globs), pack them, and write shards to OUTPUT."""
+    job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config))
+    _run_job(job, keep_work, overwrite)
+
+
+@main.command()
+@click.argument("pipeline", type=click.Path(dir_okay=False))
+@click.option("--workers", type=click.IntRange(min=0), default=None, help="Override the job's worker count.")
+@click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work after the build.")
+@click.option("--overwrite", is_flag=True, help="Replace a complete dataset already in the output.")
+def run(pipeline, workers, keep_work, overwrite):
+    """Run the job described in a PIPELINE TOML file (e.g. pipelines/sample.toml)."""
+    job = load_job(pipeline)
+    if workers is not None:
+        job = Job(inputs=job.inputs, tokenizer=job.tokenizer, output=job.output, config=job.config, workers=workers)
+    _run_job(job, keep_work, overwrite)
+
+
+@main.command()
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures as JSON here.")
+def stats(dataset, json_path):
+    """Fill rate of a built DATASET and the padding it avoids against one document per row."""
+    from packer.shards import open_dataset
+    from packer.stats import dataset_stats
+
+    figures = dataset_stats(open_dataset(dataset))
+    click.echo(f"{'documents (segments)':<28}{figures['documents']:>14,}")
+    click.echo(f"{'tokens':<28}{figures['tokens']:>14,}")
+    click.echo(f"{'context length':<28}{figures['context_length']:>14,}")
+    click.echo(f"{'rows, padded per document':<28}{figures['padded_rows']:>14,}   padding {figures['padded_padding_share']:.2%}")
+    click.echo(f"{'rows, packed':<28}{figures['packed_rows']:>14,}   padding {figures['packed_padding_share']:.2%}")
+    click.echo(f"{'fill rate, packed':<28}{figures['packed_fill_rate']:>14.4f}")
+    click.echo(f"{'rows saved by packing':<28}{figures['rows_saved_share']:>14.2%}")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2)
+
+
+@main.command()
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.option("--seq", type=int, default=None, help="Show this packed sequence, decoded, with document boundaries marked.")
+@click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
+def inspect(dataset, seq, raw):
+    """Show a dataset's manifest summary, or one packed sequence."""
+    from packer.shards import open_dataset
+
+    ds = open_dataset(dataset)
+    m = ds.manifest
+    if seq is None:
+        click.echo(json.dumps({k: m[k] for k in ("format_version", "tool", "config", "tokenizer", "totals")}, indent=2))
+        click.echo(f"shards: {', '.join(s['file'] for s in m['shards'])}")
+        return
+    if not 0 <= seq < len(ds):
+        raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
+    tokens, offsets = ds[seq]
+    click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents")
+    tok = None
+    if not raw:
+        from packer.tokenize import load_tokenizer
+
+        tok = load_tokenizer(str(ds.path / "tokenizer.json"))
+    for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        piece = tokens[a:b]
+        click.secho(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan")
+        click.echo(" ".join(map(str, piece.tolist())) if raw else tok.decode(piece.tolist(), skip_special_tokens=False))
+
+
+@main.command()
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.option("--quick", is_flag=True, help="Skip checksums.")
+def verify(dataset, quick):
+    """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem."""
+    from packer.shards import verify_dataset
+
+    totals = verify_dataset(dataset, checksums=not quick)
+    click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Build configuration: one frozen dataclass that the CLI and pipeline TOML files both produce."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ALGORITHMS = ("ffd", "bfd")
+LONG_DOC_POLICIES = ("split", "truncate", "drop")
+FORMATS = ("arrow",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    """Everything that decides the bytes of a build (workers and paths do not)."""
+
+    context_length: int = 2048
+    algorithm: str = "ffd"
+    long_docs: str = "split"
+    seed: int = 0
+    text_field: str = "text"
+    eos: bool = True
+    bos: bool = False
+    eos_token: str | None = None  # None = find the tokenizer's end-of-text special token
+    bos_token: str | None = None
+    format: str = "arrow"
+    shard_size: int = 100_000_000  # tokens per shard (~200 MB of uint16 tokens)
+    unit_bytes: int = 64 * 2**20  # uncompressed inputs are split into ranges this size
+
+    def __post_init__(self):
+        if self.context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {self.context_length}")
+        for name, value, allowed in (
+            ("algorithm", self.algorithm, ALGORITHMS),
+            ("long_docs", self.long_docs, LONG_DOC_POLICIES),
+            ("format", self.format, FORMATS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if self.shard_size < self.context_length:
+            raise ValueError(
+                f"shard_size ({self.shard_size} tokens) must be at least the context length "
+                f"({self.context_length})"
+            )
+        if self.unit_bytes < 1:
+            raise ValueError(f"unit_bytes must be >= 1, got {self.unit_bytes}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """A whole run: what to read, how to tokenize, the config, where to write, how many workers."""
+
+    inputs: tuple[str, ...]
+    tokenizer: str
+    output: str
+    config: BuildConfig = field(default_factory=BuildConfig)
+    workers: int = 0  # 0 = all cores
+
+    def __post_init__(self):
+        if not self.inputs:
+            raise ValueError("a job needs at least one input")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+def load_job(path: str | Path) -> Job:
+    """Read a pipeline TOML file (see pipelines/sample.toml). Relative paths in it are taken
+    relative to the current directory, like paths given on the command line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pipeline file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    known = {"inputs", "tokenizer", "output", "workers", "config"}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; expected {sorted(known)}")
+    config_keys = {f.name for f in dataclasses.fields(BuildConfig)}
+    cfg = data.get("config", {})
+    bad = set(cfg) - config_keys
+    if bad:
+        raise ValueError(f"{path}: unknown [config] keys {sorted(bad)}; expected {sorted(config_keys)}")
+    for key in ("inputs", "tokenizer", "output"):
+        if key not in data:
+            raise ValueError(f"{path}: missing required key {key!r}")
+    inputs = data["inputs"]
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    return Job(
+        inputs=tuple(inputs),
+        tokenizer=data["tokenizer"],
+        output=data["output"],
+        config=BuildConfig(**cfg),
+        workers=int(data.get("workers", 0)),
+    )

@@ -1,0 +1,138 @@
+"""Plan stage: long-document splitting, packing, seeded bin shuffle -> the plan arrays.
+
+Everything here works on lengths only. A *piece* is a run of one document's tokens
+(the whole document, or one split part); a *sequence* is one packed bin. The plan says,
+for every output sequence in order, which pieces it holds:
+
+    piece_unit[p], piece_start[p]  where the piece's tokens start in that unit's token file
+    piece_len[p], piece_doc[p]     its length and its global document index
+    seq_starts[s] : seq_starts[s+1]   the pieces of sequence s (CSR), in output order
+    shard_starts[k] : shard_starts[k+1]   the sequences of shard k
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer.binpack import pack
+
+
+@dataclass(frozen=True)
+class Plan:
+    piece_unit: np.ndarray
+    piece_start: np.ndarray
+    piece_len: np.ndarray
+    piece_doc: np.ndarray
+    seq_starts: np.ndarray
+    shard_starts: np.ndarray
+    n_truncated_tokens: int = 0
+    n_dropped_docs: int = 0
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.seq_starts) - 1
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.shard_starts) - 1
+
+    def save(self, path):
+        np.savez(path, **{k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        with np.load(path) as z:
+            fields = {k: z[k] for k in z.files}
+        fields["n_truncated_tokens"] = int(fields["n_truncated_tokens"])
+        fields["n_dropped_docs"] = int(fields["n_dropped_docs"])
+        return cls(**fields)
+
+
+def split_documents(doc_lengths: np.ndarray, context_length: int):
+    """Cut every document longer than the context into context-sized pieces plus a remainder.
+
+    doc_lengths [3, 10], context 4  ->  piece_doc [0, 1, 1, 1], piece_offset [0, 0, 4, 8],
+                                        piece_len [3, 4, 4, 2]
+    """
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    n_pieces = np.maximum(-(-doc_lengths // context_length), 1)
+    piece_doc = np.repeat(np.arange(len(doc_lengths)), n_pieces)
+    first = np.cumsum(n_pieces) - n_pieces
+    k = np.arange(len(piece_doc)) - np.repeat(first, n_pieces)  # piece number within its doc
+    piece_offset = k * context_length
+    piece_len = np.minimum(doc_lengths[piece_doc] - piece_offset, context_length)
+    return piece_doc, piece_offset, piece_len
+
+
+def plan_bins(
+    unit_lengths: list[np.ndarray],
+    *,
+    context_length: int,
+    algorithm: str = "ffd",
+    long_docs: str = "split",
+    seed: int = 0,
+    shard_size: int,
+) -> Plan:
+    """Pack the documents of all units (given in unit order) into shuffled sequences and shards."""
+    doc_lengths = np.concatenate(unit_lengths) if unit_lengths else np.zeros(0, np.int64)
+    doc_unit = np.repeat(np.arange(len(unit_lengths)), [len(x) for x in unit_lengths])
+    # Start of each document inside its unit's token file.
+    global_start = np.cumsum(doc_lengths) - doc_lengths
+    unit_tokens = np.array([int(x.sum()) for x in unit_lengths], dtype=np.int64)
+    unit_base = np.cumsum(unit_tokens) - unit_tokens
+    doc_start = global_start - unit_base[doc_unit]
+
+    n_truncated = n_dropped = 0
+    if long_docs == "split":
+        piece_doc, piece_offset, piece_len = split_documents(doc_lengths, context_length)
+    else:
+        long = doc_lengths > context_length
+        if long_docs == "truncate":
+            n_truncated = int((doc_lengths[long] - context_length).sum())
+            keep = np.arange(len(doc_lengths))
+        else:
+            n_dropped = int(long.sum())
+            keep = np.flatnonzero(~long)
+        piece_doc = keep
+        piece_offset = np.zeros(len(keep), dtype=np.int64)
+        piece_len = np.minimum(doc_lengths[keep], context_length)
+
+    bins = pack(piece_len, context_length, algorithm)
+    n_bins = int(bins.max()) + 1 if len(bins) else 0
+    rng = np.random.default_rng(seed)
+    position = rng.permutation(n_bins)  # output position of each bin
+    order = np.lexsort((np.arange(len(bins)), position[bins]))  # by output position, then input order
+    seq_counts = np.bincount(position[bins], minlength=n_bins)
+    seq_starts = np.concatenate([[0], np.cumsum(seq_counts)]).astype(np.int64)
+
+    piece_doc = piece_doc[order]
+    piece_len = piece_len[order]
+    plan_piece_start = doc_start[piece_doc] + piece_offset[order]
+    seq_tokens = np.add.reduceat(piece_len, seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
+    shard_starts = _shard_boundaries(seq_tokens, shard_size)
+    return Plan(
+        piece_unit=doc_unit[piece_doc].astype(np.int64),
+        piece_start=plan_piece_start.astype(np.int64),
+        piece_len=piece_len.astype(np.int64),
+        piece_doc=piece_doc.astype(np.int64),
+        seq_starts=seq_starts,
+        shard_starts=shard_starts,
+        n_truncated_tokens=n_truncated,
+        n_dropped_docs=n_dropped,
+    )
+
+
+def _shard_boundaries(seq_tokens: np.ndarray, shard_size: int) -> np.ndarray:
+    """Greedy: a shard takes whole sequences while its token count stays <= shard_size."""
+    starts = [0]
+    filled = 0
+    for s, n in enumerate(seq_tokens.tolist()):
+        if filled and filled + n > shard_size:
+            starts.append(s)
+            filled = 0
+        filled += n
+    if len(seq_tokens):
+        starts.append(len(seq_tokens))
+    return np.asarray(starts, dtype=np.int64)
