@@ -71,9 +71,10 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.option("--bos/--no-bos", default=False, show_default=True, help="Prepend the begin-of-text token to each document.")
 @click.option("--eos-token", default=None, help="Name of the end-of-text token (default: found in the tokenizer).")
 @click.option("--bos-token", default=None, help="Name of the begin-of-text token.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard.")
+@click.option("--format", type=click.Choice(["arrow", "memmap"]), default="arrow", show_default=True, help="Shard format: Arrow IPC, or flat .bin tokens + .idx index for np.memmap.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard (100M uint16 tokens = 200 MB).")
 @click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
-@click.option("--overwrite", is_flag=True, help="Replace a complete dataset already in OUTPUT.")
+@click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or unfinished work from other settings) and start over.")
 def build(inputs, tokenizer, output, workers, keep_work, overwrite, **config):
     """Tokenize INPUTS (JSONL files, directories or globs), pack them, and write shards to OUTPUT."""
     job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config))

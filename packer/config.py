@@ -10,7 +10,7 @@ from pathlib import Path
 
 ALGORITHMS = ("ffd", "bfd")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
-FORMATS = ("arrow",)
+FORMATS = ("arrow", "memmap")
 
 
 @dataclass(frozen=True, kw_only=True)

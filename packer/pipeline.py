@@ -1,12 +1,15 @@
 """The build, as stages over paths: tokenize -> plan -> write -> finalize.
 
+    OUTPUT/.packer.lock                                           held while a build runs (packer/lock.py)
+    OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/resume.py)
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
     OUTPUT/_work/plan.npz                                         plan (lengths only)
-    OUTPUT/shard-XXXXX.arrow                                      write (one per shard)
-    OUTPUT/stats.json, OUTPUT/manifest.json                       finalize (manifest last)
+    OUTPUT/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json     write (one per shard; the .json says done)
+    OUTPUT/stats.json, tokenizer.json, manifest.json              finalize (manifest last)
 
-Each stage reads only what the one before wrote, and skips work whose output exists, so
-re-running the same build resumes it.
+Every file is written under a temporary name and renamed into place; each stage reads
+only what the one before wrote and skips work whose output exists, so re-running the
+same command after a crash at any point resumes it and gives the same bytes.
 """
 
 from __future__ import annotations
@@ -18,21 +21,26 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from packer import __version__, atomic, readers, shards
+from packer import __version__, atomic, lock, readers, resume, shards
 from packer.config import Job
 from packer.executors import make_executor
 from packer.plan import Plan, plan_bins
 from packer.stats import padding_stats
 from packer.tokenize import tokenize_unit, tokenizer_info, unit_paths
 
+WORK = "_work"
+
 
 def _tokenize_stage(units, info, config, units_dir: Path, executor):
     total = sum(u.end - u.start for u in units)
+    n_done = [0]
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", leave=False) as bar:
 
         def done(counters):
             bar.update(counters["end"] - counters["start"])
             bar.set_postfix(docs=counters["docs_accepted"], tokens=counters["tokens"], refresh=False)
+            n_done[0] += 1
+            atomic.kill_point("tokenize", n_done[0])
 
         args = [(u, info, config, str(units_dir)) for u in units]
         return executor.map(tokenize_unit, args, on_done=done)
@@ -51,19 +59,27 @@ def _plan_stage(n_units: int, config, work: Path) -> Plan:
         seed=config.seed,
         shard_size=config.shard_size,
     )
-    tmp = atomic.tmp_path(path).with_suffix(".npz")
-    plan.save(tmp)
-    tmp.replace(path)
+    atomic.save_npz(path, **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
+    atomic.kill_point("plan", 0)
     return plan
 
 
-def _write_stage(plan: Plan, info, work: Path, out: Path, executor):
+def _write_stage(plan: Plan, info, config, work: Path, out: Path, executor):
+    (work / "shards").mkdir(exist_ok=True)
+    n_done = 0
     with tqdm(total=int(plan.piece_len.sum()), unit="tok", unit_scale=True, desc="write", leave=False) as bar:
+
+        def done(entry):
+            nonlocal n_done
+            n_done += 1
+            bar.update(entry["tokens"])
+            atomic.kill_point("write", n_done)
+
         args = [
-            (str(work / "plan.npz"), k, str(work / "units"), str(out), info.dtype.name)
+            (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format)
             for k in range(plan.n_shards)
         ]
-        return executor.map(shards.write_shard, args, on_done=lambda e: bar.update(e["tokens"]))
+        return executor.map(shards.write_shard, args, on_done=done)
 
 
 def _totals(unit_counters, plan: Plan, config) -> dict:
@@ -89,34 +105,13 @@ def _totals(unit_counters, plan: Plan, config) -> dict:
     }
 
 
-def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict:
-    """Run (or resume) a build; return the manifest."""
+def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out: Path, work: Path) -> dict:
     config = job.config
-    out = Path(job.output)
-    if (out / shards.MANIFEST).exists():
-        if not overwrite:
-            manifest = shards.read_manifest(out)
-            manifest["already_complete"] = True
-            return manifest
-        shutil.rmtree(out)
-    files = readers.expand_inputs(job.inputs)
-    info = tokenizer_info(job.tokenizer, config)
-    units = readers.plan_units(files, config.unit_bytes)
-    work = out / "_work"
-    (work / "units").mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    executor = make_executor(job.n_workers)
-    try:
-        counters = _tokenize_stage(units, info, config, work / "units", executor)
-        plan = _plan_stage(len(units), config, work)
-        shard_entries = _write_stage(plan, info, work, out, executor)
-    finally:
-        executor.close()
-    totals = _totals(counters, plan, config)
     doc_lengths = np.concatenate(
-        [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units]
+        [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units] or [np.zeros(0, np.int64)]
     )
     atomic.write_json(out / shards.STATS, padding_stats(doc_lengths, config.context_length, plan.n_sequences))
+    atomic.copy_file(job.tokenizer, out / "tokenizer.json")  # the dataset decodes without its source
     manifest = {
         "format_version": shards.FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},
@@ -129,13 +124,53 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         },
         "tokenizer": {"path": info.path, "sha256": info.sha256, "vocab_size": info.vocab_size},
         "inputs": readers.input_descriptions(files),
-        "shards": shard_entries,
-        "totals": totals,
-        "created_unix": round(time.time(), 3),
-        "build_seconds": round(time.time() - started, 3),
+        "shards": entries,
+        "totals": _totals(counters, plan, config),
     }
-    shutil.copyfile(job.tokenizer, out / "tokenizer.json")  # the dataset decodes without its source
-    atomic.write_json(out / shards.MANIFEST, manifest)
-    if not keep_work:
-        shutil.rmtree(work)
+    atomic.kill_point("finalize", 0)
+    return manifest
+
+
+def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict:
+    """Run, resume, or (with nothing left to do) skip a build; return the manifest.
+
+    Under the output's lock: a complete dataset from the same command is returned as is
+    (`already_complete`); one from another command, or a `_work/` from another config or
+    other inputs, is refused unless `overwrite`, which deletes packer's files and starts over."""
+    config = job.config
+    out = Path(job.output)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output {out} is a file; give a directory (new, or one packer wrote)")
+    files = readers.expand_inputs(job.inputs)
+    info = tokenizer_info(job.tokenizer, config)
+    with lock.hold(out):
+        resume.refuse_foreign(out)
+        work = out / WORK
+        if overwrite:
+            resume.clear(out)
+        elif (out / shards.MANIFEST).exists():
+            manifest = shards.read_manifest(out)
+            resume.require_same_dataset(manifest, config, info, files, out)
+            if work.exists() and not keep_work:
+                shutil.rmtree(work)  # a run killed after its manifest, before this
+            return {**manifest, "already_complete": True}
+        resume.start_or_resume(work, resume.fingerprint(config, info, files))
+        for d in (out, work, work / "units", work / "shards"):
+            atomic.remove_leftovers(d)
+        started = time.time()
+        units = readers.plan_units(files, config.unit_bytes)
+        (work / "units").mkdir(parents=True, exist_ok=True)
+        executor = make_executor(job.n_workers)
+        try:
+            counters = _tokenize_stage(units, info, config, work / "units", executor)
+            plan = _plan_stage(len(units), config, work)
+            entries = _write_stage(plan, info, config, work, out, executor)
+        finally:
+            executor.close()
+        manifest = _finalize(job, files, units, info, counters, plan, entries, out, work)
+        manifest["created_unix"] = round(time.time(), 3)
+        manifest["build_seconds"] = round(time.time() - started, 3)
+        atomic.write_json(out / shards.MANIFEST, manifest)  # last: its presence means complete
+        if not keep_work:
+            shutil.rmtree(work)
     return manifest

@@ -1,36 +1,70 @@
-"""Shard files (Arrow IPC), the manifest, checksums, and a reader for built datasets.
+"""Shard files (Arrow IPC or memmap), their manifest entries, and the reader for built datasets.
 
-Arrow shard: one row per packed sequence.
+Both formats store the same rows. A row [a a a | b b | c] has offsets [0, 3, 5, 6] and
+doc_ids [17, 4, 230]. Several rows travel as CSR arrays (`Rows`):
+
+    tokens         [a a a b b c | d d d d]        stored dtype (uint16 or uint32)
+    token_starts   [0, 6, 10]                     row s = tokens[token_starts[s] : token_starts[s+1]]
+    offsets        [0 3 5 6 | 0 4]                int32, each row from 0 to its length
+    offset_starts  [0, 4, 6]                      row s's offsets = offsets[offset_starts[s] : ...[s+1]]
+
+Arrow shard (`shard-00000.arrow`), one row per packed sequence:
 
     input_ids: list<uint16|uint32>   the row's tokens, unpadded
     offsets:   list<int32>           document boundaries in the row: [0, ..., len(row)]
     doc_ids:   list<int64>           global document index of each segment (audits)
 
-A row [a a a | b b | c] has offsets [0, 3, 5, 6] and doc_ids [17, 4, 230].
+Memmap shard (`shard-00000.bin` + `.idx`): see packer/memmap.py for the byte layout.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer import atomic
+from packer import atomic, memmap
 from packer.plan import Plan
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATS = "stats.json"
 ROWS_PER_BATCH = 4096
+SUFFIX = {"arrow": ".arrow", "memmap": ".bin"}
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}.arrow"
+class Rows(NamedTuple):
+    """Rows in CSR form (see the module docstring); `ds.get_many` returns one of these."""
+
+    tokens: np.ndarray
+    token_starts: np.ndarray
+    offsets: np.ndarray
+    offset_starts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.token_starts) - 1
+
+    def row(self, k: int):
+        """(tokens, offsets) of row k."""
+        t0, t1 = self.token_starts[k], self.token_starts[k + 1]
+        return self.tokens[t0:t1], self.offsets[self.offset_starts[k] : self.offset_starts[k + 1]]
+
+
+def shard_name(index: int, fmt: str = "arrow") -> str:
+    return f"shard-{index:05d}{SUFFIX[fmt]}"
+
+
+def shard_files(entry: dict) -> list[str]:
+    """Every file of one manifest shard entry (a memmap shard has two)."""
+    return [entry["file"]] + ([entry["index_file"]] if "index_file" in entry else [])
 
 
 def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
@@ -41,71 +75,125 @@ def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
     return h.hexdigest()
 
 
-def _gather_tokens(plan: Plan, p0: int, p1: int, work_dir: Path, dtype) -> np.ndarray:
-    """Concatenate the tokens of pieces p0..p1 from the unit token files (memory-mapped)."""
+# ---- write -------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _load_plan(path: str, mtime_ns: int) -> Plan:
+    return Plan.load(path)  # once per worker process, not once per shard
+
+
+def _gather_tokens(plan: Plan, p0: int, p1: int, units_dir: Path, dtype) -> np.ndarray:
+    """Concatenate the tokens of pieces p0..p1 from the unit token files (memory-mapped).
+
+    A Python loop over pieces: 0.4 us a piece against ~0.1 us for the copy of a 500-token
+    piece, and the file write costs more than both (benchmarks/bench_write.py)."""
     out = np.empty(int(plan.piece_len[p0:p1].sum()), dtype=dtype)
     units: dict[int, np.ndarray] = {}
     pos = 0
     for u, start, n in zip(
         plan.piece_unit[p0:p1].tolist(), plan.piece_start[p0:p1].tolist(), plan.piece_len[p0:p1].tolist()
     ):
-        if u not in units:
-            units[u] = np.load(work_dir / f"unit-{u:06d}.tokens.npy", mmap_mode="r")
-        out[pos : pos + n] = units[u][start : start + n]
+        src = units.get(u)
+        if src is None:
+            src = units[u] = np.load(units_dir / f"unit-{u:06d}.tokens.npy", mmap_mode="r")
+        out[pos : pos + n] = src[start : start + n]
         pos += n
     return out
 
 
-def shard_table(plan: Plan, shard: int, work_dir: Path, dtype) -> pa.Table:
-    """The Arrow table of one shard, built from the plan and the unit files."""
+def shard_rows(plan: Plan, shard: int, units_dir: Path, dtype) -> tuple[Rows, np.ndarray]:
+    """The rows of one shard, and the doc_id of each segment, from the plan and the unit files."""
     s0, s1 = int(plan.shard_starts[shard]), int(plan.shard_starts[shard + 1])
     p0, p1 = int(plan.seq_starts[s0]), int(plan.seq_starts[s1])
-    tokens = _gather_tokens(plan, p0, p1, work_dir, dtype)
+    tokens = _gather_tokens(plan, p0, p1, units_dir, dtype)
     piece_len = plan.piece_len[p0:p1]
     seq_starts = plan.seq_starts[s0 : s1 + 1] - p0  # pieces of each row, relative to p0
     piece_end = np.cumsum(piece_len)
-    row_token_start = np.concatenate([[0], piece_end])[seq_starts]  # token offset of each row
+    token_starts = np.concatenate([[0], piece_end])[seq_starts].astype(np.int64)
     # offsets of row r: [0, piece ends of its pieces...] relative to the row start.
     n_pieces = np.diff(seq_starts)
     row_of_piece = np.repeat(np.arange(len(n_pieces)), n_pieces)
-    ends = piece_end - row_token_start[row_of_piece]
-    offset_values = np.zeros(len(piece_len) + len(n_pieces), dtype=np.int32)
-    end_slots = np.arange(len(piece_len)) + row_of_piece + 1
-    offset_values[end_slots] = ends
-    offsets_list_offsets = (seq_starts + np.arange(len(seq_starts))).astype(np.int32)
-    value_type = pa.uint16() if np.dtype(dtype) == np.uint16 else pa.uint32()
+    offsets = np.zeros(len(piece_len) + len(n_pieces), dtype=np.int32)
+    offsets[np.arange(len(piece_len)) + row_of_piece + 1] = piece_end - token_starts[row_of_piece]
+    offset_starts = (seq_starts + np.arange(len(seq_starts))).astype(np.int64)
+    return Rows(tokens, token_starts, offsets, offset_starts), plan.piece_doc[p0:p1]
+
+
+def arrow_table(rows: Rows, doc_ids: np.ndarray) -> pa.Table:
+    value_type = pa.uint16() if rows.tokens.dtype.itemsize == 2 else pa.uint32()
+    seq_starts = rows.offset_starts - np.arange(len(rows.offset_starts))
     return pa.table(
         {
             "input_ids": pa.ListArray.from_arrays(
-                pa.array(row_token_start.astype(np.int32)), pa.array(tokens, type=value_type)
+                pa.array(rows.token_starts.astype(np.int32)), pa.array(rows.tokens, type=value_type)
             ),
-            "offsets": pa.ListArray.from_arrays(pa.array(offsets_list_offsets), pa.array(offset_values)),
-            "doc_ids": pa.ListArray.from_arrays(
-                pa.array(seq_starts.astype(np.int32)), pa.array(plan.piece_doc[p0:p1])
-            ),
+            "offsets": pa.ListArray.from_arrays(pa.array(rows.offset_starts.astype(np.int32)), pa.array(rows.offsets)),
+            "doc_ids": pa.ListArray.from_arrays(pa.array(seq_starts.astype(np.int32)), pa.array(doc_ids)),
         }
     )
 
 
-def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: str) -> dict:
-    """Write one shard atomically; return its manifest entry."""
-    plan = Plan.load(plan_path)
-    table = shard_table(plan, shard, Path(work_dir), np.dtype(dtype))
-    final = Path(out_dir) / shard_name(shard)
+def _write_tmp(final: Path, buffers) -> tuple[Path, str]:
+    """Write buffers to a temporary file beside `final`, hashing them in a second thread
+    (hashlib and file writes both release the GIL); return (tmp path, sha256)."""
+    h = hashlib.sha256()
+    hasher = threading.Thread(target=lambda: [h.update(b) for b in buffers])
+    hasher.start()
     tmp = atomic.tmp_path(final)
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=ROWS_PER_BATCH)
-    os.replace(tmp, final)
-    lengths = plan.piece_len
-    s0, s1 = int(plan.shard_starts[shard]), int(plan.shard_starts[shard + 1])
-    p0, p1 = int(plan.seq_starts[s0]), int(plan.seq_starts[s1])
-    return {
-        "file": final.name,
-        "sequences": s1 - s0,
-        "tokens": int(lengths[p0:p1].sum()),
-        "documents": p1 - p0,
-        "sha256": sha256_file(final),
+    with open(tmp, "wb") as f:
+        for b in buffers:
+            f.write(b)
+    hasher.join()
+    return tmp, h.hexdigest()
+
+
+def write_rows(rows: Rows, doc_ids: np.ndarray, out_dir: Path, shard: int, fmt: str) -> dict:
+    """Write one shard's files atomically (temporary names, then renames); return its entry."""
+    final = out_dir / shard_name(shard, fmt)
+    entry = {"file": final.name}
+    if fmt == "arrow":
+        sink = pa.BufferOutputStream()
+        table = arrow_table(rows, doc_ids)
+        with ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=ROWS_PER_BATCH)
+        written = [(final, _write_tmp(final, [sink.getvalue()]))]
+        entry["sha256"] = written[0][1][1]
+    else:
+        tokens = rows.tokens.astype(rows.tokens.dtype.newbyteorder("<"), copy=False)
+        index = memmap.index_bytes(rows.token_starts, rows.offset_starts, doc_ids, rows.offsets, tokens.itemsize)
+        idx_final = out_dir / memmap.index_name(final.name)
+        written = [(final, _write_tmp(final, [memoryview(tokens).cast("B")])), (idx_final, _write_tmp(idx_final, index))]
+        entry.update(sha256=written[0][1][1], index_file=idx_final.name, index_sha256=written[1][1][1])
+    atomic.kill_point("write-shard", shard)
+    for path, (tmp, _) in written:
+        os.replace(tmp, path)
+    return entry
+
+
+def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: str, fmt: str = "arrow") -> dict:
+    """Write one shard (skipped if a finished run of this call left its entry); return its entry."""
+    work = Path(work_dir)
+    done = work / "shards" / f"shard-{shard:05d}.json"
+    if done.exists():
+        entry = json.loads(done.read_text(encoding="utf-8"))
+        if all((Path(out_dir) / f).exists() for f in shard_files(entry)):
+            return entry
+    plan = _load_plan(plan_path, os.stat(plan_path).st_mtime_ns)
+    rows, doc_ids = shard_rows(plan, shard, work / "units", np.dtype(dtype))
+    entry = write_rows(rows, doc_ids, Path(out_dir), shard, fmt)
+    entry = {
+        **entry,
+        "sequences": len(rows),
+        "tokens": len(rows.tokens),
+        "documents": len(doc_ids),
     }
+    done.parent.mkdir(exist_ok=True)
+    atomic.write_json(done, entry)
+    return entry
+
+
+# ---- read --------------------------------------------------------------------------------
 
 
 def read_manifest(path) -> dict:
@@ -119,91 +207,111 @@ def read_manifest(path) -> dict:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
-class ArrowDataset:
-    """Random access to the sequences of a built dataset: ds[i] -> (tokens, offsets)."""
+def _arrow_blocks(file: Path):
+    """One Rows (plus the doc_ids list array) per record batch, zero-copy over a memory map."""
+    reader = ipc.open_file(pa.memory_map(str(file), "r"))
+    for b in range(reader.num_record_batches):
+        batch = reader.get_batch(b)
+        ids, offs = batch.column("input_ids"), batch.column("offsets")
+        rows = Rows(
+            ids.values.to_numpy(zero_copy_only=True),
+            ids.offsets.to_numpy(),
+            offs.values.to_numpy(zero_copy_only=True),
+            offs.offsets.to_numpy(),
+        )
+        yield rows, batch.column("doc_ids")
+
+
+def shard_blocks(directory: Path, entry: dict, fmt: str):
+    """Yield (Rows, doc_id count) for the blocks of one shard: record batches, or the whole memmap."""
+    file = directory / entry["file"]
+    if fmt == "arrow":
+        for rows, doc_ids in _arrow_blocks(file):
+            yield rows, len(doc_ids.values) if len(doc_ids) else 0
+    else:
+        tokens, token_starts, offsets, offset_starts, doc_ids = memmap.open_shard(file, directory / entry["index_file"])
+        yield Rows(tokens, token_starts, offsets, offset_starts), len(doc_ids)
+
+
+class ShardDataset:
+    """Random access to the sequences of a built dataset (either format).
+
+    ds[i] -> (tokens, offsets): read-only numpy views into memory-mapped files; O(1) and
+    touching only that row's pages. ds.get_many(indices) -> Rows: many rows at once,
+    copied into one CSR batch. Iteration yields ds[0], ds[1], ... in stored order."""
 
     def __init__(self, path):
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
-        self._tokens, self._token_offsets, self._offsets, self._offset_offsets = [], [], [], []
+        self.format = self.manifest["config"].get("format", "arrow")
+        self._blocks: list[Rows] = []
         starts = [0]
         for entry in self.manifest["shards"]:
-            reader = ipc.open_file(pa.memory_map(str(self.path / entry["file"]), "r"))
-            for b in range(reader.num_record_batches):
-                batch = reader.get_batch(b)
-                ids, offs = batch.column("input_ids"), batch.column("offsets")
-                self._tokens.append(ids.values.to_numpy(zero_copy_only=True))
-                self._token_offsets.append(ids.offsets.to_numpy())
-                self._offsets.append(offs.values.to_numpy(zero_copy_only=True))
-                self._offset_offsets.append(offs.offsets.to_numpy())
-                starts.append(starts[-1] + batch.num_rows)
-        self._batch_starts = np.asarray(starts, dtype=np.int64)
+            for rows, _ in shard_blocks(self.path, entry, self.format):
+                self._blocks.append(rows)
+                starts.append(starts[-1] + len(rows))
+        self._block_starts = np.asarray(starts, dtype=np.int64)
+        self._n = starts[-1]
 
     def __len__(self) -> int:
-        return int(self._batch_starts[-1])
+        return self._n
 
-    def __getitem__(self, i: int):
-        n = len(self)
+    def __getitem__(self, i):
+        n = self._n
         if not -n <= i < n:
             raise IndexError(f"sequence {i} out of range for a dataset of {n}")
-        i %= n
-        b = int(np.searchsorted(self._batch_starts, i, side="right")) - 1
-        r = i - int(self._batch_starts[b])
-        t0, t1 = self._token_offsets[b][r], self._token_offsets[b][r + 1]
-        o0, o1 = self._offset_offsets[b][r], self._offset_offsets[b][r + 1]
-        return self._tokens[b][t0:t1], self._offsets[b][o0:o1]
+        i = int(i) % n
+        b = int(self._block_starts.searchsorted(i, side="right")) - 1
+        rows = self._blocks[b]
+        r = i - int(self._block_starts[b])
+        t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
+        return rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
+
+    def get_many(self, indices) -> Rows:
+        """Rows `indices` (any order, repeats allowed) as one CSR batch: `Rows.row(k)` equals
+        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self._n
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
+        idx = idx % n if n else idx
+        block = self._block_starts.searchsorted(idx, side="right") - 1
+        local = idx - self._block_starts[block]
+        spans = np.empty((len(idx), 4), dtype=np.int64)  # t0, t1, o0, o1 of each row
+        for b in np.unique(block).tolist():
+            sel = block == b
+            r, rows = local[sel], self._blocks[b]
+            spans[sel] = np.stack(
+                [rows.token_starts[r], rows.token_starts[r + 1], rows.offset_starts[r], rows.offset_starts[r + 1]], 1
+            )
+        token_starts = np.concatenate([[0], np.cumsum(spans[:, 1] - spans[:, 0])])
+        offset_starts = np.concatenate([[0], np.cumsum(spans[:, 3] - spans[:, 2])])
+        dtype = self._blocks[0].tokens.dtype if self._blocks else np.uint16
+        tokens = np.empty(int(token_starts[-1]), dtype=dtype)
+        offsets = np.empty(int(offset_starts[-1]), dtype=np.int32)
+        for k, (b, (t0, t1, o0, o1)) in enumerate(zip(block.tolist(), spans.tolist())):
+            rows = self._blocks[b]
+            tokens[token_starts[k] : token_starts[k + 1]] = rows.tokens[t0:t1]
+            offsets[offset_starts[k] : offset_starts[k + 1]] = rows.offsets[o0:o1]
+        return Rows(tokens, token_starts, offsets, offset_starts)
 
     def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+        for rows in self._blocks:
+            for r in range(len(rows)):
+                t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
+                yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
 
 
-def open_dataset(path) -> ArrowDataset:
-    """Open a dataset directory written by `packer build`."""
-    return ArrowDataset(path)
+ArrowDataset = ShardDataset  # the name before the memmap format existed
 
 
-def _check_offsets(offsets: np.ndarray, n_tokens: int, where: str, context_length: int):
-    if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n_tokens:
-        raise ValueError(f"{where}: offsets must start at 0 and end at the row length {n_tokens}")
-    if np.any(np.diff(offsets) <= 0):
-        raise ValueError(f"{where}: offsets must increase strictly")
-    if n_tokens > context_length:
-        raise ValueError(f"{where}: row of {n_tokens} tokens exceeds the context length {context_length}")
+def open_dataset(path) -> ShardDataset:
+    """Open a dataset directory written by `packer build` (Arrow or memmap shards)."""
+    return ShardDataset(path)
 
 
 def verify_dataset(path, *, checksums: bool = True) -> dict:
-    """Check a dataset against its manifest; raise ValueError naming the first problem."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    context_length = manifest["config"]["context_length"]
-    totals = {"sequences": 0, "tokens": 0, "documents": 0}
-    for entry in manifest["shards"]:
-        file = path / entry["file"]
-        if not file.is_file():
-            raise ValueError(f"shard missing: {file}")
-        if checksums and sha256_file(file) != entry["sha256"]:
-            raise ValueError(f"{file}: sha256 does not match the manifest (the file changed or is corrupt)")
-        counts = {"sequences": 0, "tokens": 0, "documents": 0}
-        reader = ipc.open_file(pa.memory_map(str(file), "r"))
-        for b in range(reader.num_record_batches):
-            batch = reader.get_batch(b)
-            ids, offs = batch.column("input_ids"), batch.column("offsets")
-            id_offsets = ids.offsets.to_numpy()
-            off_values, off_offsets = offs.values.to_numpy(), offs.offsets.to_numpy()
-            for r in range(batch.num_rows):
-                row = off_values[off_offsets[r] : off_offsets[r + 1]]
-                n = int(id_offsets[r + 1] - id_offsets[r])
-                _check_offsets(row, n, f"{file} row {counts['sequences'] + r}", context_length)
-                counts["documents"] += len(row) - 1
-            counts["sequences"] += batch.num_rows
-            counts["tokens"] += int(id_offsets[-1] - id_offsets[0])
-        for key, value in counts.items():
-            if value != entry[key]:
-                raise ValueError(f"{file}: {value} {key}, manifest says {entry[key]}")
-            totals[key] += value
-    if totals["sequences"] != manifest["totals"]["sequences"]:
-        raise ValueError(f"{totals['sequences']} sequences in shards, manifest totals say {manifest['totals']['sequences']}")
-    if totals["tokens"] != manifest["totals"]["tokens_out"]:
-        raise ValueError(f"{totals['tokens']} tokens in shards, manifest totals say {manifest['totals']['tokens_out']}")
-    return totals
+    """See packer.verify.verify_dataset (kept here, where it used to live)."""
+    from packer.verify import verify_dataset as verify
+
+    return verify(path, checksums=checksums)

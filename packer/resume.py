@@ -1,0 +1,116 @@
+"""What a build may do with the output directory it finds: resume it, skip it, or refuse.
+
+    OUTPUT/_work/fingerprint.json   {"config": {...}, "tokenizer_sha256": "...",
+                                     "inputs": [{"path", "bytes", "mtime_ns"}, ...]}
+
+The fingerprint is written before any unit; a later run resumes `_work/` only when its
+own fingerprint is equal, since unit files from another config or other inputs would mix
+into the output. Worker count is not part of it: it does not change the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from packer import atomic, lock
+from packer.shards import MANIFEST, STATS
+
+FINGERPRINT = "fingerprint.json"
+_OWNED = re.compile(
+    r"^(manifest\.json|stats\.json|tokenizer\.json|_work|\.packer\.lock|shard-\d{5}\.(arrow|bin|idx))(\.tmp\d+)?$"
+)
+
+
+def fingerprint(config, info, files) -> dict:
+    inputs = []
+    for f in files:
+        st = os.stat(f)
+        inputs.append({"path": str(Path(f)), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return {"config": config.to_dict(), "tokenizer_sha256": info.sha256, "inputs": inputs}
+
+
+def _first_difference(old, new, where: str = ""):
+    """(where, old, new) of the first difference between two JSON values, or None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in list(old) + [k for k in new if k not in old]:
+            found = _first_difference(old.get(key), new.get(key), f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = _first_difference(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if old == new else (where, old, new)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def start_or_resume(work: Path, expected: dict):
+    """Create `work` with its fingerprint, or check the one there; ValueError on a mismatch."""
+    path = work / FINGERPRINT
+    if path.exists():
+        found = _first_difference(json.loads(path.read_text(encoding="utf-8")), expected)
+        if found:
+            where, old, new = found
+            raise ValueError(
+                f"{work} belongs to an unfinished build with other settings or inputs ({where}: "
+                f"{_short(old)} there, {_short(new)} now); rerun the original command to resume it, "
+                f"or pass --overwrite to discard it and start over"
+            )
+        return
+    if work.exists() and any(p.name != "units" or any(p.iterdir()) for p in work.iterdir()):
+        raise ValueError(f"{work} has no {FINGERPRINT}, so it cannot be resumed safely; pass --overwrite to start over")
+    work.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(path, expected)
+
+
+def require_same_dataset(manifest: dict, config, info, files, out: Path):
+    """A complete dataset is only 'already complete' for the command that built it."""
+    from packer import readers
+
+    old = {
+        "config": {k: manifest["config"].get(k) for k in config.to_dict()},
+        "tokenizer_sha256": manifest["tokenizer"]["sha256"],
+        "inputs": manifest["inputs"],
+    }
+    new = {"config": config.to_dict(), "tokenizer_sha256": info.sha256, "inputs": readers.input_descriptions(files)}
+    found = _first_difference(old, new)
+    if found:
+        where, a, b = found
+        raise ValueError(
+            f"{out} already holds a complete dataset built differently ({where}: {_short(a)} there, "
+            f"{_short(b)} now); pass --overwrite to replace it, or choose another --output"
+        )
+
+
+def refuse_foreign(out: Path):
+    """Refuse an output directory holding files packer did not write (nothing is deleted)."""
+    foreign = sorted(p.name for p in out.iterdir() if not _OWNED.match(p.name))
+    if foreign:
+        raise ValueError(
+            f"{out} holds files packer did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            f"choose a new or empty --output"
+        )
+
+
+def clear(out: Path):
+    """Delete packer's files from `out`, the manifest first (so no half-deleted dataset looks complete)."""
+    for name in (MANIFEST, STATS):
+        (out / name).unlink(missing_ok=True)
+    for p in sorted(out.iterdir()):
+        if p.name == lock.LOCK_NAME or not _OWNED.match(p.name):
+            continue
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
