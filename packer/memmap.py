@@ -72,7 +72,8 @@ def read_header(path) -> tuple[int, int, int]:
 def open_shard(bin_path, idx_path):
     """Memory-map one shard: (tokens, token_starts, offsets, offset_starts, doc_ids), no data read."""
     itemsize, n_rows, n_segments = read_header(idx_path)
-    raw = np.memmap(idx_path, dtype=np.uint8, mode="r")  # one mapping; sections are views of it
+    # One mapping per file; plain ndarray views of it (slicing a np.memmap subclass costs more).
+    raw = np.memmap(idx_path, dtype=np.uint8, mode="r").view(np.ndarray)
     pos = HEADER.size
 
     def section(dtype, count):
@@ -91,5 +92,5 @@ def open_shard(bin_path, idx_path):
     if size != n_tokens * itemsize:
         raise ValueError(f"{bin_path}: {size} bytes, its index says {n_tokens} tokens of {itemsize} bytes (truncated?)")
     dtype = TOKEN_DTYPES[itemsize]
-    tokens = np.memmap(bin_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype)
+    tokens = np.memmap(bin_path, dtype=dtype, mode="r").view(np.ndarray) if n_tokens else np.zeros(0, dtype)
     return tokens, token_starts, offsets, offset_starts, doc_ids
