@@ -131,11 +131,16 @@ def test_out_of_range_and_empty_batch(tmp_path):
     assert len(empty) == 0 and empty.tokens.size == 0
 
 
-def test_arrow_shards_load_with_hf_datasets(tmp_path):
+def test_arrow_shards_load_with_hf_datasets(tmp_path, monkeypatch):
+    """`load_dataset("arrow", ...)` reads IPC files. (`Dataset.from_file` reads only the IPC
+    *stream* format, which has no footer for random access, so it does not apply.)"""
     datasets = pytest.importorskip("datasets")
-    reference = _random_dataset(tmp_path, np.random.default_rng(2), "arrow", np.uint16)
-    hf = datasets.Dataset.from_file(str(tmp_path / shard_name(0)))
-    assert hf[0]["input_ids"] == reference[0][0] and hf[0]["offsets"] == reference[0][1]
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    reference = _random_dataset(tmp_path / "ds", np.random.default_rng(2), "arrow", np.uint16)
+    files = sorted(str(p) for p in (tmp_path / "ds").glob("shard-*.arrow"))
+    hf = datasets.load_dataset("arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache"))
+    assert len(files) > 1 and len(hf) == len(reference)
+    assert [(r["input_ids"], r["offsets"]) for r in hf] == reference
 
 
 def _damaged(tmp_path, fmt):
