@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import collections
+import json
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import TOKENIZER, build_sample, sample_texts
+from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample, sample_texts
 from packer.shards import open_dataset, read_manifest, verify_dataset
 
 
@@ -107,3 +108,93 @@ def test_bins_are_not_length_sorted(sample_dataset):
     # FFD opens bins in decreasing item order, so unshuffled fill would trend; shuffled it does not.
     assert not np.all(np.diff(fills) <= 0)
     assert abs(np.corrcoef(np.arange(len(fills)), fills)[0, 1]) < 0.3
+
+
+# ---- formats, manifest identity, and what a build does with the directory it finds ----------
+
+
+def _small_job(tmp_path, out="ds", inputs=None, workers=1, **config):
+    from packer.config import BuildConfig, Job
+
+    if inputs is None:
+        src = tmp_path / "in.jsonl"
+        if not src.exists():
+            src.write_text("".join(open(SAMPLE_INPUTS[0], encoding="utf-8").readlines()[:300]), encoding="utf-8")
+        inputs = (str(src),)
+    return Job(inputs=tuple(inputs), tokenizer=TOKENIZER, output=str(tmp_path / out), workers=workers,
+               config=BuildConfig(**{"context_length": 256, "shard_size": 4000, **config}))
+
+
+def test_memmap_and_arrow_hold_the_same_rows(tmp_path):
+    from packer.pipeline import build
+
+    a = build(_small_job(tmp_path, "a"))
+    m = build(_small_job(tmp_path, "m", format="memmap"))
+    assert a["totals"] == m["totals"] and len(a["shards"]) == len(m["shards"]) > 2
+    ds_a, ds_m = open_dataset(tmp_path / "a"), open_dataset(tmp_path / "m")
+    assert len(ds_a) == len(ds_m) > 0
+    for (ta, oa), (tm, om) in zip(ds_a, ds_m):
+        assert ta.dtype == tm.dtype == np.uint16 and oa.dtype == om.dtype == np.int32
+        assert ta.tolist() == tm.tolist() and oa.tolist() == om.tolist()
+    assert verify_dataset(tmp_path / "m") == verify_dataset(tmp_path / "a")
+
+
+def test_manifest_is_identical_minus_timestamps(tmp_path):
+    from packer.pipeline import build
+
+    texts = []
+    for name, workers in (("w1", 1), ("w2", 2)):
+        build(_small_job(tmp_path, name, workers=workers))
+        m = read_manifest(tmp_path / name)
+        assert m["created_unix"] > 0 and m["build_seconds"] >= 0
+        del m["created_unix"], m["build_seconds"]
+        texts.append(json.dumps(m, indent=2))
+        assert (tmp_path / name / "stats.json").read_bytes() == (tmp_path / "w1" / "stats.json").read_bytes()
+    assert texts[0] == texts[1]
+
+
+def test_changed_config_or_inputs_against_unfinished_work_is_refused(tmp_path):
+    from packer.pipeline import build
+
+    job = _small_job(tmp_path)
+    build(job, keep_work=True)
+    (tmp_path / "ds" / "manifest.json").unlink()  # now: unfinished work, every stage done
+    with pytest.raises(ValueError, match=r"config\.seed: 0 there, 1 now.*--overwrite"):
+        build(_small_job(tmp_path, seed=1))
+    src = tmp_path / "in.jsonl"
+    src.write_text(src.read_text(encoding="utf-8") + '{"text": "one more"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"inputs\[0\]\.bytes"):
+        build(job)
+    manifest = build(job, overwrite=True)  # discards the stale work, builds from scratch
+    assert manifest["totals"]["docs_read"] == 301 and not (tmp_path / "ds" / "_work").exists()
+
+
+def test_complete_dataset_is_kept_unless_overwrite(tmp_path):
+    from packer.pipeline import build
+
+    first = build(_small_job(tmp_path))
+    again = build(_small_job(tmp_path))
+    assert again["already_complete"] and again["shards"] == first["shards"]
+    with pytest.raises(ValueError, match=r"already holds a complete dataset built differently \(config\.format"):
+        build(_small_job(tmp_path, format="memmap"))
+    assert read_manifest(tmp_path / "ds")["config"]["format"] == "arrow"
+    build(_small_job(tmp_path, format="memmap"), overwrite=True)
+    names = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    assert not any(n.endswith(".arrow") for n in names) and "shard-00000.idx" in names
+    assert verify_dataset(tmp_path / "ds")["sequences"] == first["totals"]["sequences"]
+
+
+def test_keep_work_and_foreign_directories(tmp_path):
+    from packer.pipeline import build
+
+    build(_small_job(tmp_path, "kept"), keep_work=True)
+    work = tmp_path / "kept" / "_work"
+    assert (work / "plan.npz").exists() and (work / "fingerprint.json").exists()
+    assert not list((tmp_path / "kept").glob("*.tmp*")) and not (tmp_path / "kept" / ".packer.lock").exists()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match="holds files packer did not write \\(notes.txt\\)"):
+            build(_small_job(tmp_path, "foreign"), overwrite=overwrite)
+    assert (foreign / "notes.txt").read_text() == "mine"
