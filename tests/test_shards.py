@@ -13,7 +13,7 @@ import pytest
 
 from packer import atomic, memmap
 from packer.plan import plan_bins
-from packer.shards import Rows, open_dataset, shard_name, write_rows, write_shard
+from packer.shards import Layout, Rows, open_dataset, shard_name, write_rows, write_shard
 from packer.verify import verify_dataset
 
 FORMATS = ("arrow", "memmap")
@@ -26,9 +26,15 @@ def _two_rows(dtype=np.uint16):
     return rows, np.array([17, 4, 230], np.int64)
 
 
+def _write(rows, doc_ids, out, shard, fmt):
+    layout = Layout(rows.token_starts, rows.offsets, rows.offset_starts, doc_ids)
+    ts = rows.token_starts
+    return write_rows(layout, lambda r0, r1: rows.tokens[ts[r0] : ts[r1]].copy(), out, shard, fmt)
+
+
 def test_memmap_bytes_match_the_documented_layout(tmp_path):
     rows, doc_ids = _two_rows()
-    entry = write_rows(rows, doc_ids, tmp_path, 0, "memmap")
+    entry = _write(rows, doc_ids, tmp_path, 0, "memmap")
     assert entry["file"] == "shard-00000.bin" and entry["index_file"] == "shard-00000.idx"
     assert (tmp_path / "shard-00000.bin").read_bytes() == struct.pack("<9H", 1, 1, 1, 2, 2, 3, 3, 3, 3)
     idx = (tmp_path / "shard-00000.idx").read_bytes()
@@ -46,7 +52,7 @@ def test_memmap_bytes_match_the_documented_layout(tmp_path):
 
 def test_arrow_shard_reads_with_plain_pyarrow(tmp_path):
     rows, doc_ids = _two_rows(np.uint32)
-    write_rows(rows, doc_ids, tmp_path, 3, "arrow")
+    _write(rows, doc_ids, tmp_path, 3, "arrow")
     table = ipc.open_file(pa.memory_map(str(tmp_path / "shard-00003.arrow"))).read_all()
     assert table.schema.field("input_ids").type == pa.list_(pa.uint32())
     assert table.schema.field("offsets").type == pa.list_(pa.int32())

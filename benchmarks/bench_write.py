@@ -1,0 +1,182 @@
+"""Write stage (unit files -> finished shards) against ndarray.tofile of the same bytes, and
+random-access reads through open_dataset against raw np.memmap slices of the same data.
+
+    python benchmarks/bench_write.py            # 30M tokens, ~1 minute
+    python benchmarks/bench_write.py --tokens 200_000_000 --shard-size 100_000_000
+
+Write: the per-shard call the pipeline makes (`shards.write_shard`: load plan, gather the
+pieces from the memory-mapped unit files, build the rows, write under a temporary name
+while hashing, rename), one process, best of --repeat. Baseline: the finished token
+array of each shard written with `ndarray.tofile` (no gather, no index, no hash). Read:
+random rows of a dataset, each row copied to a fresh array so both sides touch the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
+
+from packer import __version__, atomic, memmap, shards  # noqa: E402
+from packer.plan import plan_bins  # noqa: E402
+
+SEED = 0
+CONTEXT_LENGTH = 2048
+N_UNITS = 8
+
+
+def _make_work(root: Path, n_tokens: int, shard_size: int, rng):
+    """Unit files of lognormal-length documents (median ~300 tokens), and their plan."""
+    units = root / "_work" / "units"
+    units.mkdir(parents=True)
+    lengths = np.maximum(rng.lognormal(5.7, 1.0, size=int(n_tokens / 450) + 1).astype(np.int64), 1)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), n_tokens)) + 1]
+    unit_lengths = np.array_split(lengths, N_UNITS)
+    for u, ls in enumerate(unit_lengths):
+        atomic.save_npy(units / f"unit-{u:06d}.tokens.npy", rng.integers(0, 50_000, int(ls.sum()), dtype=np.uint16))
+    plan = plan_bins(unit_lengths, context_length=CONTEXT_LENGTH, seed=SEED, shard_size=shard_size)
+    atomic.save_npz(root / "_work" / "plan.npz", **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
+    return plan
+
+
+def _best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def _fresh(d: Path):
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+
+
+def bench_write(root: Path, plan, repeat: int):
+    work, out = root / "_work", root / "out"
+    shard_tokens = []
+    for k in range(plan.n_shards):
+        shard_tokens.append(shards.shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0].tokens)
+    n_tokens = sum(len(t) for t in shard_tokens)
+
+    def tofile():
+        _fresh(out)
+        for k, t in enumerate(shard_tokens):
+            t.tofile(out / f"raw-{k:05d}.bin")
+
+    def gather_only():
+        for k in range(plan.n_shards):
+            shards.shard_rows(plan, k, work / "units", np.dtype(np.uint16))
+
+    def write(fmt):
+        def run():
+            _fresh(out)
+            shutil.rmtree(work / "shards", ignore_errors=True)  # no "already done" shortcut
+            for k in range(plan.n_shards):
+                shards.write_shard(str(work / "plan.npz"), k, str(work), str(out), "uint16", fmt)
+
+        return run
+
+    base = _best(tofile, repeat)
+    print(f"\n{'write stage':<34}{'seconds':>9}{'Mtok/s':>9}{'vs tofile':>11}")
+    print(f"{'ndarray.tofile (baseline)':<34}{base:>9.3f}{n_tokens / base / 1e6:>9.1f}{1.0:>11.2f}")
+    print(f"{'gather only (no write)':<34}", end="")
+    t = _best(gather_only, repeat)
+    print(f"{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+    for threaded in (True, False):
+        shards.THREADED_WRITES = threaded
+        for fmt in ("arrow", "memmap"):
+            t = _best(write(fmt), repeat)
+            name = f"write_shard {fmt}" + (", write+hash threads" if threaded else ", one thread")
+            print(f"{name:<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+    shards.THREADED_WRITES = True
+    return out
+
+
+def bench_read(root: Path, plan, n_reads: int, repeat: int):
+    out = root / "ds"
+    _fresh(out)
+    entries = [shards.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(out), "uint16", "memmap")
+               for k in range(plan.n_shards)]
+    manifest = {"config": {"format": "memmap"}, "shards": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    ds = shards.open_dataset(out)
+    rng = np.random.default_rng(SEED)
+    picks = rng.integers(0, len(ds), n_reads)
+    # The raw baseline: one flat memmap per shard and precomputed row bounds, nothing else.
+    raw, bounds = [], []
+    for k, e in enumerate(entries):
+        tokens, starts, *_ = memmap.open_shard(out / e["file"], out / e["index_file"])
+        raw.append(np.memmap(out / e["file"], dtype=np.uint16, mode="r"))
+        bounds += [(k, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+    where = [bounds[i] for i in picks]
+    n_tokens = sum(b - a for _, a, b in where)
+
+    def raw_slices():
+        for k, a, b in where:
+            np.array(raw[k][a:b])
+
+    def getitem():
+        for i in picks.tolist():
+            tokens, offsets = ds[i]
+            np.array(tokens), np.array(offsets)
+
+    def get_many():
+        for j in range(0, len(picks), 64):
+            ds.get_many(picks[j : j + 64])
+
+    print(f"\n{'random reads, ' + str(n_reads) + ' rows':<34}{'seconds':>9}{'Mtok/s':>9}{'vs raw':>11}")
+    base = _best(raw_slices, repeat)
+    print(f"{'np.memmap slice (baseline)':<34}{base:>9.3f}{n_tokens / base / 1e6:>9.1f}{1.0:>11.2f}")
+    for name, fn in (("open_dataset ds[i], memmap", getitem), ("ds.get_many(64 rows), memmap", get_many)):
+        t = _best(fn, repeat)
+        print(f"{name:<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+    arrow = root / "ds_arrow"
+    _fresh(arrow)
+    manifest["config"]["format"] = "arrow"
+    manifest["shards"] = [shards.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(arrow), "uint16",
+                                             "arrow") for k in range(plan.n_shards)]
+    (arrow / "manifest.json").write_text(json.dumps(manifest))
+    ds = shards.open_dataset(arrow)
+    t = _best(getitem, repeat)
+    print(f"{'open_dataset ds[i], arrow':<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+    t = _best(get_many, repeat)
+    print(f"{'ds.get_many(64 rows), arrow':<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=30_000_000)
+    ap.add_argument("--shard-size", type=int, default=10_000_000)
+    ap.add_argument("--reads", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="Scratch directory (default: a temporary one; use a real disk).")
+    args = ap.parse_args()
+    print(f"packer {__version__} | python {platform.python_version()} | numpy {np.__version__} | "
+          f"pyarrow {pa.__version__} | {platform.machine()} {os.cpu_count()} cpus | load {os.getloadavg()[0]:.1f}")
+    print(f"tokens {args.tokens:,} | shard size {args.shard_size:,} | context {CONTEXT_LENGTH} | seed {SEED}")
+    root = Path(tempfile.mkdtemp(prefix="bench_write_", dir=args.dir))
+    try:
+        plan = _make_work(root, args.tokens, args.shard_size, np.random.default_rng(SEED))
+        print(f"pieces {len(plan.piece_len):,} | sequences {plan.n_sequences:,} | shards {plan.n_shards}")
+        bench_write(root, plan, args.repeat)
+        bench_read(root, plan, args.reads, args.repeat)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
