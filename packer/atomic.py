@@ -79,7 +79,8 @@ def kill_point(stage: str, n: int):
 
     Stages used: tokenize:N / write:N (driver, after N units / shards are done), plan:0
     (driver, after the plan is saved), finalize:0 (driver, before the manifest),
-    write-shard:K (the process writing shard K, after its temporary file, before the rename).
+    tokenize-unit:K (the process tokenizing unit K, as it starts), write-shard:K (the process
+    writing shard K, after its temporary files, before the renames).
     """
     if os.environ.get(KILL_ENV) == f"{stage}:{n}":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -43,7 +43,12 @@ def _tokenize_stage(units, info, config, units_dir: Path, executor):
             atomic.kill_point("tokenize", n_done[0])
 
         args = [(u, info, config, str(units_dir)) for u in units]
-        return executor.map(tokenize_unit, args, on_done=done)
+        return executor.map(_tokenize_task, args, on_done=done)
+
+
+def _tokenize_task(unit, info, config, units_dir: str) -> dict:
+    atomic.kill_point("tokenize-unit", unit.index)  # test hook: a worker dies as it starts this unit
+    return tokenize_unit(unit, info, config, units_dir)
 
 
 def _plan_stage(n_units: int, config, work: Path) -> Plan:

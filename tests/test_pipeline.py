@@ -198,3 +198,27 @@ def test_keep_work_and_foreign_directories(tmp_path):
         with pytest.raises(ValueError, match="holds files packer did not write \\(notes.txt\\)"):
             build(_small_job(tmp_path, "foreign"), overwrite=overwrite)
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_cli_memmap_build_verify_quick_inspect(tmp_path):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    job = _small_job(tmp_path)
+    runner = CliRunner()
+    out = str(tmp_path / "cli")
+    args = ["build", *job.inputs, "--tokenizer", TOKENIZER, "--output", out, "--context-length", "256",
+            "--workers", "1", "--format", "memmap", "--shard-size", "4000"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "already complete" in runner.invoke(main, args).output
+    refused = runner.invoke(main, [*args[:-1], "5000"])
+    assert refused.exit_code == 1 and "config.shard_size: 4000 there, 5000 now" in refused.output
+    quick = runner.invoke(main, ["verify", out, "--quick"])
+    assert quick.exit_code == 0 and quick.output.startswith("ok:")
+    raw = runner.invoke(main, ["inspect", out, "--seq", "1", "--raw"])
+    tokens, offsets = open_dataset(out)[1]
+    assert raw.exit_code == 0 and f"{len(tokens)} tokens, {len(offsets) - 1} documents" in raw.output
+    summary = runner.invoke(main, ["inspect", out])
+    assert summary.exit_code == 0 and '"format": "memmap"' in summary.output and "shard-00000.bin" in summary.output

@@ -124,7 +124,7 @@ def test_killed_build_resumes_to_identical_bytes(small_inputs, reference, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at, workers, fmt",
-    [("write:3", 2, "memmap"), ("plan:0", 2, "arrow"), ("finalize:0", 1, "memmap"), ("write-shard:0", 1, "memmap"), ("tokenize:1", 1, "memmap")],
+    [("write:3", 2, "memmap"), ("tokenize-unit:1", 2, "memmap"), ("plan:0", 2, "arrow"), ("finalize:0", 1, "memmap"), ("write-shard:0", 1, "memmap"), ("tokenize:1", 1, "memmap")],
 )
 def test_killed_build_resumes_more_points(small_inputs, reference, tmp_path, kill_at, workers, fmt):
     _kill_then_resume(small_inputs, reference, tmp_path, kill_at, workers, fmt)
