@@ -4,7 +4,7 @@ random-access reads through open_dataset against raw np.memmap slices of the sam
     python benchmarks/bench_write.py            # 30M tokens, ~1 minute
     python benchmarks/bench_write.py --tokens 200_000_000 --shard-size 100_000_000
 
-Write: the per-shard call the pipeline makes (`shards.write_shard`: load plan, gather the
+Write: the per-shard call the pipeline makes (`writer.write_shard`: load plan, gather the
 pieces from the memory-mapped unit files, build the rows, write under a temporary name
 while hashing, rename), one process, best of --repeat. Baseline: the finished token
 array of each shard written with `ndarray.tofile` (no gather, no index, no hash). Read:
@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
 
-from packer import __version__, atomic, memmap, shards  # noqa: E402
+from packer import __version__, atomic, memmap, shards, writer  # noqa: E402
 from packer.plan import plan_bins  # noqa: E402
 
 SEED = 0
@@ -69,7 +69,7 @@ def bench_write(root: Path, plan, repeat: int):
     work, out = root / "_work", root / "out"
     shard_tokens = []
     for k in range(plan.n_shards):
-        shard_tokens.append(shards.shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0].tokens)
+        shard_tokens.append(writer.shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0].tokens)
     n_tokens = sum(len(t) for t in shard_tokens)
 
     def tofile():
@@ -79,14 +79,14 @@ def bench_write(root: Path, plan, repeat: int):
 
     def gather_only():
         for k in range(plan.n_shards):
-            shards.shard_rows(plan, k, work / "units", np.dtype(np.uint16))
+            writer.shard_rows(plan, k, work / "units", np.dtype(np.uint16))
 
     def write(fmt):
         def run():
             _fresh(out)
             shutil.rmtree(work / "shards", ignore_errors=True)  # no "already done" shortcut
             for k in range(plan.n_shards):
-                shards.write_shard(str(work / "plan.npz"), k, str(work), str(out), "uint16", fmt)
+                writer.write_shard(str(work / "plan.npz"), k, str(work), str(out), "uint16", fmt)
 
         return run
 
@@ -97,19 +97,19 @@ def bench_write(root: Path, plan, repeat: int):
     t = _best(gather_only, repeat)
     print(f"{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
     for threaded in (True, False):
-        shards.THREADED_WRITES = threaded
+        writer.THREADED_WRITES = threaded
         for fmt in ("arrow", "memmap"):
             t = _best(write(fmt), repeat)
             name = f"write_shard {fmt}" + (", write+hash threads" if threaded else ", one thread")
             print(f"{name:<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
-    shards.THREADED_WRITES = True
+    writer.THREADED_WRITES = True
     return out
 
 
 def bench_read(root: Path, plan, n_reads: int, repeat: int):
     out = root / "ds"
     _fresh(out)
-    entries = [shards.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(out), "uint16", "memmap")
+    entries = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(out), "uint16", "memmap")
                for k in range(plan.n_shards)]
     manifest = {"config": {"format": "memmap"}, "shards": entries}
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -147,7 +147,7 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
     arrow = root / "ds_arrow"
     _fresh(arrow)
     manifest["config"]["format"] = "arrow"
-    manifest["shards"] = [shards.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(arrow), "uint16",
+    manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(arrow), "uint16",
                                              "arrow") for k in range(plan.n_shards)]
     (arrow / "manifest.json").write_text(json.dumps(manifest))
     ds = shards.open_dataset(arrow)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from packer import __version__, atomic, lock, readers, resume, shards
+from packer import __version__, atomic, lock, readers, resume, shards, writer
 from packer.config import Job
 from packer.executors import make_executor
 from packer.plan import Plan, plan_bins
@@ -84,7 +84,7 @@ def _write_stage(plan: Plan, info, config, work: Path, out: Path, executor):
             (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format)
             for k in range(plan.n_shards)
         ]
-        return executor.map(shards.write_shard, args, on_done=done)
+        return executor.map(writer.write_shard, args, on_done=done)
 
 
 def _totals(unit_counters, plan: Plan, config) -> dict:

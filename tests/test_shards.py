@@ -13,7 +13,8 @@ import pytest
 
 from packer import atomic, memmap
 from packer.plan import plan_bins
-from packer.shards import Layout, Rows, open_dataset, shard_name, write_rows, write_shard
+from packer.shards import Rows, open_dataset
+from packer.writer import Layout, write_rows, write_shard
 from packer.verify import verify_dataset
 
 FORMATS = ("arrow", "memmap")
