@@ -51,13 +51,25 @@ def _make_work(root: Path, n_tokens: int, shard_size: int, rng):
     return plan
 
 
-def _best(fn, repeat: int) -> float:
-    times = []
+def _best(fn, repeat: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads), each the best of `repeat`.
+    On a shared machine the CPU figure is the steadier one."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        w, c = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return min(walls), min(cpus)
+
+
+def _header(title: str, baseline: str):
+    print(f"\n{title:<40}{'wall s':>8}{'Mtok/s':>8}{'vs ' + baseline:>12}{'cpu s':>8}{'cpu vs':>8}")
+
+
+def _line(name: str, t: tuple[float, float], base: tuple[float, float], n_tokens: int):
+    (wall, cpu), (bw, bc) = t, base
+    print(f"{name:<40}{wall:>8.3f}{n_tokens / wall / 1e6:>8.0f}{bw / wall:>12.2f}{cpu:>8.3f}{bc / max(cpu, 1e-9):>8.2f}")
 
 
 def _fresh(d: Path):
@@ -91,17 +103,14 @@ def bench_write(root: Path, plan, repeat: int):
         return run
 
     base = _best(tofile, repeat)
-    print(f"\n{'write stage':<34}{'seconds':>9}{'Mtok/s':>9}{'vs tofile':>11}")
-    print(f"{'ndarray.tofile (baseline)':<34}{base:>9.3f}{n_tokens / base / 1e6:>9.1f}{1.0:>11.2f}")
-    print(f"{'gather only (no write)':<34}", end="")
-    t = _best(gather_only, repeat)
-    print(f"{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+    _header("write stage", "tofile")
+    _line("ndarray.tofile (baseline)", base, base, n_tokens)
+    _line("gather only (no write)", _best(gather_only, repeat), base, n_tokens)
     for threaded in (True, False):
         writer.THREADED_WRITES = threaded
         for fmt in ("arrow", "memmap"):
-            t = _best(write(fmt), repeat)
             name = f"write_shard {fmt}" + (", write+hash threads" if threaded else ", one thread")
-            print(f"{name:<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+            _line(name, _best(write(fmt), repeat), base, n_tokens)
     writer.THREADED_WRITES = True
     return out
 
@@ -138,12 +147,11 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
         for j in range(0, len(picks), 64):
             ds.get_many(picks[j : j + 64])
 
-    print(f"\n{'random reads, ' + str(n_reads) + ' rows':<34}{'seconds':>9}{'Mtok/s':>9}{'vs raw':>11}")
+    _header(f"random reads, {n_reads} rows", "raw")
     base = _best(raw_slices, repeat)
-    print(f"{'np.memmap slice (baseline)':<34}{base:>9.3f}{n_tokens / base / 1e6:>9.1f}{1.0:>11.2f}")
+    _line("np.memmap slice (baseline)", base, base, n_tokens)
     for name, fn in (("open_dataset ds[i], memmap", getitem), ("ds.get_many(64 rows), memmap", get_many)):
-        t = _best(fn, repeat)
-        print(f"{name:<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+        _line(name, _best(fn, repeat), base, n_tokens)
     arrow = root / "ds_arrow"
     _fresh(arrow)
     manifest["config"]["format"] = "arrow"
@@ -151,10 +159,8 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
                                              "arrow") for k in range(plan.n_shards)]
     (arrow / "manifest.json").write_text(json.dumps(manifest))
     ds = shards.open_dataset(arrow)
-    t = _best(getitem, repeat)
-    print(f"{'open_dataset ds[i], arrow':<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
-    t = _best(get_many, repeat)
-    print(f"{'ds.get_many(64 rows), arrow':<34}{t:>9.3f}{n_tokens / t / 1e6:>9.1f}{base / t:>11.2f}")
+    _line("open_dataset ds[i], arrow", _best(getitem, repeat), base, n_tokens)
+    _line("ds.get_many(64 rows), arrow", _best(get_many, repeat), base, n_tokens)
 
 
 def main():
