@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.binpack import lower_bound, pack
-from packer.plan import split_documents
+from packer.plan import split_documents  # noqa: F401 (re-exported for tests and callers)
 
 SCHEMA_ID = "packer.stats/1"
 SCHEMA = json.loads((Path(__file__).with_name("stats_schema.json")).read_text(encoding="utf-8"))
