@@ -220,12 +220,12 @@ def write_mask_png(offsets, context_length: int, path, title: str = "") -> None:
     """The block-causal mask of one packed row as a MASK_INCHES x MASK_DPI PNG: query i (row) may
     see key j (column) iff j <= i in the same document; each document's triangle has its own
     colour and an outline; slots past the row's end, up to the context, are grey padding."""
+    fig = _figure(MASK_INCHES, MASK_DPI)  # first: says how to install matplotlib when it is missing
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Rectangle
 
     from packer.masks import offsets_to_block_causal_mask, offsets_to_document_ids
 
-    fig = _figure(MASK_INCHES, MASK_DPI)
     offsets = np.asarray(offsets, dtype=np.int64)
     n = int(offsets[-1])
     doc = offsets_to_document_ids(offsets)
