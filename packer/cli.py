@@ -99,7 +99,7 @@ def run(pipeline, workers, keep_work, overwrite):
 @click.option("--context-length", type=click.IntRange(min=1), default=None, help="Raw corpus: tokens per sequence.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="B of the pad-to-longest strategies.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, help="Raw corpus: measure a seeded sample of this many documents.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample, the random batches and the bin shuffle.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Raw corpus: seed of the sample and of the bin shuffle.")
 @click.option("--algorithm", type=click.Choice(["ffd", "bfd"]), default="ffd", show_default=True, help="Raw corpus: packing whose composition is shown.")
 @click.option("--text-field", default="text", show_default=True, help="Raw corpus: JSON field holding the document text.")
 @click.option("--eos/--no-eos", default=True, show_default=True, help="Raw corpus: count an end-of-text token per document, as build does.")
@@ -119,7 +119,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
             raise ValueError(f"{inputs[0]} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample")
         from packer.shards import open_dataset
 
-        figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size, seed=seed)
+        figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
     else:
         if not tokenizer or not context_length:
             raise ValueError("a raw corpus needs --tokenizer PATH and --context-length N (or give one built dataset directory)")

@@ -18,7 +18,7 @@ REPORT_INCHES, REPORT_DPI = (12.0, 8.0), 100  # report PNG: 1200 x 800 pixels
 MASK_INCHES, MASK_DPI = (8.0, 8.0), 100  # show-mask PNG: 800 x 800 pixels
 LABELS = {
     "pad_to_context": "pad every document to the context",
-    "pad_random_batches": "pad to longest, random batches of {B}",
+    "pad_random_batches": "pad to longest, random batches of {B} (expected)",
     "pad_sorted_batches": "pad to longest, length-sorted batches of {B}",
     "truncate": "truncate to the context",
     "pack_ffd": "pack, first-fit decreasing",
@@ -93,7 +93,7 @@ def strategy_rows(f: dict) -> list[tuple[str, ...]]:
         if "fill_rate" in s:
             note = f"fill {s['fill_rate']:.4f}, {s['sequences']:,} vs lower bound {s['lower_bound']:,} (+{s['bins_over_lower_bound']:,})"
         lost = f"{s['tokens_lost']:,} ({_pct(s['tokens_lost_share'])})" if s["tokens_lost"] else "0"
-        rows.append((LABELS[key].format(B=f["batch_size"]), f"{s['sequences']:,}", f"{s['compute_slots']:,}",
+        rows.append((LABELS[key].format(B=f["batch_size"]), f"{s['sequences']:,}", f"{s['compute_slots']:,.0f}",
                      _pct(s["padding_share"]), lost, note))
     return rows
 

@@ -5,6 +5,8 @@ Documents [3, 10, 5], context L = 8, batch B = 2 (18 tokens; the 10 is a long do
     rows (a long document is ceil(l / L) rows)   [3] [8] [2] [5]          4 rows
     pad to context        4 rows x 8        = 32 slots   padding 14/32
     pad to longest, sorted  [2 3] [5 8] -> 2*3 + 2*8 = 22 slots   padding  4/22
+    pad to longest, random  expected over every deal of the rows into batches of 2:
+                            2 batches * 2 rows * E[longest of 2 rows] (37/6) = 24.67 slots
     truncate to context   3 rows x 8        = 24 slots   16 kept, 2 lost, padding 8/24
     pack (FFD)            [8] [5 3] [2]     = 24 slots   padding 6/24, lower bound ceil(18/8) = 3
     attention             dense 3 * 8^2/2 = 96, block-causal (8^2 + 5^2 + 3^2 + 2^2)/2 = 51
@@ -16,6 +18,7 @@ shape is `SCHEMA` (packer/stats_schema.json); packer.report draws and prints it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -66,10 +69,10 @@ def length_figures(sorted_lengths: np.ndarray, context_length: int) -> dict:
     }
 
 
-def _strategy(sequences: int, slots: int, kept: int, lost: int, n_tokens: int, **extra) -> dict:
+def _strategy(sequences: int, slots, kept: int, lost: int, n_tokens: int, **extra) -> dict:
     return {
         "sequences": int(sequences),
-        "compute_slots": int(slots),
+        "compute_slots": slots if isinstance(slots, float) else int(slots),
         "tokens_kept": int(kept),
         "padding_share": 1 - kept / slots if slots else 0.0,
         "tokens_lost": int(lost),
@@ -78,30 +81,74 @@ def _strategy(sequences: int, slots: int, kept: int, lost: int, n_tokens: int, *
     }
 
 
-def _batch_slots(rows: np.ndarray, batch_size: int) -> int:
-    """Slots of padding each batch of `batch_size` consecutive rows to its longest row
-    (the last batch holds the remainder)."""
-    if len(rows) == 0:
-        return 0
-    starts = np.arange(0, len(rows), batch_size)
-    sizes = np.diff(np.append(starts, len(rows)))
-    return int((np.maximum.reduceat(rows, starts) * sizes).sum())
+def row_histogram(sorted_lengths: np.ndarray, context_length: int) -> np.ndarray:
+    """counts[v] = rows of length v (v = 0..L) when each document is cut into rows of at most L:
+    a long document gives l // L full rows and a remainder row. Read off the sorted document
+    lengths in O(L log n), no per-row array.
+
+    doc lengths [3, 5, 10], L = 8  ->  rows [3] [5] [8 2]  ->  counts[2] = counts[3] = counts[5] = counts[8] = 1
+    """
+    L, s = context_length, sorted_lengths
+    first_long = int(np.searchsorted(s, L, side="right"))
+    counts = np.diff(np.searchsorted(s[:first_long], np.arange(L + 2), side="left"))  # [0, L]
+    long = s[first_long:]
+    counts[L] += int((long // L).sum())
+    counts += np.bincount(long % L, minlength=L + 1)[: L + 1]
+    counts[0] = 0  # remainders of zero are no rows
+    return counts
 
 
-def padding_strategies(doc_lengths, rows, context_length: int, batch_size: int, seed: int, packs: dict) -> dict:
-    """The six strategies. `rows` are the document pieces (a long document as ceil(l / L) rows
-    of at most L); `packs` maps "ffd"/"bfd" to the number of bins packing the rows took."""
-    L = context_length
-    n_tokens = int(rows.sum())
-    kept_truncated = int(np.minimum(doc_lengths, L).sum())
-    shuffled = rows[np.random.default_rng(seed).permutation(len(rows))]
+def sorted_batch_slots(counts: np.ndarray, batch_size: int) -> int:
+    """Slots of padding each batch to its longest row, batches of `batch_size` consecutive rows
+    in ascending length order (the last batch, holding the longest rows, may be short)."""
+    cum = np.cumsum(counts)
+    n = int(cum[-1])
+    last_rank = np.minimum(np.arange(batch_size, n + batch_size, batch_size), n) - 1
+    batch_max = np.searchsorted(cum, last_rank, side="right")  # length of the row at that rank
+    sizes = np.diff(np.concatenate([[0], last_rank + 1]))
+    return int((batch_max * sizes).sum())
+
+
+def _expected_max(cum: np.ndarray, n: int, k: int) -> float:
+    """E[longest of k rows drawn without replacement]: sum over v of P(max > v), where
+    P(max <= v) = C(N_v, k) / C(n, k) and N_v = rows of length <= v (lgamma, so any n and k)."""
+    lgamma = np.frompyfunc(math.lgamma, 1, 1)
+    m = cum[:-1].astype(np.float64)  # N_v for v = 0 .. max-1
+    ok = m >= k
+    log_p = np.zeros(len(m))
+    log_p[ok] = (lgamma(m[ok] + 1) - lgamma(m[ok] - k + 1)).astype(np.float64)
+    log_p -= math.lgamma(n + 1) - math.lgamma(n - k + 1)
+    p_le = np.where(ok, np.exp(np.minimum(log_p, 0.0)), 0.0)
+    return float((1 - p_le).sum())
+
+
+def random_batch_slots(counts: np.ndarray, batch_size: int) -> float:
+    """Expected slots of padding each batch to its longest row when rows are dealt into batches
+    of `batch_size` uniformly at random (exact expectation, not one draw): every full batch is a
+    uniform random subset of the rows, and so is the short last one."""
+    n = int(counts.sum())
+    top = int(np.flatnonzero(counts)[-1]) if n else 0
+    cum = np.cumsum(counts[: top + 1])
+    full, rest = divmod(n, batch_size)
+    slots = full * batch_size * _expected_max(cum, n, batch_size) if full else 0.0
+    return slots + (rest * _expected_max(cum, n, rest) if rest else 0.0)
+
+
+def padding_strategies(sorted_lengths: np.ndarray, context_length: int, batch_size: int, packs: dict) -> dict:
+    """The six strategies from sorted document lengths alone (a long document is ceil(l / L)
+    rows except under truncation); `packs` maps "ffd"/"bfd" to the bins packing those rows took."""
+    L, doc_lengths = context_length, sorted_lengths
+    counts = row_histogram(sorted_lengths, L)
+    n_rows, n_tokens = int(counts.sum()), int(doc_lengths.sum())
+    first_long = int(np.searchsorted(sorted_lengths, L, side="right"))
+    kept_truncated = int(sorted_lengths[:first_long].sum()) + L * (len(sorted_lengths) - first_long)
     out = {
-        "pad_to_context": _strategy(len(rows), len(rows) * L, n_tokens, 0, n_tokens),
-        "pad_random_batches": _strategy(len(rows), _batch_slots(shuffled, batch_size), n_tokens, 0, n_tokens),
-        "pad_sorted_batches": _strategy(len(rows), _batch_slots(np.sort(rows), batch_size), n_tokens, 0, n_tokens),
+        "pad_to_context": _strategy(n_rows, n_rows * L, n_tokens, 0, n_tokens),
+        "pad_random_batches": _strategy(n_rows, random_batch_slots(counts, batch_size), n_tokens, 0, n_tokens),
+        "pad_sorted_batches": _strategy(n_rows, sorted_batch_slots(counts, batch_size), n_tokens, 0, n_tokens),
         "truncate": _strategy(len(doc_lengths), len(doc_lengths) * L, kept_truncated, n_tokens - kept_truncated, n_tokens),
     }
-    bound = lower_bound(rows, L)
+    bound = lower_bound(doc_lengths, L)
     for algorithm, n_bins in packs.items():
         out[f"pack_{algorithm}"] = _strategy(
             n_bins, n_bins * L, n_tokens, 0, n_tokens,
@@ -186,11 +233,12 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
     out = _header("corpus", context_length, batch_size, seed, inputs=list(map(str, inputs)),
                   documents_from="tokenized", sample=sample)
     lengths = _check_lengths(doc_lengths)
-    piece_doc, _, piece_len = split_documents(lengths, context_length)
+    piece_doc, _, piece_len = split_documents(lengths, context_length) if algorithms else (None, None, None)
     bins = {a: pack(piece_len, context_length, a) for a in algorithms}
     n_bins = {a: int(b.max()) + 1 for a, b in bins.items()}
-    out["lengths"] = length_figures(np.sort(lengths), context_length)
-    out["strategies"] = padding_strategies(lengths, piece_len, context_length, batch_size, seed, n_bins)
+    sorted_lengths = np.sort(lengths)
+    out["lengths"] = length_figures(sorted_lengths, context_length)
+    out["strategies"] = padding_strategies(sorted_lengths, context_length, batch_size, n_bins)
     out["packing"] = None
     out["attention"] = None
     if algorithm in bins:
@@ -234,7 +282,7 @@ def _stored_doc_ids(ds) -> np.ndarray | None:
     return np.concatenate(parts).astype(np.int64)
 
 
-def dataset_stats(ds, *, batch_size: int = 8, seed: int = 0) -> dict:
+def dataset_stats(ds, *, batch_size: int = 8) -> dict:
     """Figures of a built dataset (an open_dataset reader): the strategies from its documents'
     lengths, and the composition, fill, trend and attention cost of its stored sequences."""
     config = ds.manifest["config"]
@@ -252,7 +300,7 @@ def dataset_stats(ds, *, batch_size: int = 8, seed: int = 0) -> dict:
         lengths, documents_from = seg_len, "segments"
         seg_split = seg_len == L
     algorithm = config.get("algorithm", "ffd")
-    out = corpus_stats(lengths, L, batch_size=batch_size, seed=seed, algorithm=None)
+    out = corpus_stats(lengths, L, batch_size=batch_size, seed=int(config.get("seed", 0)), algorithm=None)
     out["source"] = {"kind": "dataset", "inputs": [str(getattr(ds, "path", ""))], "sample": None,
                      "documents_from": documents_from}
     starts = np.concatenate([[0], np.cumsum(seq_docs)[:-1]]).astype(np.int64)
