@@ -91,6 +91,20 @@ def run(pipeline, workers, keep_work, overwrite):
     if workers is not None:
         job = Job(inputs=job.inputs, tokenizer=job.tokenizer, output=job.output, config=job.config, workers=workers)
     _run_job(job, keep_work, overwrite)
+    _write_report(job.output)
+
+
+def _write_report(output: str):
+    """OUTPUT/report.html from the build's stats.json (charts when matplotlib is installed)."""
+    from pathlib import Path
+
+    from packer import report
+    from packer.stats import SCHEMA_ID
+
+    figures = json.loads((Path(output) / "stats.json").read_text(encoding="utf-8"))
+    if figures.get("schema") == SCHEMA_ID:  # a dataset built by an older version has no such stats
+        report.write_html(figures, Path(output) / "report.html")
+        click.echo(f"report:    {Path(output) / 'report.html'} (packer stats {output} prints the table)")
 
 
 @main.command()

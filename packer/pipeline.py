@@ -22,7 +22,7 @@ from packer import __version__, atomic, readers, shards
 from packer.config import Job
 from packer.executors import make_executor
 from packer.plan import Plan, plan_bins
-from packer.stats import padding_stats
+from packer.stats import plan_stats
 from packer.tokenize import tokenize_unit, tokenizer_info, unit_paths
 
 
@@ -116,7 +116,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
     doc_lengths = np.concatenate(
         [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units]
     )
-    atomic.write_json(out / shards.STATS, padding_stats(doc_lengths, config.context_length, plan.n_sequences))
+    atomic.write_json(out / shards.STATS, plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed))
     manifest = {
         "format_version": shards.FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},

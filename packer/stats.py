@@ -257,6 +257,30 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
     return out
 
 
+def plan_stats(doc_lengths, plan, context_length: int, *, algorithm: str, seed: int, batch_size: int = 8) -> dict:
+    """Figures of a build from what its plan stage holds (a packer.plan.Plan, and the lengths of
+    all accepted documents): the strategies, and the composition of the planned sequences in
+    output order. Nothing is packed again, so only the build's own algorithm has a pack row."""
+    out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=())
+    L, n = context_length, plan.n_sequences
+    lengths = np.asarray(doc_lengths, dtype=np.int64)
+    seq_docs = np.diff(plan.seq_starts)
+    starts = plan.seq_starts[:-1]
+    seq_tokens = np.add.reduceat(plan.piece_len, starts) if n else np.zeros(0, np.int64)
+    split = (lengths[plan.piece_doc] > L).astype(np.int64)
+    seq_split = np.add.reduceat(split, starts) if n else np.zeros(0, np.int64)
+    n_tokens = int(plan.piece_len.sum())
+    bound = lower_bound(plan.piece_len, L)
+    out["strategies"][f"pack_{algorithm}"] = _strategy(
+        n, n * L, n_tokens, int(lengths.sum()) - n_tokens, int(lengths.sum()),
+        fill_rate=n_tokens / (n * L) if n else 1.0, lower_bound=bound, bins_over_lower_bound=n - bound)
+    out["source"]["kind"] = "dataset"
+    out["packing"] = {"algorithm": algorithm, "source": "dataset", **_pack_totals(n, n_tokens, L),
+                      **composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), L)}
+    out["attention"] = attention_cost(plan.piece_len, n, L)
+    return out
+
+
 def _pack_totals(n_sequences: int, n_tokens: int, context_length: int) -> dict:
     slots = n_sequences * context_length
     return {"sequences": n_sequences, "tokens": n_tokens, "fill_rate": n_tokens / slots if slots else 1.0,

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from packer import report
 from packer.cli import main
+from conftest import TOKENIZER
 from packer.stats import corpus_stats
 
 pytest.importorskip("matplotlib")  # in the dev extra, so CI runs these
@@ -107,3 +108,15 @@ def test_stats_command_writes_plot_and_html(sample_dataset, tmp_path):
     assert out.exit_code == 0, out.output
     assert _png_size(tmp_path / "s.png") == (1200, 800)
     assert "data:image/png;base64," in (tmp_path / "s.html").read_text(encoding="utf-8")
+
+
+def test_run_writes_the_report_beside_the_shards(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(f'{{"text": "{"word " * (5 + 37 * k % 300)}"}}\n' for k in range(60)), encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(f'inputs = ["{corpus}"]\ntokenizer = "{TOKENIZER}"\noutput = "{tmp_path / "out"}"\n'
+                   "workers = 1\n[config]\ncontext_length = 256\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["run", str(job)])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "report:" in result.output and "data:image/png;base64," in page and "pack, first-fit decreasing" in page

@@ -264,3 +264,19 @@ def test_stats_command_errors(sample_dataset):
     assert missing.exit_code == 1 and "--tokenizer PATH and --context-length N" in missing.output
     mixed = runner.invoke(main, ["stats", str(sample_dataset), "--context-length", "8"])
     assert mixed.exit_code == 1 and "built dataset" in mixed.output
+
+
+def test_build_writes_the_same_figures_as_stats_of_the_dataset(sample_dataset):
+    from packer.shards import open_dataset
+
+    written = json.loads((sample_dataset / "stats.json").read_text(encoding="utf-8"))
+    assert st.schema_errors(written) == []
+    measured = st.dataset_stats(open_dataset(sample_dataset))
+    assert set(written["strategies"]) == set(STRATEGIES_WITHOUT_BFD)  # the build packs once, with its algorithm
+    for key in ("lengths", "packing", "attention"):
+        assert written[key] == _roundtrip(measured[key]), key
+    for key in STRATEGIES_WITHOUT_BFD:
+        assert written["strategies"][key] == _roundtrip(measured["strategies"][key]), key
+
+
+STRATEGIES_WITHOUT_BFD = tuple(s for s in st.STRATEGIES if s != "pack_bfd")
