@@ -116,7 +116,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
     doc_lengths = np.concatenate(
         [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units]
     )
-    atomic.write_json(out / shards.STATS, plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed))
+    figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+    atomic.write_json(out / shards.STATS, figures)
     manifest = {
         "format_version": shards.FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},

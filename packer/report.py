@@ -43,7 +43,7 @@ def _pct(x) -> str:
 def _source_line(f: dict) -> str:
     src = f["source"]
     what = "dataset" if src["kind"] == "dataset" else "corpus"
-    line = f"{what}: {', '.join(src['inputs'])}"
+    line = f"{what}: {', '.join(src['inputs']) or '(inputs not recorded)'}"
     if src.get("sample"):
         s = src["sample"]
         line += f"  (seeded sample of {s['documents']:,} of {s['of_documents']:,} documents, seed {s['seed']}: figures describe the sample)"

@@ -257,11 +257,13 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
     return out
 
 
-def plan_stats(doc_lengths, plan, context_length: int, *, algorithm: str, seed: int, batch_size: int = 8) -> dict:
+def plan_stats(doc_lengths, plan, context_length: int, *, algorithm: str, seed: int, batch_size: int = 8,
+               inputs=()) -> dict:
     """Figures of a build from what its plan stage holds (a packer.plan.Plan, and the lengths of
     all accepted documents): the strategies, and the composition of the planned sequences in
     output order. Nothing is packed again, so only the build's own algorithm has a pack row."""
-    out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=())
+    out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=(),
+                       inputs=inputs)
     L, n = context_length, plan.n_sequences
     lengths = np.asarray(doc_lengths, dtype=np.int64)
     seq_docs = np.diff(plan.seq_starts)
@@ -291,7 +293,7 @@ def _stored_doc_ids(ds) -> np.ndarray | None:
     """Global document index of every stored segment, from Arrow shards' doc_ids column; None
     when the shards have none (then each segment counts as a document)."""
     path = getattr(ds, "path", None)
-    files = [Path(path) / e["file"] for e in ds.manifest.get("shards", [])] if path else []
+    files = [Path(path) / e.get("file", "") for e in ds.manifest.get("shards", [])] if path else []
     if not files or any(f.suffix != ".arrow" for f in files):
         return None
     import pyarrow as pa
