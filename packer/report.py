@@ -155,6 +155,7 @@ def _draw_trend(ax, f):
             ax.plot(np.arange(1, len(t["docs_by_group"]) + 1), t["docs_by_group"], style, marker="o",
                     label=f"{label}: r = {t['docs_correlation'] if t['docs_correlation'] is None else round(t['docs_correlation'], 3)}")
     ax.set_xlabel("tenth of the sequences, by position")
+    ax.set_ylim(bottom=0)  # from zero, so noise does not look like a trend
     ax.set_ylabel("mean documents per sequence")
     ax.set_title("composition against position")
     ax.legend(fontsize=8)
