@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.binpack import lower_bound, pack
-from packer.plan import split_documents  # noqa: F401 (re-exported for tests and callers)
+from packer.plan import split_documents
 
 SCHEMA_ID = "packer.stats/1"
 SCHEMA = json.loads((Path(__file__).with_name("stats_schema.json")).read_text(encoding="utf-8"))
