@@ -92,27 +92,81 @@ def run(pipeline, workers, keep_work, overwrite):
     if workers is not None:
         job = Job(inputs=job.inputs, tokenizer=job.tokenizer, output=job.output, config=job.config, workers=workers)
     _run_job(job, keep_work, overwrite)
+    _write_report(job.output)
+
+
+def _write_report(output: str):
+    """OUTPUT/report.html from the build's stats.json (charts when matplotlib is installed)."""
+    from pathlib import Path
+
+    from packer import report
+    from packer.stats import SCHEMA_ID
+
+    figures = json.loads((Path(output) / "stats.json").read_text(encoding="utf-8"))
+    if figures.get("schema") == SCHEMA_ID:  # a dataset built by an older version has no such stats
+        report.write_html(figures, Path(output) / "report.html")
+        click.echo(f"report:    {Path(output) / 'report.html'} (packer stats {output} prints the table)")
 
 
 @main.command()
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures as JSON here.")
-def stats(dataset, json_path):
-    """Fill rate of a built DATASET and the padding it avoids against one document per row."""
-    from packer.shards import open_dataset
-    from packer.stats import dataset_stats
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", default=None, help="Raw corpus: path of a tokenizer.json to count tokens with.")
+@click.option("--context-length", type=click.IntRange(min=1), default=None, help="Raw corpus: tokens per sequence.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="B of the pad-to-longest strategies.")
+@click.option("--sample", type=click.IntRange(min=1), default=None, help="Raw corpus: measure a seeded sample of this many documents.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Raw corpus: seed of the sample and of the bin shuffle.")
+@click.option("--algorithm", type=click.Choice(["ffd", "bfd"]), default="ffd", show_default=True, help="Raw corpus: packing whose composition is shown.")
+@click.option("--text-field", default="text", show_default=True, help="Raw corpus: JSON field holding the document text.")
+@click.option("--eos/--no-eos", default=True, show_default=True, help="Raw corpus: count an end-of-text token per document, as build does.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats_schema.json).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the charts as a PNG (needs packer[plot]).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm, text_field, eos, json_path, plot_path, html_path):
+    """Padding waste of batching strategies and what packing saves: of a raw corpus
+    (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR)."""
+    import os
 
-    figures = dataset_stats(open_dataset(dataset))
-    click.echo(f"{'documents (segments)':<28}{figures['documents']:>14,}")
-    click.echo(f"{'tokens':<28}{figures['tokens']:>14,}")
-    click.echo(f"{'context length':<28}{figures['context_length']:>14,}")
-    click.echo(f"{'rows, padded per document':<28}{figures['padded_rows']:>14,}   padding {figures['padded_padding_share']:.2%}")
-    click.echo(f"{'rows, packed':<28}{figures['packed_rows']:>14,}   padding {figures['packed_padding_share']:.2%}")
-    click.echo(f"{'fill rate, packed':<28}{figures['packed_fill_rate']:>14.4f}")
-    click.echo(f"{'rows saved by packing':<28}{figures['rows_saved_share']:>14.2%}")
+    from packer import report
+    from packer import stats as st
+
+    if len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], "manifest.json")):
+        if tokenizer or context_length or sample:
+            raise ValueError(f"{inputs[0]} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample")
+        from packer.shards import open_dataset
+
+        figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
+    else:
+        if not tokenizer or not context_length:
+            raise ValueError("a raw corpus needs --tokenizer PATH and --context-length N (or give one built dataset directory)")
+        lengths, sampled = st.corpus_lengths(inputs, tokenizer, text_field=text_field, eos=eos, sample=sample, seed=seed)
+        figures = st.corpus_stats(lengths, context_length, batch_size=batch_size, seed=seed, algorithm=algorithm,
+                                  sample=sampled, inputs=inputs)
+    click.echo(report.format_table(figures))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2)
+    if plot_path:
+        report.write_png(figures, plot_path)
+    if html_path:
+        report.write_html(figures, html_path)
+
+
+@main.command("show-mask")
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.option("--seq", type=int, default=0, show_default=True, help="Index of the packed sequence.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+def show_mask(dataset, seq, out_path):
+    """Draw the block-causal attention mask of one packed sequence, documents outlined, as a PNG."""
+    from packer.report import write_mask_png
+    from packer.shards import open_dataset
+
+    ds = open_dataset(dataset)
+    if not 0 <= seq < len(ds):
+        raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
+    _, offsets = ds[seq]
+    write_mask_png(offsets, int(ds.manifest["config"]["context_length"]), out_path,
+                   title=f"{dataset} sequence {seq}: {len(offsets) - 1} documents, {int(offsets[-1])} tokens")
+    click.echo(f"wrote {out_path}")
 
 
 @main.command()

@@ -25,7 +25,7 @@ from packer import __version__, atomic, lock, readers, resume, shards, writer
 from packer.config import Job
 from packer.executors import make_executor
 from packer.plan import Plan, plan_bins
-from packer.stats import padding_stats
+from packer.stats import plan_stats
 from packer.tokenize import tokenize_unit, tokenizer_info, unit_paths
 
 WORK = "_work"
@@ -115,7 +115,8 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out: 
     doc_lengths = np.concatenate(
         [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units] or [np.zeros(0, np.int64)]
     )
-    atomic.write_json(out / shards.STATS, padding_stats(doc_lengths, config.context_length, plan.n_sequences))
+    figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+    atomic.write_json(out / shards.STATS, figures)
     atomic.copy_file(job.tokenizer, out / "tokenizer.json")  # the dataset decodes without its source
     manifest = {
         "format_version": shards.FORMAT_VERSION,

@@ -21,7 +21,7 @@ from packer.shards import MANIFEST, STATS
 
 FINGERPRINT = "fingerprint.json"
 _OWNED = re.compile(
-    r"^(manifest\.json|stats\.json|tokenizer\.json|_work|\.packer\.lock|shard-\d{5}\.(arrow|bin|idx))(\.tmp\d+)?$"
+    r"^(manifest\.json|stats\.json|report\.html|tokenizer\.json|_work|\.packer\.lock|shard-\d{5}\.(arrow|bin|idx))(\.tmp\d+)?$"
 )
 
 

@@ -85,7 +85,7 @@ def read_manifest(path) -> dict:
 
 
 def _arrow_blocks(file: Path):
-    """One Rows (plus the doc_ids list array) per record batch, zero-copy over a memory map."""
+    """One (Rows, doc_ids) per record batch, zero-copy over a memory map."""
     reader = ipc.open_file(pa.memory_map(str(file), "r"))
     for b in range(reader.num_record_batches):
         batch = reader.get_batch(b)
@@ -96,18 +96,17 @@ def _arrow_blocks(file: Path):
             offs.values.to_numpy(zero_copy_only=True),
             offs.offsets.to_numpy(),
         )
-        yield rows, batch.column("doc_ids")
+        yield rows, batch.column("doc_ids").flatten().to_numpy(zero_copy_only=True)
 
 
 def shard_blocks(directory: Path, entry: dict, fmt: str):
-    """Yield (Rows, doc_id count) for the blocks of one shard: record batches, or the whole memmap."""
+    """Yield (Rows, doc_ids) for the blocks of one shard: its record batches, or the whole memmap."""
     file = directory / entry["file"]
     if fmt == "arrow":
-        for rows, doc_ids in _arrow_blocks(file):
-            yield rows, len(doc_ids.values) if len(doc_ids) else 0
+        yield from _arrow_blocks(file)
     else:
         tokens, token_starts, offsets, offset_starts, doc_ids = memmap.open_shard(file, directory / entry["index_file"])
-        yield Rows(tokens, token_starts, offsets, offset_starts), len(doc_ids)
+        yield Rows(tokens, token_starts, offsets, offset_starts), doc_ids
 
 
 class ShardDataset:
@@ -122,10 +121,12 @@ class ShardDataset:
         self.manifest = read_manifest(self.path)
         self.format = self.manifest["config"].get("format", "arrow")
         self._blocks: list[Rows] = []
+        self._doc_ids: list[np.ndarray] = []
         starts = [0]
         for entry in self.manifest["shards"]:
-            for rows, _ in shard_blocks(self.path, entry, self.format):
+            for rows, doc_ids in shard_blocks(self.path, entry, self.format):
                 self._blocks.append(rows)
+                self._doc_ids.append(doc_ids)
                 starts.append(starts[-1] + len(rows))
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
@@ -175,6 +176,11 @@ class ShardDataset:
             tokens[token_starts[k] : token_starts[k + 1]] = rows.tokens[t0:t1]
             offsets[offset_starts[k] : offset_starts[k + 1]] = rows.offsets[o0:o1]
         return Rows(tokens, token_starts, offsets, offset_starts)
+
+    def doc_ids(self) -> np.ndarray:
+        """int64 global document index of every stored segment, rows in stored order (reads
+        every shard's doc_ids; a document split over several rows appears once per piece)."""
+        return np.concatenate(self._doc_ids).astype(np.int64) if self._doc_ids else np.zeros(0, np.int64)
 
     def __iter__(self):
         for rows in self._blocks:

@@ -1,17 +1,435 @@
-"""Padding-waste figures: what padding every document to the context would cost, and what packing saves.
+"""Padding-waste figures of a corpus or a built dataset, from lengths alone: what each batching strategy costs and what packing saves.
 
-All figures come from lengths alone: document lengths for a raw corpus, and the segment
-lengths and row lengths of a built dataset. Shares are fractions in [0, 1].
+Documents [3, 10, 5], context L = 8, batch B = 2 (18 tokens; the 10 is a long document):
+
+    rows (a long document is ceil(l / L) rows)   [3] [8] [2] [5]          4 rows
+    pad to context        4 rows x 8        = 32 slots   padding 14/32
+    pad to longest, sorted  [2 3] [5 8] -> 2*3 + 2*8 = 22 slots   padding  4/22
+    pad to longest, random  expected over every deal of the rows into batches of 2:
+                            2 batches * 2 rows * E[longest of 2 rows] (37/6) = 24.67 slots
+    truncate to context   3 rows x 8        = 24 slots   16 kept, 2 lost, padding 8/24
+    pack (FFD)            [8] [5 3] [2]     = 24 slots   padding 6/24, lower bound ceil(18/8) = 3
+    attention             dense 3 * 8^2/2 = 96, block-causal (8^2 + 5^2 + 3^2 + 2^2)/2 = 51
+
+Every share is an unrounded fraction in [0, 1]. The result is one JSON-ready dict whose
+shape is `SCHEMA` (packer/stats_schema.json); packer.report draws and prints it.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
+
+from packer.binpack import lower_bound, pack
+from packer.plan import split_documents
+
+SCHEMA_ID = "packer.stats/1"
+SCHEMA = json.loads((Path(__file__).with_name("stats_schema.json")).read_text(encoding="utf-8"))
+PERCENTILES = (50, 90, 99)
+STRATEGIES = ("pad_to_context", "pad_random_batches", "pad_sorted_batches", "truncate", "pack_ffd", "pack_bfd")
+FILL_BINS = 20
+LENGTH_BINS = 40
+TREND_GROUPS = 10
+
+
+def percentiles(values, qs=PERCENTILES, *, is_sorted: bool = False) -> dict:
+    """{"p50": ..., "p90": ..., "p99": ..., "max": ..., "mean": ...}; linear interpolation
+    between closest ranks (numpy's default), read off one sorted copy."""
+    s = np.asarray(values) if is_sorted else np.sort(values)
+    if len(s) == 0:
+        return {**{f"p{q}": 0.0 for q in qs}, "max": 0, "mean": 0.0}
+    pos = np.asarray(qs, dtype=np.float64) / 100 * (len(s) - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, len(s) - 1)
+    v = s[lo] + (pos - lo) * (s[hi].astype(np.float64) - s[lo])
+    return {**{f"p{q}": float(x) for q, x in zip(qs, v)}, "max": s[-1].item(), "mean": float(s.mean())}
+
+
+def length_figures(sorted_lengths: np.ndarray, context_length: int) -> dict:
+    """Counts, percentiles, the share of documents (and of their tokens) longer than the context,
+    and a log-spaced histogram [edges[k], edges[k+1]) read off the sorted lengths."""
+    s = sorted_lengths
+    n_tokens = int(s.sum())
+    first_long = int(np.searchsorted(s, context_length, side="right"))
+    long_tokens = int(s[first_long:].sum())
+    top = int(s[-1]) + 1 if len(s) else 2
+    edges = np.unique(np.floor(np.geomspace(1, top, LENGTH_BINS + 1)).astype(np.int64))
+    edges[-1] = top
+    counts = np.diff(np.searchsorted(s, edges, side="left"))
+    return {
+        "documents": int(len(s)),
+        "tokens": n_tokens,
+        "percentiles": percentiles(s, is_sorted=True),
+        "long_documents_share": (len(s) - first_long) / len(s) if len(s) else 0.0,
+        "long_tokens_share": long_tokens / n_tokens if n_tokens else 0.0,
+        "histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+    }
+
+
+def _strategy(sequences: int, slots, kept: int, lost: int, n_tokens: int, **extra) -> dict:
+    return {
+        "sequences": int(sequences),
+        "compute_slots": slots if isinstance(slots, float) else int(slots),
+        "tokens_kept": int(kept),
+        "padding_share": 1 - kept / slots if slots else 0.0,
+        "tokens_lost": int(lost),
+        "tokens_lost_share": lost / n_tokens if n_tokens else 0.0,
+        **extra,
+    }
+
+
+def row_histogram(sorted_lengths: np.ndarray, context_length: int) -> np.ndarray:
+    """counts[v] = rows of length v (v = 0..L) when each document is cut into rows of at most L:
+    a long document gives l // L full rows and a remainder row. Read off the sorted document
+    lengths in O(L log n), no per-row array.
+
+    doc lengths [3, 5, 10], L = 8  ->  rows [3] [5] [8 2]  ->  counts[2] = counts[3] = counts[5] = counts[8] = 1
+    """
+    L, s = context_length, sorted_lengths
+    first_long = int(np.searchsorted(s, L, side="right"))
+    counts = np.diff(np.searchsorted(s[:first_long], np.arange(L + 2), side="left"))  # [0, L]
+    long = s[first_long:]
+    counts[L] += int((long // L).sum())
+    counts += np.bincount(long % L, minlength=L + 1)[: L + 1]
+    counts[0] = 0  # remainders of zero are no rows
+    return counts
+
+
+def sorted_batch_slots(counts: np.ndarray, batch_size: int) -> int:
+    """Slots of padding each batch to its longest row, batches of `batch_size` consecutive rows
+    in ascending length order (the last batch, holding the longest rows, may be short)."""
+    cum = np.cumsum(counts)
+    n = int(cum[-1])
+    last_rank = np.minimum(np.arange(batch_size, n + batch_size, batch_size), n) - 1
+    batch_max = np.searchsorted(cum, last_rank, side="right")  # length of the row at that rank
+    sizes = np.diff(np.concatenate([[0], last_rank + 1]))
+    return int((batch_max * sizes).sum())
+
+
+def _expected_max(cum: np.ndarray, n: int, k: int) -> float:
+    """E[longest of k rows drawn without replacement]: sum over v of P(max > v), where
+    P(max <= v) = C(N_v, k) / C(n, k) and N_v = rows of length <= v (lgamma, so any n and k)."""
+    lgamma = np.frompyfunc(math.lgamma, 1, 1)
+    m = cum[:-1].astype(np.float64)  # N_v for v = 0 .. max-1
+    ok = m >= k
+    log_p = np.zeros(len(m))
+    log_p[ok] = (lgamma(m[ok] + 1) - lgamma(m[ok] - k + 1)).astype(np.float64)
+    log_p -= math.lgamma(n + 1) - math.lgamma(n - k + 1)
+    p_le = np.where(ok, np.exp(np.minimum(log_p, 0.0)), 0.0)
+    return float((1 - p_le).sum())
+
+
+def random_batch_slots(counts: np.ndarray, batch_size: int) -> float:
+    """Expected slots of padding each batch to its longest row when rows are dealt into batches
+    of `batch_size` uniformly at random (exact expectation, not one draw): every full batch is a
+    uniform random subset of the rows, and so is the short last one."""
+    n = int(counts.sum())
+    top = int(np.flatnonzero(counts)[-1]) if n else 0
+    cum = np.cumsum(counts[: top + 1])
+    full, rest = divmod(n, batch_size)
+    slots = full * batch_size * _expected_max(cum, n, batch_size) if full else 0.0
+    return slots + (rest * _expected_max(cum, n, rest) if rest else 0.0)
+
+
+def padding_strategies(sorted_lengths: np.ndarray, context_length: int, batch_size: int, packs: dict) -> dict:
+    """The six strategies from sorted document lengths alone (a long document is ceil(l / L)
+    rows except under truncation); `packs` maps "ffd"/"bfd" to the bins packing those rows took."""
+    L, doc_lengths = context_length, sorted_lengths
+    counts = row_histogram(sorted_lengths, L)
+    n_rows, n_tokens = int(counts.sum()), int(doc_lengths.sum())
+    first_long = int(np.searchsorted(sorted_lengths, L, side="right"))
+    kept_truncated = int(sorted_lengths[:first_long].sum()) + L * (len(sorted_lengths) - first_long)
+    out = {
+        "pad_to_context": _strategy(n_rows, n_rows * L, n_tokens, 0, n_tokens),
+        "pad_random_batches": _strategy(n_rows, random_batch_slots(counts, batch_size), n_tokens, 0, n_tokens),
+        "pad_sorted_batches": _strategy(n_rows, sorted_batch_slots(counts, batch_size), n_tokens, 0, n_tokens),
+        "truncate": _strategy(len(doc_lengths), len(doc_lengths) * L, kept_truncated, n_tokens - kept_truncated, n_tokens),
+    }
+    bound = lower_bound(doc_lengths, L)
+    for algorithm, n_bins in packs.items():
+        out[f"pack_{algorithm}"] = _strategy(
+            n_bins, n_bins * L, n_tokens, 0, n_tokens,
+            fill_rate=n_tokens / (n_bins * L) if n_bins else 1.0,
+            lower_bound=bound,
+            bins_over_lower_bound=n_bins - bound,
+        )
+    return out
+
+
+def _correlation(x: np.ndarray, y: np.ndarray):
+    """Pearson r, or None when either side is constant (no trend can be measured)."""
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(np.corrcoef(x.astype(np.float64), y.astype(np.float64))[0, 1])
+
+
+def _trend(fill: np.ndarray, docs: np.ndarray) -> dict:
+    """Correlation of fill and documents per sequence with position, and their means over
+    TREND_GROUPS consecutive groups of positions (what a plot of drift would show)."""
+    pos = np.arange(len(fill))
+    groups = np.array_split(pos, min(TREND_GROUPS, len(pos))) if len(pos) else []
+    return {
+        "fill_correlation": _correlation(pos, fill),
+        "docs_correlation": _correlation(pos, docs),
+        "fill_by_group": [float(fill[g].mean()) for g in groups],
+        "docs_by_group": [float(docs[g].mean()) for g in groups],
+    }
+
+
+def composition(seq_docs: np.ndarray, seq_tokens: np.ndarray, seq_single_split: np.ndarray,
+                context_length: int, packing_order: np.ndarray | None = None) -> dict:
+    """Pack composition of sequences given in output order: documents (segments) per sequence,
+    the share that hold one split piece of a long document only, the fill distribution, and the
+    trend over output position; over packing order too when `packing_order` (output index of
+    each sequence in the order the packer opened them) is given."""
+    fill = seq_tokens / context_length
+    n = len(seq_docs)
+    counts, _ = np.histogram(fill, bins=FILL_BINS, range=(0.0, 1.0))
+    return {
+        "docs_per_sequence": percentiles(seq_docs),
+        "single_split_piece_share": float(seq_single_split.sum() / n) if n else 0.0,
+        "fill_rate_percentiles": percentiles(fill),
+        "fill_histogram": {"edges": np.linspace(0, 1, FILL_BINS + 1).tolist(), "counts": counts.tolist()},
+        "trend_output_order": _trend(fill, seq_docs),
+        "trend_packing_order": None if packing_order is None else _trend(fill[packing_order], seq_docs[packing_order]),
+        "trend_noise_level": 2 / np.sqrt(n) if n else 1.0,
+    }
+
+
+def attention_cost(segment_lengths: np.ndarray, n_sequences: int, context_length: int) -> dict:
+    """Causal attention score entries: dense over whole sequences (n * L^2 / 2) against
+    block-causal within each document segment (sum of l^2 / 2)."""
+    dense = n_sequences * context_length**2 / 2
+    block = float((segment_lengths.astype(np.float64) ** 2).sum() / 2)
+    return {"dense_causal": dense, "block_causal": block, "saving_share": 1 - block / dense if dense else 0.0}
+
+
+def _check_lengths(doc_lengths) -> np.ndarray:
+    lengths = np.asarray(doc_lengths)
+    if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
+        raise ValueError(f"document lengths must be a 1-D integer array, got {lengths.dtype} of shape {lengths.shape}")
+    if lengths.size == 0:
+        raise ValueError("no documents to measure: the input holds no accepted documents")
+    if lengths.min() < 1:
+        raise ValueError(f"document lengths must be >= 1, found {int(lengths.min())}")
+    return lengths.astype(np.int64, copy=False)
+
+
+def _header(kind: str, context_length: int, batch_size: int, seed: int, **source) -> dict:
+    if context_length < 1 or batch_size < 1:
+        raise ValueError(f"context length ({context_length}) and batch size ({batch_size}) must be >= 1")
+    return {"schema": SCHEMA_ID, "source": {"kind": kind, **source}, "context_length": context_length,
+            "batch_size": batch_size, "seed": seed}
+
+
+def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed: int = 0,
+                 algorithm: str | None = "ffd", algorithms=("ffd", "bfd"), sample: dict | None = None,
+                 inputs=()) -> dict:
+    """All figures for documents of these lengths, packed the way `packer build` would
+    (long documents split, `algorithm`, bins shuffled with `seed`). algorithms=() skips packing."""
+    out = _header("corpus", context_length, batch_size, seed, inputs=list(map(str, inputs)),
+                  documents_from="tokenized", sample=sample)
+    lengths = _check_lengths(doc_lengths)
+    piece_doc, _, piece_len = split_documents(lengths, context_length) if algorithms else (None, None, None)
+    bins = {a: pack(piece_len, context_length, a) for a in algorithms}
+    n_bins = {a: int(b.max()) + 1 for a, b in bins.items()}
+    sorted_lengths = np.sort(lengths)
+    out["lengths"] = length_figures(sorted_lengths, context_length)
+    out["strategies"] = padding_strategies(sorted_lengths, context_length, batch_size, n_bins)
+    out["packing"] = None
+    out["attention"] = None
+    if algorithm in bins:
+        b, n = bins[algorithm], n_bins[algorithm]
+        position = np.random.default_rng(seed).permutation(n)  # as packer.plan shuffles bins
+        split = lengths[piece_doc] > context_length
+        seq_docs = np.bincount(position[b], minlength=n)
+        seq_tokens = np.bincount(position[b], weights=piece_len, minlength=n)
+        seq_single = (seq_docs == 1) & (np.bincount(position[b], weights=split, minlength=n) == 1)
+        out["packing"] = {
+            "algorithm": algorithm, "source": "computed",
+            **_pack_totals(n, int(piece_len.sum()), context_length),
+            **composition(seq_docs, seq_tokens, seq_single, context_length, packing_order=position),
+        }
+        out["attention"] = attention_cost(piece_len, n, context_length)
+    return out
+
+
+def plan_stats(doc_lengths, plan, context_length: int, *, algorithm: str, seed: int, batch_size: int = 8,
+               inputs=()) -> dict:
+    """Figures of a build from what its plan stage holds (a packer.plan.Plan, and the lengths of
+    all accepted documents): the strategies, and the composition of the planned sequences in
+    output order. Nothing is packed again, so only the build's own algorithm has a pack row."""
+    out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=(),
+                       inputs=inputs)
+    L, n = context_length, plan.n_sequences
+    lengths = np.asarray(doc_lengths, dtype=np.int64)
+    seq_docs = np.diff(plan.seq_starts)
+    starts = plan.seq_starts[:-1]
+    seq_tokens = np.add.reduceat(plan.piece_len, starts) if n else np.zeros(0, np.int64)
+    split = (lengths[plan.piece_doc] > L).astype(np.int64)
+    seq_split = np.add.reduceat(split, starts) if n else np.zeros(0, np.int64)
+    n_tokens = int(plan.piece_len.sum())
+    bound = lower_bound(plan.piece_len, L)
+    out["strategies"][f"pack_{algorithm}"] = _strategy(
+        n, n * L, n_tokens, int(lengths.sum()) - n_tokens, int(lengths.sum()),
+        fill_rate=n_tokens / (n * L) if n else 1.0, lower_bound=bound, bins_over_lower_bound=n - bound)
+    out["source"]["kind"] = "dataset"
+    out["packing"] = {"algorithm": algorithm, "source": "dataset", **_pack_totals(n, n_tokens, L),
+                      **composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), L)}
+    out["attention"] = attention_cost(plan.piece_len, n, L)
+    return out
+
+
+def _pack_totals(n_sequences: int, n_tokens: int, context_length: int) -> dict:
+    slots = n_sequences * context_length
+    return {"sequences": n_sequences, "tokens": n_tokens, "fill_rate": n_tokens / slots if slots else 1.0,
+            "lower_bound": lower_bound([n_tokens], context_length)}
+
+
+def _stored_doc_ids(ds) -> np.ndarray | None:
+    """Global document index of every stored segment, from Arrow shards' doc_ids column; None
+    when the shards have none (then each segment counts as a document)."""
+    path = getattr(ds, "path", None)
+    files = [Path(path) / e.get("file", "") for e in ds.manifest.get("shards", [])] if path else []
+    if not files or any(f.suffix != ".arrow" for f in files):
+        return None
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    parts = []
+    for f in files:
+        table = ipc.open_file(pa.memory_map(str(f), "r")).read_all()
+        if "doc_ids" not in table.column_names:
+            return None
+        parts.append(table.column("doc_ids").combine_chunks().flatten().to_numpy())
+    return np.concatenate(parts).astype(np.int64)
+
+
+def dataset_stats(ds, *, batch_size: int = 8) -> dict:
+    """Figures of a built dataset (an open_dataset reader): the strategies from its documents'
+    lengths, and the composition, fill, trend and attention cost of its stored sequences."""
+    config = ds.manifest["config"]
+    L = int(config["context_length"])
+    offsets = [np.asarray(ds[i][1], dtype=np.int64) for i in range(len(ds))]
+    seg_len = np.concatenate([np.diff(o) for o in offsets]) if offsets else np.zeros(0, np.int64)
+    seq_docs = np.fromiter((len(o) - 1 for o in offsets), dtype=np.int64, count=len(offsets))
+    seq_tokens = np.fromiter((o[-1] for o in offsets), dtype=np.int64, count=len(offsets))
+    doc_ids = _stored_doc_ids(ds)
+    if doc_ids is not None and len(doc_ids) == len(seg_len):
+        per_doc = np.bincount(doc_ids, weights=seg_len).astype(np.int64)
+        lengths, documents_from = per_doc[per_doc > 0], "doc_ids"
+        seg_split = per_doc[doc_ids] > L
+    else:  # no document identity: a segment is a document, a full-context segment a split piece
+        lengths, documents_from = seg_len, "segments"
+        seg_split = seg_len == L
+    algorithm = config.get("algorithm", "ffd")
+    out = corpus_stats(lengths, L, batch_size=batch_size, seed=int(config.get("seed", 0)), algorithm=None)
+    out["source"] = {"kind": "dataset", "inputs": [str(getattr(ds, "path", ""))], "sample": None,
+                     "documents_from": documents_from}
+    starts = np.concatenate([[0], np.cumsum(seq_docs)[:-1]]).astype(np.int64)
+    split_count = np.add.reduceat(seg_split.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
+    out["packing"] = {
+        "algorithm": algorithm, "source": "dataset",
+        **_pack_totals(len(offsets), int(seg_len.sum()), L),
+        **composition(seq_docs, seq_tokens, (seq_docs == 1) & (split_count == 1), L),
+    }
+    out["attention"] = attention_cost(seg_len, len(offsets), L)
+    return out
+
+
+def _texts(files, text_field: str, unit_bytes: int):
+    from packer import readers
+
+    for unit in readers.plan_units(files, unit_bytes):
+        yield from readers.read_jsonl_unit(unit, text_field, readers.SkipLog.empty())
+
+
+def corpus_lengths(inputs, tokenizer: str, *, text_field: str = "text", eos: bool = True,
+                   sample: int | None = None, seed: int = 0, unit_bytes: int = 64 * 2**20):
+    """Tokens per document of raw inputs, counted as `packer build` counts them (end-of-text
+    token included when `eos`): of every document, or of a seeded uniform sample of `sample`
+    documents (reservoir sampling; only the sample is tokenized). Returns (lengths, sample info
+    or None when every document was measured)."""
+    import random
+
+    from packer import readers
+    from packer.config import BuildConfig
+    from packer.tokenize import ENCODE_BATCH_DOCS, load_tokenizer, tokenizer_info
+
+    if sample is not None and sample < 1:
+        raise ValueError(f"--sample must be >= 1 documents, got {sample}")
+    files = readers.expand_inputs(inputs)
+    info = tokenizer_info(tokenizer, BuildConfig(eos=eos, text_field=text_field))
+    tok = load_tokenizer(tokenizer)
+    extra = (info.eos_id is not None) + (info.bos_id is not None)
+    texts, n_seen = _texts(files, text_field, unit_bytes), 0
+    if sample is not None:
+        rng, reservoir = random.Random(seed), []
+        for n_seen, text in enumerate(texts, 1):
+            if len(reservoir) < sample:
+                reservoir.append(text)
+            elif (j := rng.randrange(n_seen)) < sample:
+                reservoir[j] = text
+        texts = iter(reservoir)
+    parts, batch = [], []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == ENCODE_BATCH_DOCS:
+            parts.append([len(e.ids) + extra for e in tok.encode_batch_fast(batch, add_special_tokens=False)])
+            batch = []
+    if batch:
+        parts.append([len(e.ids) + extra for e in tok.encode_batch_fast(batch, add_special_tokens=False)])
+    lengths = np.array([x for p in parts for x in p], dtype=np.int64)
+    sampled = sample is not None and n_seen > sample
+    return lengths, ({"documents": len(lengths), "of_documents": n_seen, "seed": seed} if sampled else None)
+
+
+def schema_errors(value, schema: dict | None = None, where: str = "$", root: dict | None = None) -> list[str]:
+    """What in `value` breaks `schema` (the JSON-Schema subset stats_schema.json uses: $ref,
+    type, const, enum, minimum, maximum, properties, required, additionalProperties, items, oneOf)."""
+    root = root if root is not None else (schema if schema is not None else SCHEMA)
+    schema = SCHEMA if schema is None else schema
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    if "oneOf" in schema:
+        fits = [s for s in schema["oneOf"] if not schema_errors(value, s, where, root)]
+        return [] if len(fits) == 1 else [f"{where}: matches {len(fits)} of the oneOf choices, not exactly 1"]
+    kinds = {"null": type(None), "boolean": bool, "string": str, "array": list, "object": dict,
+             "integer": int, "number": (int, float)}
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        if not any(isinstance(value, kinds[t]) and not (isinstance(value, bool) and t != "boolean") for t in types):
+            return [f"{where}: {value!r} is not of type {types}"]
+    errors = []
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{where}: {value!r} != {schema['const']!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} not in {schema['enum']}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: {value} < minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: {value} > maximum {schema['maximum']}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        errors += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in value]
+        if schema.get("additionalProperties") is False:
+            errors += [f"{where}: unexpected {k!r}" for k in value if k not in props]
+        for k, v in value.items():
+            if k in props:
+                errors += schema_errors(v, props[k], f"{where}.{k}", root)
+    if isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            errors += schema_errors(v, schema["items"], f"{where}[{i}]", root)
+    return errors
 
 
 def padding_stats(doc_lengths, context_length: int, n_sequences: int | None = None) -> dict:
-    """Compare pad-to-context (one document per row; a longer one takes ceil(l / L) rows) with
-    packing into `n_sequences` rows of the context length (when given)."""
+    """Pad-to-context against packing into `n_sequences` rows (the build's stats.json)."""
     lengths = np.asarray(doc_lengths, dtype=np.int64)
     n_tokens = int(lengths.sum())
     padded_rows = int((-(-lengths // context_length)).sum())
@@ -30,18 +448,8 @@ def padding_stats(doc_lengths, context_length: int, n_sequences: int | None = No
                 "packed_rows": int(n_sequences),
                 "packed_fill_rate": n_tokens / packed_slots if packed_slots else 1.0,
                 "packed_padding_share": 1 - n_tokens / packed_slots if packed_slots else 0.0,
-                "lower_bound_rows": -(-n_tokens // context_length),
+                "lower_bound_rows": lower_bound(lengths, context_length),
                 "rows_saved_share": 1 - n_sequences / padded_rows if padded_rows else 0.0,
             }
         )
     return out
-
-
-def dataset_stats(ds) -> dict:
-    """Padding figures of a built dataset (an open_dataset reader), from its stored segments.
-
-    A split document is several segments of at most L tokens each, so padding each segment
-    to L costs exactly the ceil(l / L) rows that padding the whole document would."""
-    context_length = ds.manifest["config"]["context_length"]
-    doc_lengths = np.concatenate([np.diff(offs) for _, offs in ds]) if len(ds) else np.zeros(0, np.int64)
-    return padding_stats(doc_lengths, context_length, n_sequences=len(ds))

@@ -81,7 +81,8 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
         where = str(path / entry["file"])
         counts = {"sequences": 0, "tokens": 0, "documents": 0}
         try:
-            for rows, n_doc_ids in shard_blocks(path, entry, fmt):
+            for rows, doc_ids in shard_blocks(path, entry, fmt):
+                n_doc_ids = len(doc_ids)
                 _check_rows(rows, n_doc_ids, where, counts["sequences"], config["context_length"])
                 if checksums:
                     _check_token_ids(rows, where, dtype, manifest["tokenizer"]["vocab_size"])

@@ -35,8 +35,9 @@ def test_build_prints_summary_then_verify_stats_inspect(tmp_path):
     stats = runner.invoke(main, ["stats", str(out), "--json", str(tmp_path / "s.json")])
     assert stats.exit_code == 0, stats.output
     figures = json.loads((tmp_path / "s.json").read_text())
-    assert 0.9 < figures["packed_fill_rate"] <= 1.0
-    assert figures["padded_padding_share"] > figures["packed_padding_share"]
+    assert 0.9 < figures["packing"]["fill_rate"] <= 1.0
+    strategies = figures["strategies"]
+    assert strategies["pad_to_context"]["padding_share"] > strategies["pack_ffd"]["padding_share"]
 
     inspect = runner.invoke(main, ["inspect", str(out), "--seq", "0"])
     assert inspect.exit_code == 0 and "document 0: tokens [0," in inspect.output

@@ -63,7 +63,7 @@ def test_arrow_shard_reads_with_plain_pyarrow(tmp_path):
     ]
 
 
-def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300):
+def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300, doc_ids_out=None):
     """Random unit files -> plan -> every shard written -> a manifest; return the reference
     rows built naively (python lists) from the same plan and units."""
     work = tmp_path / "_work"
@@ -90,6 +90,8 @@ def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300
             row += unit_tokens[u][a : a + n]
             offsets.append(len(row))
         reference.append((row, offsets))
+    if doc_ids_out is not None:
+        doc_ids_out[:] = plan.piece_doc.tolist()  # pieces in plan order = segments in stored order
     manifest = {
         "config": {"format": fmt, "context_length": context_length, "token_dtype": np.dtype(dtype).name},
         "tokenizer": {"vocab_size": high},
@@ -106,7 +108,8 @@ def test_random_datasets_read_back_exactly(tmp_path, fmt):
     n_multi = n_shards_seen = 0
     for trial in range(12):
         dtype = (np.uint16, np.uint32)[trial % 2]
-        reference = _random_dataset(tmp_path / str(trial), rng, fmt, dtype)
+        reference_doc_ids = []
+        reference = _random_dataset(tmp_path / str(trial), rng, fmt, dtype, doc_ids_out=reference_doc_ids)
         ds = open_dataset(tmp_path / str(trial))
         assert len(ds) == len(reference)
         assert [(t.tolist(), o.tolist()) for t, o in ds] == reference  # iteration, stored order
@@ -123,6 +126,7 @@ def test_random_datasets_read_back_exactly(tmp_path, fmt):
             for k, i in enumerate(picks):
                 assert tuple(x.tolist() for x in batch.row(k)) == reference[i]
         assert verify_dataset(tmp_path / str(trial))["sequences"] == len(reference)
+        assert ds.doc_ids().tolist() == reference_doc_ids
         n_shards_seen = max(n_shards_seen, len(ds.manifest["shards"]))
     assert n_multi > 0 and n_shards_seen > 2  # multi-document rows and several shards were exercised
 

@@ -1,0 +1,249 @@
+"""The stats figures as a printed table, a PNG of four charts, a self-contained HTML page, and a block-causal mask picture.
+
+Everything here reads only the JSON-ready dict of packer.stats (so a stats.json can be
+redrawn later). matplotlib is an optional extra (`pip install 'packer[plot]'`), imported
+only when a picture is asked for, through its object API (no pyplot, no global backend).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+
+import numpy as np
+
+REPORT_INCHES, REPORT_DPI = (12.0, 8.0), 100  # report PNG: 1200 x 800 pixels
+MASK_INCHES, MASK_DPI = (8.0, 8.0), 100  # show-mask PNG: 800 x 800 pixels
+LABELS = {
+    "pad_to_context": "pad every document to the context",
+    "pad_random_batches": "pad to longest, random batches of {B} (expected)",
+    "pad_sorted_batches": "pad to longest, length-sorted batches of {B}",
+    "truncate": "truncate to the context",
+    "pack_ffd": "pack, first-fit decreasing",
+    "pack_bfd": "pack, best-fit decreasing",
+}
+
+
+def _figure(inches, dpi):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ValueError(
+            "pictures need matplotlib, which is not installed: pip install 'packer[plot]' (or pip install matplotlib)"
+        ) from None
+    return Figure(figsize=inches, dpi=dpi)
+
+
+def _pct(x) -> str:
+    return f"{x:.2%}"
+
+
+def _source_line(f: dict) -> str:
+    src = f["source"]
+    what = "dataset" if src["kind"] == "dataset" else "corpus"
+    line = f"{what}: {', '.join(src['inputs']) or '(inputs not recorded)'}"
+    if src.get("sample"):
+        s = src["sample"]
+        line += f"  (seeded sample of {s['documents']:,} of {s['of_documents']:,} documents, seed {s['seed']}: figures describe the sample)"
+    elif src.get("documents_from") == "segments":
+        line += "  (no doc_ids stored: each stored segment counts as a document)"
+    return line
+
+
+def table_rows(f: dict) -> list[tuple[str, str]]:
+    """(label, value) pairs of the summary, in print order."""
+    lens, p = f["lengths"], f["lengths"]["percentiles"]
+    rows = [
+        ("documents", f"{lens['documents']:,}"),
+        ("tokens", f"{lens['tokens']:,}"),
+        ("length p50 / p90 / p99 / max", f"{p['p50']:,.0f} / {p['p90']:,.0f} / {p['p99']:,.0f} / {p['max']:,}"),
+        ("longer than the context", f"{_pct(lens['long_documents_share'])} of documents, {_pct(lens['long_tokens_share'])} of tokens"),
+    ]
+    pk = f.get("packing")
+    if pk:
+        d = pk["docs_per_sequence"]
+        rows += [
+            (f"packed ({pk['algorithm']}, {pk['source']})", f"{pk['sequences']:,} sequences, fill {pk['fill_rate']:.4f}, lower bound {pk['lower_bound']:,}"),
+            ("documents per sequence", f"p50 {d['p50']:.0f}, p90 {d['p90']:.0f}, p99 {d['p99']:.0f}, max {d['max']:,}, mean {d['mean']:.2f}"),
+            ("single split piece only", f"{_pct(pk['single_split_piece_share'])} of sequences"),
+            ("trend, output order", _trend_text(pk["trend_output_order"], pk["trend_noise_level"])),
+        ]
+        if pk["trend_packing_order"]:
+            rows.append(("trend, packing order", _trend_text(pk["trend_packing_order"], pk["trend_noise_level"])))
+    a = f.get("attention")
+    if a:
+        rows.append(("attention entries", f"dense {a['dense_causal']:.3g}, block-causal {a['block_causal']:.3g}: varlen saves {_pct(a['saving_share'])}"))
+    return rows
+
+
+def _trend_text(t: dict, noise: float) -> str:
+    def r(x):
+        return "n/a (constant)" if x is None else f"{x:+.3f}"
+
+    return f"r(position, fill) {r(t['fill_correlation'])}, r(position, documents) {r(t['docs_correlation'])}; noise |r| < {noise:.3f}"
+
+
+def strategy_rows(f: dict) -> list[tuple[str, ...]]:
+    """(strategy, sequences, compute slots, padding share, tokens lost, note) per strategy."""
+    rows = []
+    for key, s in f["strategies"].items():
+        note = ""
+        if "fill_rate" in s:
+            note = f"fill {s['fill_rate']:.4f}, {s['sequences']:,} vs lower bound {s['lower_bound']:,} (+{s['bins_over_lower_bound']:,})"
+        lost = f"{s['tokens_lost']:,} ({_pct(s['tokens_lost_share'])})" if s["tokens_lost"] else "0"
+        rows.append((LABELS[key].format(B=f["batch_size"]), f"{s['sequences']:,}", f"{s['compute_slots']:,.0f}",
+                     _pct(s["padding_share"]), lost, note))
+    return rows
+
+
+def format_table(f: dict) -> str:
+    """The printed report: source, summary, and one line per batching strategy."""
+    lines = [_source_line(f), f"context length {f['context_length']:,}, batch size {f['batch_size']}, seed {f['seed']}", ""]
+    lines += [f"{k:<30}{v}" for k, v in table_rows(f)]
+    head = ("strategy", "sequences", "compute slots", "padding", "tokens lost", "")
+    rows = [head] + strategy_rows(f)
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines.append("")
+    for r in rows:
+        lines.append(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]:>{w[4]}}  {r[5]}".rstrip())
+    return "\n".join(lines)
+
+
+def _draw_lengths(ax, f):
+    h = f["lengths"]["histogram"]
+    edges = np.asarray(h["edges"], dtype=float)
+    ax.stairs(h["counts"], edges, fill=True, alpha=0.7)
+    ax.set_xscale("log")
+    ax.axvline(f["context_length"], color="crimson", linestyle="--", label=f"context {f['context_length']:,}")
+    ax.set_xlabel("document length (tokens, log scale)")
+    ax.set_ylabel("documents")
+    ax.set_title("document lengths")
+    ax.legend()
+
+
+def _draw_strategies(ax, f):
+    keys = list(f["strategies"])
+    shares = [f["strategies"][k]["padding_share"] for k in keys]
+    labels = [LABELS[k].format(B=f["batch_size"]).replace(", ", ",\n") for k in keys]
+    bars = ax.barh(range(len(keys)), shares, color=["#c44" if not k.startswith("pack") else "#4a4" for k in keys])
+    ax.set_yticks(range(len(keys)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(1e-9, max(shares)) * 1.25)
+    for b, s in zip(bars, shares):
+        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {s:.1%}", va="center", fontsize=8)
+    ax.set_xlabel("share of compute slots that are padding")
+    ax.set_title("padding by batching strategy")
+
+
+def _draw_fill(ax, f):
+    pk = f["packing"]
+    h = pk["fill_histogram"]
+    ax.stairs(h["counts"], h["edges"], fill=True, alpha=0.7, color="#4a4")
+    ax.set_yscale("symlog")
+    ax.set_xlabel("fill rate of a packed sequence")
+    ax.set_ylabel("sequences")
+    ax.set_title(f"fill rates ({pk['algorithm']}, mean {pk['fill_rate']:.4f})")
+
+
+def _draw_trend(ax, f):
+    pk = f["packing"]
+    for key, label, style in (("trend_packing_order", "packing order", "--"), ("trend_output_order", "output order (shuffled)", "-")):
+        t = pk[key]
+        if t:
+            ax.plot(np.arange(1, len(t["docs_by_group"]) + 1), t["docs_by_group"], style, marker="o",
+                    label=f"{label}: r = {t['docs_correlation'] if t['docs_correlation'] is None else round(t['docs_correlation'], 3)}")
+    ax.set_xlabel("tenth of the sequences, by position")
+    ax.set_ylim(bottom=0)  # from zero, so noise does not look like a trend
+    ax.set_ylabel("mean documents per sequence")
+    ax.set_title("composition against position")
+    ax.legend(fontsize=8)
+
+
+def report_figure(f: dict):
+    """The four charts on one matplotlib Figure (REPORT_INCHES at REPORT_DPI)."""
+    fig = _figure(REPORT_INCHES, REPORT_DPI)
+    axes = fig.subplots(2, 2)
+    _draw_lengths(axes[0, 0], f)
+    _draw_strategies(axes[0, 1], f)
+    if f.get("packing"):
+        _draw_fill(axes[1, 0], f)
+        _draw_trend(axes[1, 1], f)
+    fig.suptitle(_source_line(f)[:150], fontsize=9)
+    fig.subplots_adjust(left=0.07, right=0.97, top=0.9, bottom=0.08, wspace=0.45, hspace=0.4)
+    return fig
+
+
+def write_png(f: dict, path) -> None:
+    report_figure(f).savefig(path, format="png")
+
+
+def _png_bytes(f: dict) -> bytes:
+    buf = io.BytesIO()
+    report_figure(f).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _html_table(head, rows) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_html(f: dict, path) -> None:
+    """One HTML file with everything inline: tables, the charts as a data: PNG (or a line saying
+    how to install matplotlib), and the JSON figures."""
+    try:
+        img = f'<img alt="charts" src="data:image/png;base64,{base64.b64encode(_png_bytes(f)).decode()}">'
+    except ValueError as e:
+        img = f"<p><em>{html.escape(str(e))}</em></p>"
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>packer stats</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1250px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style>
+</head><body>
+<h1>packer stats</h1>
+<p>{html.escape(_source_line(f))}<br>context length {f['context_length']:,}, batch size {f['batch_size']}, seed {f['seed']}</p>
+<h2>Padding by batching strategy</h2>
+{_html_table(("strategy", "sequences", "compute slots", "padding", "tokens lost", "packing"), strategy_rows(f))}
+<h2>Summary</h2>
+{_html_table(("figure", "value"), table_rows(f))}
+{img}
+<details><summary>figures as JSON (schema {html.escape(f['schema'])})</summary><pre>{html.escape(json.dumps(f, indent=2))}</pre></details>
+</body></html>
+"""
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(page)
+
+
+def write_mask_png(offsets, context_length: int, path, title: str = "") -> None:
+    """The block-causal mask of one packed row as a MASK_INCHES x MASK_DPI PNG: query i (row) may
+    see key j (column) iff j <= i in the same document; each document's triangle has its own
+    colour and an outline; slots past the row's end, up to the context, are grey padding."""
+    fig = _figure(MASK_INCHES, MASK_DPI)  # first: says how to install matplotlib when it is missing
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
+
+    from packer.masks import offsets_to_block_causal_mask, offsets_to_document_ids
+
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = int(offsets[-1])
+    doc = offsets_to_document_ids(offsets)
+    image = np.where(offsets_to_block_causal_mask(offsets), (doc % 10 + 1)[:, None], 0)
+    ax = fig.add_axes((0.08, 0.06, 0.88, 0.88))
+    colors = ["white"] + [f"C{k}" for k in range(10)]
+    ax.imshow(image, cmap=ListedColormap(colors), vmin=0, vmax=10, interpolation="nearest",
+              extent=(0, n, n, 0))
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        ax.add_patch(Rectangle((a, a), b - a, b - a, fill=False, edgecolor="black", linewidth=0.6))
+    if n < context_length:
+        ax.add_patch(Rectangle((n, 0), context_length - n, context_length, color="#ddd", linewidth=0))
+        ax.add_patch(Rectangle((0, n), n, context_length - n, color="#ddd", linewidth=0))
+        ax.text((n + context_length) / 2, (n + context_length) / 2, "padding", ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, context_length)
+    ax.set_ylim(context_length, 0)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    ax.set_title(title or f"block-causal mask: {len(offsets) - 1} documents, {n} of {context_length} tokens", fontsize=10)
+    fig.savefig(path, format="png")

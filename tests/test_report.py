@@ -1,0 +1,122 @@
+"""The report: printed table, PNG charts (size and content), self-contained HTML, the mask
+picture read back pixel by pixel, the no-matplotlib message, and `packer show-mask`."""
+
+from __future__ import annotations
+
+import struct
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from packer import report
+from packer.cli import main
+from conftest import TOKENIZER
+from packer.stats import corpus_stats
+
+pytest.importorskip("matplotlib")  # in the dev extra, so CI runs these
+
+
+def _png_size(path) -> tuple[int, int]:
+    data = open(path, "rb").read(24)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return corpus_stats([3, 10, 5], 8, batch_size=2)
+
+
+def test_table_holds_the_hand_figures(figures):
+    text = report.format_table(figures)
+    lines = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert lines["pad every document to the context"].split()[-4:] == ["4", "32", "43.75%", "0"]
+    assert lines["pad to longest, length-sorted batches of 2"].split()[-4:] == ["4", "22", "18.18%", "0"]
+    assert lines["truncate to the context"].split()[-5:] == ["3", "24", "33.33%", "2", "(11.11%)"]
+    assert "fill 0.7500, 3 vs lower bound 3 (+0)" in lines["pack, first-fit decreasing"]
+    assert "1 / 90%" not in text and "length p50 / p90 / p99 / max  5 / 9 / 10 / 10" in text
+    assert "66.67% of documents" not in text and "33.33% of documents, 55.56% of tokens" in text
+    assert "varlen saves 46.88%" in text
+
+
+def test_png_has_the_expected_size(figures, tmp_path):
+    path = tmp_path / "r.png"
+    report.write_png(figures, path)
+    w, h = (int(x * report.REPORT_DPI) for x in report.REPORT_INCHES)
+    assert _png_size(path) == (w, h) and path.stat().st_size > 20_000
+
+
+def test_html_is_self_contained(figures, tmp_path):
+    path = tmp_path / "r.html"
+    report.write_html(figures, path)
+    page = path.read_text(encoding="utf-8")
+    assert page.count('src="data:image/png;base64,') == 1 and "http://" not in page.replace("https://json-schema", "")
+    assert "<td>pad every document to the context</td><td>4</td><td>32</td><td>43.75%</td>" in page
+    assert "packer.stats/1" in page and len(page) > 20_000
+
+
+def test_without_matplotlib_pictures_say_how_to_install(figures, sample_dataset, tmp_path, monkeypatch):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.colors", "matplotlib.patches"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing them now fails
+    with pytest.raises(ValueError, match=r"pip install 'packer\[plot\]'"):
+        report.write_png(figures, tmp_path / "r.png")
+    report.write_html(figures, tmp_path / "r.html")  # tables still, with the hint instead of charts
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "packer[plot]" in page and "data:image/png" not in page and "43.75%" in page
+    out = CliRunner().invoke(main, ["show-mask", str(sample_dataset), "--out", str(tmp_path / "m.png")])
+    assert out.exit_code == 1 and "packer[plot]" in out.output and not (tmp_path / "m.png").exists()
+
+
+def _pixel(image, query, key, context_length):
+    """RGB at the centre of mask cell (query, key): the axes span MASK fractions 0.08..0.96 x 0.06..0.94."""
+    h, w = image.shape[:2]
+    x = int(w * (0.08 + 0.88 * (key + 0.5) / context_length))
+    y = int(h * (1 - 0.94 + 0.88 * (query + 0.5) / context_length))
+    return tuple(round(float(c), 2) for c in image[y, x, :3])
+
+
+def test_mask_picture_shows_the_mask(tmp_path):
+    import matplotlib.image
+
+    path = tmp_path / "m.png"
+    report.write_mask_png([0, 3, 5, 6], 8, path)
+    w, h = (int(x * report.MASK_DPI) for x in report.MASK_INCHES)
+    assert _png_size(path) == (w, h)
+    image = matplotlib.image.imread(path)
+    white, grey = (1.0, 1.0, 1.0), _pixel(image, 7, 7, 8)
+    doc0, doc1, doc2 = _pixel(image, 2, 0, 8), _pixel(image, 4, 3, 8), _pixel(image, 5, 5, 8)
+    assert len({doc0, doc1, doc2, white, grey}) == 5  # three documents, masked-out, padding
+    assert _pixel(image, 0, 2, 8) == white  # causal: query 0 does not see key 2
+    assert _pixel(image, 3, 2, 8) == white  # document 1 does not see document 0
+    assert _pixel(image, 2, 2, 8) == doc0 and _pixel(image, 1, 0, 8) == doc0
+    assert _pixel(image, 7, 0, 8) == grey and _pixel(image, 0, 7, 8) == grey
+
+
+def test_show_mask_command(sample_dataset, tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(main, ["show-mask", str(sample_dataset), "--seq", "3", "--out", str(tmp_path / "m.png")])
+    assert out.exit_code == 0, out.output
+    assert _png_size(tmp_path / "m.png") == (800, 800)
+    bad = runner.invoke(main, ["show-mask", str(sample_dataset), "--seq", "100000", "--out", str(tmp_path / "x.png")])
+    assert bad.exit_code != 0 and "out of range" in bad.output and not (tmp_path / "x.png").exists()
+
+
+def test_stats_command_writes_plot_and_html(sample_dataset, tmp_path):
+    out = CliRunner().invoke(main, ["stats", str(sample_dataset), "--plot", str(tmp_path / "s.png"),
+                                    "--html", str(tmp_path / "s.html")])
+    assert out.exit_code == 0, out.output
+    assert _png_size(tmp_path / "s.png") == (1200, 800)
+    assert "data:image/png;base64," in (tmp_path / "s.html").read_text(encoding="utf-8")
+
+
+def test_run_writes_the_report_beside_the_shards(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(f'{{"text": "{"word " * (5 + 37 * k % 300)}"}}\n' for k in range(60)), encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(f'inputs = ["{corpus}"]\ntokenizer = "{TOKENIZER}"\noutput = "{tmp_path / "out"}"\n'
+                   "workers = 1\n[config]\ncontext_length = 256\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["run", str(job)])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "report:" in result.output and "data:image/png;base64," in page and "pack, first-fit decreasing" in page
