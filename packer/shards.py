@@ -171,10 +171,12 @@ class ShardDataset:
         dtype = self._blocks[0].tokens.dtype if self._blocks else np.uint16
         tokens = np.empty(int(token_starts[-1]), dtype=dtype)
         offsets = np.empty(int(offset_starts[-1]), dtype=np.int32)
-        for k, (b, (t0, t1, o0, o1)) in enumerate(zip(block.tolist(), spans.tolist())):
-            rows = self._blocks[b]
-            tokens[token_starts[k] : token_starts[k + 1]] = rows.tokens[t0:t1]
-            offsets[offset_starts[k] : offset_starts[k + 1]] = rows.offsets[o0:o1]
+        blocks = self._blocks
+        # plain ints in the loop: indexing numpy arrays per row costs more than the copies
+        for b, (t0, t1, o0, o1), a, c in zip(block.tolist(), spans.tolist(), token_starts.tolist(), offset_starts.tolist()):
+            rows = blocks[b]
+            tokens[a : a + t1 - t0] = rows.tokens[t0:t1]
+            offsets[c : c + o1 - o0] = rows.offsets[o0:o1]
         return Rows(tokens, token_starts, offsets, offset_starts)
 
     def doc_ids(self) -> np.ndarray:
