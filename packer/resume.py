@@ -104,9 +104,10 @@ def refuse_foreign(out: Path):
 
 
 def clear(out: Path):
-    """Delete packer's files from `out`, the manifest first (so no half-deleted dataset looks complete)."""
-    for name in (MANIFEST, STATS):
-        (out / name).unlink(missing_ok=True)
+    """Delete packer's files from `out`: first the manifest and the work fingerprint, so that a
+    clear cut short by a crash leaves nothing that looks complete or resumable."""
+    for path in (out / MANIFEST, out / "_work" / FINGERPRINT, out / STATS):
+        path.unlink(missing_ok=True)
     for p in sorted(out.iterdir()):
         if p.name == lock.LOCK_NAME or not _OWNED.match(p.name):
             continue
