@@ -204,3 +204,28 @@ def test_verify_catches_count_mismatch(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="documents, the manifest says"):
         verify_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_failed_write_raises_and_leaves_no_shard(tmp_path, monkeypatch, threaded):
+    import packer.writer as writer
+
+    monkeypatch.setattr(writer, "THREADED_WRITES", threaded)
+    real_open = open
+
+    class DiskFull:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, buf):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            self.f.close()
+
+    monkeypatch.setattr(writer, "open", lambda *a, **k: DiskFull(real_open(*a, **k)), raising=False)
+    rows, doc_ids = _two_rows()
+    with pytest.raises(OSError, match="No space left"):
+        _write(rows, doc_ids, tmp_path, 0, "memmap")
+    assert not (tmp_path / "shard-00000.bin").exists() and not (tmp_path / "shard-00000.idx").exists()
+    assert all(atomic.is_tmp(p) for p in tmp_path.iterdir())  # only leftovers the next run removes
