@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ALGORITHMS = ("ffd", "bfd")
-_CHUNK = 1 << 20  # sorted items expanded back onto the output per step (bounds temporaries)
+_CHUNK = 1 << 18  # sorted items expanded back onto the output per step (bounds temporaries)
 
 
 def _check(lengths, capacity: int) -> np.ndarray:
@@ -71,11 +71,11 @@ def pack(lengths, capacity: int, algorithm: str = "ffd") -> np.ndarray:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     lengths = _check(lengths, capacity)
     capacity = int(capacity)
-    bins = np.empty(len(lengths), dtype=np.int64)
     if not len(lengths):
-        return bins
+        return np.empty(0, dtype=np.int64)
     order, class_counts = _sorted_order(lengths, capacity)  # class_counts[j]: items of length capacity - j
     seg_pos, seg_bin, seg_k = _place_classes(class_counts, capacity, best_fit=algorithm == "bfd")
+    bins = np.empty(len(lengths), dtype=np.int64)
     _expand_segments(bins, order, seg_pos, seg_bin, seg_k)
     return bins
 
@@ -83,7 +83,8 @@ def pack(lengths, capacity: int, algorithm: str = "ffd") -> np.ndarray:
 def _sorted_order(lengths: np.ndarray, capacity: int):
     """Stable order by length descending, via radix argsort of the key capacity - length."""
     if capacity < 1 << 16:
-        keys = np.subtract(capacity, lengths, dtype=np.int64).astype(np.uint16)
+        keys = lengths.astype(np.uint16)  # lengths are in [1, capacity]: they fit
+        np.subtract(capacity, keys, out=keys)
         order = np.argsort(keys, kind="stable")  # numpy radix-sorts 16-bit keys: O(N)
     else:  # two stable 16-bit passes, low half first (LSD radix)
         keys = np.subtract(capacity, lengths, dtype=np.int64)
@@ -97,62 +98,59 @@ def _place_classes(class_counts: np.ndarray, capacity: int, best_fit: bool):
 
     Runs with room < the current length wait in `pending` (a max-heap on room); the others
     sit in `ready`, ordered the way the algorithm picks bins: FFD by first bin number,
-    BFD by (room, first bin number). An entry is (order key, first bin, n bins, room).
+    BFD by (room, first bin number). A ready entry is (room or 0, first bin, n bins, room).
+    The loop is plain Python over classes and runs, never over items (inlined: it is the
+    whole cost of packing a few thousand items).
     """
-    pending: list = []  # (-room, first, n)
+    push, pop = heapq.heappush, heapq.heappop
+    pending: list = []  # (-room, first bin, n bins)
     ready: list = []
-    seg_pos, seg_bin, seg_k = [], [], []
-    n_bins = pos = 0
-
-    def make_ready(first, n, room):
-        heapq.heappush(ready, (room if best_fit else 0, first, n, room))
-
-    def wait(first, n, room):
-        if room:
-            heapq.heappush(pending, (-room, first, n))
-
-    def segment(count, first, k):
-        seg_pos.append(pos)
-        seg_bin.append(first)
-        seg_k.append(k)
-        return pos + count
-
+    segments: list = []  # count, first bin, k, count, first bin, k, ...
+    n_bins = 0
+    counts = class_counts.tolist()
     for j in np.flatnonzero(class_counts).tolist():
-        length, left = capacity - j, int(class_counts[j])
+        length, left = capacity - j, counts[j]
         while pending and -pending[0][0] >= length:
-            neg_room, first, n = heapq.heappop(pending)
-            make_ready(first, n, -neg_room)
+            neg_room, first, n = pop(pending)
+            push(ready, (-neg_room if best_fit else 0, first, n, -neg_room))
         while left and ready:
-            _, first, n, room = heapq.heappop(ready)
+            _, first, n, room = pop(ready)
             k = room // length  # items each bin of the run takes
+            after = room - k * length
             if k * n <= left:  # the class uses the whole run up
-                pos = segment(k * n, first, k)
+                segments += (k * n, first, k)
                 left -= k * n
-                wait(first, n, room - k * length)
+                if after:
+                    push(pending, (-after, first, n))
                 continue
             full, part = divmod(left, k)  # the class ends inside this run
-            if full:
-                pos = segment(full * k, first, k)
-                wait(first, full, room - k * length)
             rest = first + full
-            if part:
-                pos = segment(part, rest, k)
-                make_ready(rest, 1, room - part * length)
+            if full:
+                segments += (full * k, first, k)
+                if after:
+                    push(pending, (-after, first, full))
+            if part:  # one bin takes fewer than k and still fits this length
+                segments += (part, rest, k)
+                after = room - part * length
+                push(ready, (after if best_fit else 0, rest, 1, after))
                 rest += 1
-            if rest < first + n:
-                make_ready(rest, first + n - rest, room)
+            if rest < first + n:  # the untouched tail of the run
+                push(ready, (room if best_fit else 0, rest, first + n - rest, room))
             left = 0
         if left:  # open new bins: k items each, the last one possibly fewer
             k = capacity // length
             full, part = divmod(left, k)
-            pos = segment(left, n_bins, k)
-            if full:
-                wait(n_bins, full, capacity - k * length)
+            segments += (left, n_bins, k)
+            after = capacity - k * length
+            if full and after:
+                push(pending, (-after, n_bins, full))
             if part:
-                make_ready(n_bins + full, 1, capacity - part * length)
+                after = capacity - part * length
+                push(ready, (after if best_fit else 0, n_bins + full, 1, after))
             n_bins += full + (part > 0)
-    return (np.asarray(seg_pos, dtype=np.int64), np.asarray(seg_bin, dtype=np.int64),
-            np.asarray(seg_k, dtype=np.int64))
+    seg_count, seg_bin, seg_k = np.asarray(segments, dtype=np.int64).reshape(-1, 3).T
+    seg_pos = np.cumsum(seg_count) - seg_count
+    return seg_pos, seg_bin, seg_k
 
 
 def _expand_segments(bins, order, seg_pos, seg_bin, seg_k):
