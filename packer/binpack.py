@@ -30,11 +30,13 @@ so the items come in *classes* of equal length, taken from the longest class dow
 3. Each placement is a *segment*: sorted items [pos, pos + count) go to bins
    bin0 + (t - pos) // k. A stable counting sort (numpy's radix argsort of 16-bit keys)
    gives each item its sorted position, and the segments are expanded back onto the
-   items in chunks, so the extra memory is the order plus the output (about 18 bytes an
-   item at the peak, measured in benchmarks/bench_binpack.py).
+   items in chunks, so the extra memory is the order plus the output (18 bytes an item at
+   the peak: the radix sort's order and scratch).
 
-Measured 2026-11-29 on a busy 2-core box, 10M web-like lengths (benchmarks/bench_binpack.py):
-FFD and BFD take about 0.4x the time of numpy.argsort(lengths, kind="stable") on int64.
+Measured 2026-11-29 on a busy 2-core box (load 9), 10M lognormal web-like lengths split at
+the capacity, benchmarks/bench_binpack.py: FFD and BFD take 0.22x-0.73x the time of
+numpy.argsort(lengths, kind="stable") on the int64 array at capacities 2048/4096/8192; peak extra
+memory 18 bytes an item; 20k items pack in 14 ms where the textbook loop takes 7 s (same bins).
 """
 
 from __future__ import annotations

@@ -163,3 +163,60 @@ def test_summary_fill_rate():
     s = summarize(lengths, pack(lengths, 8), 8)
     assert (s.n_bins, s.n_tokens, s.lower_bound) == (2, 14, 2)
     assert s.fill_rate == 14 / 16
+
+
+def ffd_segment_tree(lengths, capacity):
+    """FFD one item at a time with a max-room segment tree over bin numbers: O(N log N)."""
+    size = 1
+    while size < len(lengths):
+        size *= 2
+    tree = [capacity] * (2 * size)  # bins not yet opened have the whole capacity
+    bins = [0] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        v = 1
+        while v < size:  # leftmost leaf with room >= the item
+            v = 2 * v if tree[2 * v] >= lengths[i] else 2 * v + 1
+        bins[i] = v - size
+        tree[v] -= lengths[i]
+        while v > 1:
+            v //= 2
+            tree[v] = max(tree[2 * v], tree[2 * v + 1])
+    return bins
+
+
+def bfd_sorted_rooms(lengths, capacity):
+    """BFD one item at a time over a sorted list of (room, bin): O(N log N) searches."""
+    import bisect
+
+    rooms, bins, n_bins = [], [0] * len(lengths), 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        j = bisect.bisect_left(rooms, (lengths[i], -1))
+        if j == len(rooms):
+            room, b = capacity, n_bins
+            n_bins += 1
+        else:
+            room, b = rooms.pop(j)
+        bins[i] = b
+        if room - lengths[i]:
+            bisect.insort(rooms, (room - lengths[i], b))
+    return bins
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capacity", [2048, 4096])
+def test_equals_per_item_references_at_scale(capacity):
+    rng = np.random.default_rng(capacity)
+    docs = np.clip(np.rint(rng.lognormal(np.log(300), 1.18, size=150_000)).astype(np.int64), 1, 100_000)
+    lengths = np.asarray([p for d in docs.tolist() for p in [capacity] * (d // capacity) + [d % capacity] if p])
+    assert len(lengths) > 150_000
+    assert pack(lengths, capacity, "ffd").tolist() == ffd_segment_tree(lengths.tolist(), capacity)
+    assert pack(lengths, capacity, "bfd").tolist() == bfd_sorted_rooms(lengths.tolist(), capacity)
+
+
+def test_per_item_references_agree_with_the_textbook():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        capacity = int(rng.integers(1, 40))
+        lengths = rng.integers(1, capacity + 1, size=int(rng.integers(1, 60))).tolist()
+        assert ffd_segment_tree(lengths, capacity) == textbook(lengths, capacity, "ffd")
+        assert bfd_sorted_rooms(lengths, capacity) == textbook(lengths, capacity, "bfd")
