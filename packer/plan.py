@@ -108,7 +108,7 @@ def plan_bins(
     n_bins = int(bins.max()) + 1 if len(bins) else 0
     rng = np.random.default_rng(seed)
     position = rng.permutation(n_bins)  # output position of each bin
-    order = np.lexsort((np.arange(len(bins)), position[bins]))  # by output position, then input order
+    order = np.argsort(position[bins], kind="stable")  # by output position, then input order
     seq_counts = np.bincount(position[bins], minlength=n_bins)
     seq_starts = np.concatenate([[0], np.cumsum(seq_counts)]).astype(np.int64)
 

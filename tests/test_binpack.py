@@ -71,6 +71,7 @@ def test_edge_shapes():
     assert pack([1, 1, 1], 1).tolist() == [0, 1, 2]
     assert pack(np.full(5, 8, dtype=np.uint16), 8).tolist() == [0, 1, 2, 3, 4]
     assert pack(np.array([2, 2, 2], dtype=np.int8), 4).tolist() == [0, 0, 1]
+    assert pack(np.array([3, 70_000, 2], dtype=np.uint64), 70_000).tolist() == [1, 0, 1]
 
 
 @pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
