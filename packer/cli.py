@@ -72,6 +72,7 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.option("--eos-token", default=None, help="Name of the end-of-text token (default: found in the tokenizer).")
 @click.option("--bos-token", default=None, help="Name of the begin-of-text token.")
 @click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard.")
+@click.option("--pack-group", type=click.IntRange(min=1), default=None, help="Pack each N consecutive documents separately (bounded planning memory; costs a little fill rate). Default: all at once.")
 @click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
 @click.option("--overwrite", is_flag=True, help="Replace a complete dataset already in OUTPUT.")
 def build(inputs, tokenizer, output, workers, keep_work, overwrite, **config):

@@ -50,6 +50,7 @@ def _plan_stage(n_units: int, config, work: Path) -> Plan:
         long_docs=config.long_docs,
         seed=config.seed,
         shard_size=config.shard_size,
+        pack_group=config.pack_group,
     )
     tmp = atomic.tmp_path(path).with_suffix(".npz")
     plan.save(tmp)
