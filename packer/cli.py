@@ -73,6 +73,7 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.option("--bos-token", default=None, help="Name of the begin-of-text token.")
 @click.option("--format", type=click.Choice(["arrow", "memmap"]), default="arrow", show_default=True, help="Shard format: Arrow IPC, or flat .bin tokens + .idx index for np.memmap.")
 @click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard (100M uint16 tokens = 200 MB).")
+@click.option("--pack-group", type=click.IntRange(min=1), default=None, help="Pack each N consecutive documents separately (bounded planning memory; costs a little fill rate). Default: all at once.")
 @click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
 @click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or unfinished work from other settings) and start over.")
 def build(inputs, tokenizer, output, workers, keep_work, overwrite, **config):

@@ -29,6 +29,7 @@ class BuildConfig:
     format: str = "arrow"
     shard_size: int = 100_000_000  # tokens per shard (~200 MB of uint16 tokens)
     unit_bytes: int = 64 * 2**20  # uncompressed inputs are split into ranges this size
+    pack_group: int | None = None  # pack each N consecutive documents separately; None = all at once
 
     def __post_init__(self):
         if self.context_length < 1:
@@ -47,6 +48,12 @@ class BuildConfig:
             )
         if self.unit_bytes < 1:
             raise ValueError(f"unit_bytes must be >= 1, got {self.unit_bytes}")
+        group = self.pack_group
+        if group is not None and (type(group) is not int or group < 1):
+            raise ValueError(
+                f"pack_group must be a whole number of documents >= 1 (or unset to pack all at once), "
+                f"got {self.pack_group!r}"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

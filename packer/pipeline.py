@@ -63,6 +63,7 @@ def _plan_stage(n_units: int, config, work: Path) -> Plan:
         long_docs=config.long_docs,
         seed=config.seed,
         shard_size=config.shard_size,
+        pack_group=config.pack_group,
     )
     atomic.save_npz(path, **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
     atomic.kill_point("plan", 0)

@@ -74,8 +74,13 @@ def plan_bins(
     long_docs: str = "split",
     seed: int = 0,
     shard_size: int,
+    pack_group: int | None = None,
 ) -> Plan:
-    """Pack the documents of all units (given in unit order) into shuffled sequences and shards."""
+    """Pack the documents of all units (given in unit order) into shuffled sequences and shards.
+
+    pack_group=N packs each run of N consecutive documents on its own (bounded memory per
+    pack, a little fill rate lost at each group's last bins); None packs all at once.
+    """
     doc_lengths = np.concatenate(unit_lengths) if unit_lengths else np.zeros(0, np.int64)
     doc_unit = np.repeat(np.arange(len(unit_lengths)), [len(x) for x in unit_lengths])
     # Start of each document inside its unit's token file.
@@ -99,11 +104,11 @@ def plan_bins(
         piece_offset = np.zeros(len(keep), dtype=np.int64)
         piece_len = np.minimum(doc_lengths[keep], context_length)
 
-    bins = pack(piece_len, context_length, algorithm)
+    bins = pack_groups(piece_len, piece_doc, context_length, algorithm, pack_group)
     n_bins = int(bins.max()) + 1 if len(bins) else 0
     rng = np.random.default_rng(seed)
     position = rng.permutation(n_bins)  # output position of each bin
-    order = np.lexsort((np.arange(len(bins)), position[bins]))  # by output position, then input order
+    order = np.argsort(position[bins], kind="stable")  # by output position, then input order
     seq_counts = np.bincount(position[bins], minlength=n_bins)
     seq_starts = np.concatenate([[0], np.cumsum(seq_counts)]).astype(np.int64)
 
@@ -124,15 +129,39 @@ def plan_bins(
     )
 
 
+def pack_groups(piece_len, piece_doc, capacity: int, algorithm: str, pack_group: int | None) -> np.ndarray:
+    """Bin of each piece, packing the pieces of documents [0, N), [N, 2N), ... separately.
+
+    piece_doc [0, 0, 1, 2, 3], pack_group 2  ->  groups: pieces [0, 3) | [3, 5); bin numbers
+    continue across groups, so the bins of group g all come after those of group g - 1.
+    piece_doc must be ascending (split_documents and the truncate/drop paths give it so).
+    """
+    if pack_group is None:
+        return pack(piece_len, capacity, algorithm)
+    n_docs = int(piece_doc[-1]) + 1 if len(piece_doc) else 0
+    cuts = np.searchsorted(piece_doc, np.arange(0, n_docs + pack_group, pack_group)).tolist()
+    bins = np.empty(len(piece_len), dtype=np.int64)
+    n_bins = 0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if a < b:
+            bins[a:b] = pack(piece_len[a:b], capacity, algorithm) + n_bins
+            n_bins = int(bins[a:b].max()) + 1
+    return bins
+
+
 def _shard_boundaries(seq_tokens: np.ndarray, shard_size: int) -> np.ndarray:
-    """Greedy: a shard takes whole sequences while its token count stays <= shard_size."""
+    """Greedy: a shard takes whole sequences while its token count stays <= shard_size.
+
+    One binary search per shard on the running token count (not a loop per sequence):
+    seq_tokens [5, 5, 5, 5], shard_size 12  ->  [0, 2, 4]. A sequence bigger than a
+    shard gets a shard of its own.
+    """
+    n = len(seq_tokens)
+    ends = np.cumsum(seq_tokens, dtype=np.int64)  # tokens through sequence s
     starts = [0]
-    filled = 0
-    for s, n in enumerate(seq_tokens.tolist()):
-        if filled and filled + n > shard_size:
-            starts.append(s)
-            filled = 0
-        filled += n
-    if len(seq_tokens):
-        starts.append(len(seq_tokens))
+    while starts[-1] < n:
+        a = starts[-1]
+        base = int(ends[a - 1]) if a else 0
+        b = int(np.searchsorted(ends, base + shard_size, side="right"))
+        starts.append(max(b, a + 1))
     return np.asarray(starts, dtype=np.int64)
