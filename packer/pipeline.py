@@ -105,7 +105,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
     work = out / "_work"
     (work / "units").mkdir(parents=True, exist_ok=True)
     started = time.time()
-    executor = make_executor(job.n_workers)
+    executor = make_executor(job)
     try:
         counters = _tokenize_stage(units, info, config, work / "units", executor)
         plan = _plan_stage(len(units), config, work)
