@@ -202,8 +202,8 @@ class RayExecutor:
         except ray.exceptions.RayError as e:  # worker or node died more than max_retries times
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RuntimeError(
-                f"{label}: the Ray task failed {self.max_retries + 1} times ({self.max_retries} "
-                f"retries) because its worker died: {type(e).__name__}: {first_line}"
+                f"{label}: the Ray task failed on all {self.max_retries + 1} attempts "
+                f"(max_retries={self.max_retries}) because its worker died: {type(e).__name__}: {first_line}"
             ) from e
 
     def close(self):

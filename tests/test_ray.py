@@ -129,7 +129,7 @@ def test_a_worker_that_always_dies_fails_naming_the_shard(ray_session, monkeypat
     monkeypatch.delenv(executors.CRASH_ONCE_DIR_ENV, raising=False)
     ex = RayExecutor(max_retries=1)
     try:
-        with pytest.raises(RuntimeError, match=r"write_shard, shard 7: the Ray task failed 2 times \(1 retries\)"):
+        with pytest.raises(RuntimeError, match=r"write_shard, shard 7: the Ray task failed on all 2 attempts \(max_retries=1\)"):
             ex.map(write_shard, [("plan.npz", 7, "work", "out", "uint16")])
     finally:
         ex.close()
