@@ -18,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
+RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
 # Test hook: "tokenize_unit:1,write_shard:0" makes those calls (fn name, item index) kill their
 # Ray worker with os._exit(1); with PACKER_TEST_CRASH_ONCE_DIR set, only the first attempt dies.
 CRASH_ENV, CRASH_ONCE_DIR_ENV = "PACKER_TEST_CRASH", "PACKER_TEST_CRASH_ONCE_DIR"
@@ -181,9 +182,11 @@ class RayExecutor:
                     ref = self._task.remote(fn, items[submitted], cwd, crash.get(submitted))
                     in_flight[ref] = submitted
                     submitted += 1
-                (ref,), _ = ray.wait(list(in_flight), num_returns=1)
-                i = in_flight.pop(ref)
-                results[i] = self._result(ref, describe_call(fn, items[i], i))
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_STALL_SECONDS)
+                if not ready:
+                    raise TimeoutError(self._stalled(fn, items, in_flight))
+                i = in_flight.pop(ready[0])
+                results[i] = self._result(ready[0], describe_call(fn, items[i], i))
                 if on_done:
                     on_done(results[i])
         except BaseException:
@@ -191,6 +194,15 @@ class RayExecutor:
                 ray.cancel(ref)
             raise
         return results
+
+    @staticmethod
+    def _stalled(fn, items, in_flight) -> str:
+        pending = sorted(in_flight.values())
+        names = "; ".join(describe_call(fn, items[i], i) for i in pending[:3])
+        return (
+            f"no Ray task finished in {RAY_STALL_SECONDS} s ({len(pending)} in flight: {names}); "
+            "workers may be failing to start: see `ray status` and the worker logs in /tmp/ray/session_latest/logs"
+        )
 
     def _result(self, ref, label: str):
         ray = self._ray

@@ -81,6 +81,24 @@ def test_pipeline_ray_toml_loads():
     assert job.config == BuildConfig(context_length=2048)
 
 
+def test_run_overrides_keep_the_pipeline_executor(monkeypatch):
+    jobs = []
+
+    def fake_build(job, **_):
+        jobs.append(job)
+        totals = {"docs_skipped": {}, "docs_accepted": 0, "docs_read": 0, "tokens_out": 0, "sequences": 0, "fill_rate": 1.0}
+        return {"totals": totals, "config": {"context_length": 2048}, "shards": []}
+
+    monkeypatch.setattr("packer.pipeline.build", fake_build)
+    toml = str(ROOT / "pipelines" / "ray.toml")
+    assert CliRunner().invoke(main, ["run", toml, "--workers", "3"]).exit_code == 0
+    assert CliRunner().invoke(main, ["run", toml, "--executor", "local"]).exit_code == 0
+    assert CliRunner().invoke(main, ["run", toml, "--ray-address", "auto"]).exit_code == 0
+    assert [(j.executor, j.workers, j.ray_address) for j in jobs] == [
+        ("ray", 3, None), ("local", 0, None), ("ray", 0, "auto")
+    ]
+
+
 def test_crash_plan_reads_the_test_hook(monkeypatch, tmp_path):
     monkeypatch.setenv(executors.CRASH_ENV, "tokenize_unit:1,write_shard:0,tokenize_unit:4")
     assert executors._crash_plan(tokenize_unit) == {1: "", 4: ""}

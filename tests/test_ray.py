@@ -9,11 +9,13 @@ import pkgutil
 import time
 
 import pytest
+from click.testing import CliRunner
 
 ray = pytest.importorskip("ray")
 
 from conftest import SAMPLE_INPUTS, TOKENIZER  # noqa: E402
 from packer import executors  # noqa: E402
+from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.executors import RayExecutor  # noqa: E402
 from packer.pipeline import build  # noqa: E402
@@ -51,12 +53,16 @@ def _ray_descendants() -> list[str]:
 
 @pytest.fixture(scope="module")
 def ray_session():
+    """A local Ray instance with 2 CPUs, never an existing cluster; no test may hang on it."""
+    stall = pytest.MonkeyPatch()
+    stall.setattr(executors, "RAY_STALL_SECONDS", 300)
     if ray.is_initialized():
         pytest.skip("a Ray session is already open in this process")
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
              log_to_driver=False)
     assert _ray_descendants(), "ray.init started no local processes"
     yield
+    stall.undo()
     ray.shutdown()
     deadline = time.time() + 10
     while _ray_descendants() and time.time() < deadline:
@@ -108,8 +114,13 @@ def test_tasks_import_this_checkout_and_run_in_the_driver_directory(ray_session,
 
 
 def test_ray_build_is_byte_identical_to_local(ray_session, tmp_path, local_files):
-    manifest = _build(tmp_path / "ray", "ray", workers=0)
-    assert manifest["totals"]["docs_accepted"] == 3894
+    """Through the CLI, as a user runs it: `packer build ... --executor ray`."""
+    result = CliRunner().invoke(main, [
+        "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "ray"),
+        "--context-length", "1024", "--shard-size", "200000", "--executor", "ray",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "3,894 accepted of 3,894 read" in result.output
     assert _files(tmp_path / "ray") == local_files
 
 
@@ -142,5 +153,15 @@ def test_a_stage_error_keeps_its_type_and_names_the_unit(ray_session, tmp_path):
     try:
         with pytest.raises(FileNotFoundError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\)"):
             ex.map(tokenize_unit, [(u, info, CONFIG, str(tmp_path)) for u in units])
+    finally:
+        ex.close()
+
+
+def test_a_stall_fails_naming_the_pending_calls_instead_of_hanging(ray_session, monkeypatch):
+    monkeypatch.setattr(executors, "RAY_STALL_SECONDS", 0.5)
+    ex = RayExecutor(n_workers=1)
+    try:
+        with pytest.raises(TimeoutError, match=r"no Ray task finished in 0.5 s \(1 in flight: sleep, item 0\)"):
+            ex.map(time.sleep, [(5,), (0,)])
     finally:
         ex.close()
