@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -76,9 +77,12 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.option("--pack-group", type=click.IntRange(min=1), default=None, help="Pack each N consecutive documents separately (bounded planning memory; costs a little fill rate). Default: all at once.")
 @click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
 @click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or unfinished work from other settings) and start over.")
-def build(inputs, tokenizer, output, workers, keep_work, overwrite, **config):
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="Run stages in local processes or as Ray tasks (same output bytes).")
+@click.option("--ray-address", default=None, help="Ray cluster to use with --executor ray (default: $RAY_ADDRESS, a local cluster, else a new one).")
+def build(inputs, tokenizer, output, workers, keep_work, overwrite, executor, ray_address, **config):
     """Tokenize INPUTS (JSONL files, directories or globs), pack them, and write shards to OUTPUT."""
-    job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config))
+    job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config),
+              executor=executor, ray_address=ray_address)
     _run_job(job, keep_work, overwrite)
 
 
@@ -87,11 +91,15 @@ def build(inputs, tokenizer, output, workers, keep_work, overwrite, **config):
 @click.option("--workers", type=click.IntRange(min=0), default=None, help="Override the job's worker count.")
 @click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work after the build.")
 @click.option("--overwrite", is_flag=True, help="Replace a complete dataset already in the output.")
-def run(pipeline, workers, keep_work, overwrite):
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Override the job's executor.")
+@click.option("--ray-address", default=None, help="Override the job's Ray address.")
+def run(pipeline, workers, keep_work, overwrite, executor, ray_address):
     """Run the job described in a PIPELINE TOML file (e.g. pipelines/sample.toml)."""
     job = load_job(pipeline)
-    if workers is not None:
-        job = Job(inputs=job.inputs, tokenizer=job.tokenizer, output=job.output, config=job.config, workers=workers)
+    overrides = {"workers": workers, "executor": executor, "ray_address": ray_address}
+    job = dataclasses.replace(job, **{k: v for k, v in overrides.items() if v is not None})
+    if executor == "local":
+        job = dataclasses.replace(job, ray_address=None)
     _run_job(job, keep_work, overwrite)
     _write_report(job.output)
 
@@ -103,7 +111,10 @@ def _write_report(output: str):
     from packer import report
     from packer.stats import SCHEMA_ID
 
-    figures = json.loads((Path(output) / "stats.json").read_text(encoding="utf-8"))
+    stats_path = Path(output) / "stats.json"
+    if not stats_path.is_file():
+        return
+    figures = json.loads(stats_path.read_text(encoding="utf-8"))
     if figures.get("schema") == SCHEMA_ID:  # a dataset built by an older version has no such stats
         report.write_html(figures, Path(output) / "report.html")
         click.echo(f"report:    {Path(output) / 'report.html'} (packer stats {output} prints the table)")
@@ -204,7 +215,7 @@ def inspect(dataset, seq, raw):
 @click.option("--quick", is_flag=True, help="Skip checksums.")
 def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem."""
-    from packer.shards import verify_dataset
+    from packer.verify import verify_dataset
 
     totals = verify_dataset(dataset, checksums=not quick)
     click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments")

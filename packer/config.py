@@ -11,6 +11,7 @@ from pathlib import Path
 ALGORITHMS = ("ffd", "bfd")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
 FORMATS = ("arrow", "memmap")
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,13 +68,19 @@ class Job:
     tokenizer: str
     output: str
     config: BuildConfig = field(default_factory=BuildConfig)
-    workers: int = 0  # 0 = all cores
+    workers: int = 0  # 0 = all cores (ray: tasks in flight, 0 = 2x the cluster's CPUs)
+    executor: str = "local"  # where stages run: "local" processes or "ray" tasks (same bytes)
+    ray_address: str | None = None  # None: $RAY_ADDRESS, a cluster on this machine, else a new local one
 
     def __post_init__(self):
         if not self.inputs:
             raise ValueError("a job needs at least one input")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}; got {self.executor!r}")
+        if self.ray_address and self.executor != "ray":
+            raise ValueError(f"ray_address {self.ray_address!r} is set but the executor is {self.executor!r}; set executor = \"ray\" (--executor ray)")
 
     @property
     def n_workers(self) -> int:
@@ -90,7 +97,7 @@ def load_job(path: str | Path) -> Job:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
-    known = {"inputs", "tokenizer", "output", "workers", "config"}
+    known = {"inputs", "tokenizer", "output", "workers", "executor", "ray_address", "config"}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; expected {sorted(known)}")
@@ -111,4 +118,6 @@ def load_job(path: str | Path) -> Job:
         output=data["output"],
         config=BuildConfig(**cfg),
         workers=int(data.get("workers", 0)),
+        executor=data.get("executor", "local"),
+        ray_address=data.get("ray_address"),
     )

@@ -1,22 +1,57 @@
-"""Where stage functions run: in this process, or in a local process pool.
+"""Where stage functions run: in this process, in a local process pool, or as Ray tasks.
 
-An executor is `map(fn, items)` (completion in any order, results in item order) plus
-`close()`. Stage functions are module-level and take small picklable arguments (paths,
-units, indices); token data moves only through files.
+An executor is `map(fn, items, on_done=None)` (completion in any order, results in item
+order, `on_done(result)` on the driver as each finishes) plus `close()`. Stage functions
+are module-level and take small picklable arguments (paths, units, indices); token data
+moves only through files, so where a call runs never changes the bytes it writes.
+
+    items    [(unit0, info, config, dir), (unit1, ...), ...]    one tuple of arguments per call
+    results  [fn(*items[0]), fn(*items[1]), ...]                 same order, whatever finished first
 """
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing as mp
+import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+RAY_INSTALL_HINT = 'pip install "packer[ray]"'
+RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
+RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
+# Test hook: "tokenize_unit:1,write_shard:0" makes those calls (fn name, item index) kill their
+# Ray worker with os._exit(1); with PACKER_TEST_CRASH_ONCE_DIR set, only the first attempt dies.
+CRASH_ENV, CRASH_ONCE_DIR_ENV = "PACKER_TEST_CRASH", "PACKER_TEST_CRASH_ONCE_DIR"
 
 
 def _init_worker():
     # One tokenizer thread per process: the pool already uses every core.
-    import os
-
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def describe_call(fn, item, index: int) -> str:
+    """Name a call for error messages by its domain arguments:
+    'tokenize_unit, unit 3 (a.jsonl bytes 0-65536)', 'write_shard, shard 2', else 'fn, item 5'."""
+    try:
+        args = inspect.signature(fn).bind(*item).arguments
+    except (TypeError, ValueError):
+        args = {}
+    unit = args.get("unit")
+    if unit is not None and hasattr(unit, "index"):
+        return f"{fn.__name__}, unit {unit.index} ({unit.path} bytes {unit.start}-{unit.end})"
+    if "shard" in args:
+        return f"{fn.__name__}, shard {args['shard']}"
+    return f"{getattr(fn, '__name__', fn)}, item {index}"
+
+
+def _labelled(exc: BaseException, label: str) -> BaseException:
+    """The same kind of exception with the call's label in front of its message (so the CLI's
+    one-line error still names the unit), or a RuntimeError if the type cannot be rebuilt."""
+    try:
+        return type(exc)(f"{label}: {exc}")
+    except Exception:
+        return RuntimeError(f"{label}: {type(exc).__name__}: {exc}")
 
 
 class InlineExecutor:
@@ -44,6 +79,7 @@ class LocalExecutor:
         )
 
     def map(self, fn, items, on_done=None):
+        items = list(items)
         futures = {self._pool.submit(fn, *item): i for i, item in enumerate(items)}
         results = [None] * len(futures)
         pending = set(futures)
@@ -51,9 +87,13 @@ class LocalExecutor:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    results[futures[fut]] = fut.result()  # re-raises a worker's exception
+                    i = futures[fut]
+                    try:
+                        results[i] = fut.result()
+                    except Exception as e:
+                        raise _labelled(e, describe_call(fn, items[i], i)) from e
                     if on_done:
-                        on_done(results[futures[fut]])
+                        on_done(results[i])
         except BaseException:
             for fut in pending:
                 fut.cancel()
@@ -64,5 +104,133 @@ class LocalExecutor:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def make_executor(n_workers: int):
+def _run_task(fn, args, cwd: str, crash: str | None):
+    """Body of every Ray task: run in the driver's directory (relative paths mean the same on
+    every node of a shared mount), one tokenizer thread, then the stage function."""
+    _init_worker()
+    if os.getcwd() != cwd:
+        try:
+            os.chdir(cwd)
+        except OSError:
+            raise FileNotFoundError(
+                f"the driver's working directory {cwd} does not exist on this Ray node; run packer "
+                "from a directory on a mount every node shares, or give absolute shared paths"
+            ) from None
+    if crash is not None:
+        _test_crash(crash)
+    return fn(*args)
+
+
+def _test_crash(marker: str):
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # an earlier attempt already died: this retry runs normally
+    os._exit(1)
+
+
+def _crash_plan(fn) -> dict[int, str]:
+    """Item index -> marker path ('' = die on every attempt), from the test-hook variables."""
+    plan = {}
+    once_dir = os.environ.get(CRASH_ONCE_DIR_ENV)
+    for target in filter(None, os.environ.get(CRASH_ENV, "").split(",")):
+        name, _, index = target.partition(":")
+        if name == fn.__name__:
+            plan[int(index)] = os.path.join(once_dir, f"{name}-{index}") if once_dir else ""
+    return plan
+
+
+def import_ray():
+    """Ray, imported on first use; without it, one line that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"the ray executor needs Ray, which is not installed: {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+class RayExecutor:
+    """Ray core tasks (one per call, 1 CPU each): at most `n_workers` in flight, or 2x the
+    cluster's CPUs when n_workers is 0. A task whose worker dies is retried by Ray up to
+    `max_retries` times; an exception raised by the stage function is not retried (it would
+    fail again) and fails the build naming the unit or shard.
+
+    An already-initialized Ray session (say, a test's) is used as it is and left running;
+    otherwise `ray.init(address)` connects to `address`, or with None to $RAY_ADDRESS or a
+    cluster running on this machine, else starts a local one, which close() stops.
+    """
+
+    def __init__(self, n_workers: int = 0, address: str | None = None, max_retries: int | None = None):
+        ray = self._ray = import_ray()
+        self._owns_session = not ray.is_initialized()
+        if self._owns_session:
+            ray.init(address=address)
+        self.max_retries = RAY_MAX_RETRIES if max_retries is None else max_retries
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.max_in_flight = n_workers if n_workers > 0 else 2 * max(cpus, 1)
+        self._task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(_run_task)
+
+    def map(self, fn, items, on_done=None):
+        ray, items, cwd, crash = self._ray, list(items), os.getcwd(), _crash_plan(fn)
+        results = [None] * len(items)
+        in_flight: dict = {}  # ObjectRef -> item index
+        submitted = 0
+        try:
+            while submitted < len(items) or in_flight:
+                while submitted < len(items) and len(in_flight) < self.max_in_flight:
+                    ref = self._task.remote(fn, items[submitted], cwd, crash.get(submitted))
+                    in_flight[ref] = submitted
+                    submitted += 1
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_STALL_SECONDS)
+                if not ready:
+                    raise TimeoutError(self._stalled(fn, items, in_flight))
+                i = in_flight.pop(ready[0])
+                results[i] = self._result(ready[0], describe_call(fn, items[i], i))
+                if on_done:
+                    on_done(results[i])
+        except BaseException:
+            for ref in in_flight:
+                ray.cancel(ref)
+            raise
+        return results
+
+    @staticmethod
+    def _stalled(fn, items, in_flight) -> str:
+        pending = sorted(in_flight.values())
+        names = "; ".join(describe_call(fn, items[i], i) for i in pending[:3])
+        return (
+            f"no Ray task finished in {RAY_STALL_SECONDS} s ({len(pending)} in flight: {names}); "
+            "workers may be failing to start: see `ray status` and the worker logs in /tmp/ray/session_latest/logs"
+        )
+
+    def _result(self, ref, label: str):
+        ray = self._ray
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:  # the stage function raised: same type, labelled
+            cause = getattr(e, "cause", None) or e
+            raise _labelled(cause, label) from e
+        except ray.exceptions.RayError as e:  # worker or node died more than max_retries times
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuntimeError(
+                f"{label}: the Ray task failed on all {self.max_retries + 1} attempts "
+                f"(max_retries={self.max_retries}) because its worker died: {type(e).__name__}: {first_line}"
+            ) from e
+
+    def close(self):
+        if self._owns_session:
+            self._ray.shutdown()
+
+
+def make_executor(job_or_workers):
+    """The executor a Job asks for (`executor`, `workers`, `ray_address`); an int n means local
+    with n workers (1 = inline)."""
+    if isinstance(job_or_workers, int):
+        n_workers, kind, address, workers = job_or_workers, "local", None, job_or_workers
+    else:
+        job = job_or_workers
+        n_workers, kind, address, workers = job.n_workers, job.executor, job.ray_address, job.workers
+    if kind == "ray":
+        return RayExecutor(n_workers=workers, address=address)
     return InlineExecutor() if n_workers <= 1 else LocalExecutor(n_workers)

@@ -167,7 +167,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         started = time.time()
         units = readers.plan_units(files, config.unit_bytes)
         (work / "units").mkdir(parents=True, exist_ok=True)
-        executor = make_executor(job.n_workers)
+        executor = make_executor(job)
         try:
             counters = _tokenize_stage(units, info, config, work / "units", executor)
             plan = _plan_stage(len(units), config, work)

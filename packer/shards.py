@@ -197,17 +197,3 @@ ArrowDataset = ShardDataset  # the name before the memmap format existed
 def open_dataset(path) -> ShardDataset:
     """Open a dataset directory written by `packer build` (Arrow or memmap shards)."""
     return ShardDataset(path)
-
-
-def verify_dataset(path, *, checksums: bool = True) -> dict:
-    """See packer.verify.verify_dataset (kept here, where it used to live)."""
-    from packer.verify import verify_dataset as verify
-
-    return verify(path, checksums=checksums)
-
-
-def write_shard(*args, **kwargs) -> dict:
-    """See packer.writer.write_shard (kept here, where it used to live)."""
-    from packer.writer import write_shard as write
-
-    return write(*args, **kwargs)

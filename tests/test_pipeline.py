@@ -10,7 +10,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample, sample_texts
-from packer.shards import open_dataset, read_manifest, verify_dataset
+from packer.shards import open_dataset, read_manifest
+from packer.verify import verify_dataset
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,117 @@
+"""Executors without Ray: ordered results, labelled errors, job keys, and the missing-Ray message."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
+from packer import executors
+from packer.cli import main
+from packer.config import BuildConfig, Job, load_job
+from packer.executors import InlineExecutor, LocalExecutor, describe_call, make_executor
+from packer.readers import Unit
+from packer.writer import write_shard
+from packer.tokenize import tokenize_unit, tokenizer_info
+
+
+def slow_square(x: int, delay_s: float) -> int:
+    time.sleep(delay_s)
+    return x * x
+
+
+def test_describe_call_names_the_unit_or_shard():
+    unit = Unit(3, "a.jsonl", 0, 65536)
+    assert describe_call(tokenize_unit, (unit, None, None, "w"), 3) == (
+        "tokenize_unit, unit 3 (a.jsonl bytes 0-65536)"
+    )
+    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16"), 2) == "write_shard, shard 2"
+    assert describe_call(slow_square, (1, 0.0), 5) == "slow_square, item 5"
+    assert describe_call(slow_square, (1, 2, 3), 6) == "slow_square, item 6"  # arguments do not bind
+
+
+@pytest.mark.parametrize("executor", [InlineExecutor, lambda: LocalExecutor(2)], ids=["inline", "local"])
+def test_results_in_item_order_and_on_done_once_each(executor):
+    ex = executor()
+    try:
+        # The first item is the slowest, so the pool finishes it last; results keep item order.
+        items = [(x, 0.3 if x == 0 else 0.0) for x in range(6)]
+        seen = []
+        assert ex.map(slow_square, items, on_done=seen.append) == [x * x for x in range(6)]
+        assert sorted(seen) == [x * x for x in range(6)]
+    finally:
+        ex.close()
+
+
+def test_local_worker_error_keeps_its_type_and_names_the_unit(tmp_path):
+    info = tokenizer_info(TOKENIZER, BuildConfig())
+    units = [Unit(0, SAMPLE_INPUTS[0], 0, 1000), Unit(1, str(tmp_path / "gone.jsonl"), 0, 1000)]
+    ex = LocalExecutor(2)
+    try:
+        with pytest.raises(FileNotFoundError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\)"):
+            ex.map(tokenize_unit, [(u, info, BuildConfig(), str(tmp_path)) for u in units])
+    finally:
+        ex.close()
+
+
+def test_make_executor_from_workers_or_job(tmp_path):
+    assert isinstance(make_executor(1), InlineExecutor)
+    job = Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=1)
+    assert isinstance(make_executor(job), InlineExecutor)
+    ex = make_executor(Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=2))
+    try:
+        assert isinstance(ex, LocalExecutor)
+    finally:
+        ex.close()
+
+
+def test_job_checks_executor_keys():
+    with pytest.raises(ValueError, match="executor must be one of local, ray; got 'spark'"):
+        Job(inputs=("a",), tokenizer="t", output="o", executor="spark")
+    with pytest.raises(ValueError, match="ray_address 'ray://h:10001' is set but the executor is 'local'"):
+        Job(inputs=("a",), tokenizer="t", output="o", ray_address="ray://h:10001")
+
+
+def test_pipeline_ray_toml_loads():
+    job = load_job(ROOT / "pipelines" / "ray.toml")
+    assert job.executor == "ray" and job.ray_address is None
+    assert job.config == BuildConfig(context_length=2048)
+
+
+def test_run_overrides_keep_the_pipeline_executor(monkeypatch):
+    jobs = []
+
+    def fake_build(job, **_):
+        jobs.append(job)
+        totals = {"docs_skipped": {}, "docs_accepted": 0, "docs_read": 0, "tokens_out": 0, "sequences": 0, "fill_rate": 1.0}
+        return {"totals": totals, "config": {"context_length": 2048}, "shards": []}
+
+    monkeypatch.setattr("packer.pipeline.build", fake_build)
+    toml = str(ROOT / "pipelines" / "ray.toml")
+    assert CliRunner().invoke(main, ["run", toml, "--workers", "3"]).exit_code == 0
+    assert CliRunner().invoke(main, ["run", toml, "--executor", "local"]).exit_code == 0
+    assert CliRunner().invoke(main, ["run", toml, "--ray-address", "auto"]).exit_code == 0
+    assert [(j.executor, j.workers, j.ray_address) for j in jobs] == [
+        ("ray", 3, None), ("local", 0, None), ("ray", 0, "auto")
+    ]
+
+
+def test_crash_plan_reads_the_test_hook(monkeypatch, tmp_path):
+    monkeypatch.setenv(executors.CRASH_ENV, "tokenize_unit:1,write_shard:0,tokenize_unit:4")
+    assert executors._crash_plan(tokenize_unit) == {1: "", 4: ""}
+    monkeypatch.setenv(executors.CRASH_ONCE_DIR_ENV, str(tmp_path))
+    assert executors._crash_plan(write_shard) == {0: str(tmp_path / "write_shard-0")}
+    assert executors._crash_plan(slow_square) == {}
+
+
+def test_ray_executor_without_ray_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    result = CliRunner().invoke(
+        main,
+        ["build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"), "--executor", "ray"],
+    )
+    assert result.exit_code == 1, result.output
+    assert 'pip install "packer[ray]"' in result.output and "Traceback" not in result.output
