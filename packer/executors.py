@@ -57,10 +57,19 @@ class LocalExecutor:
         except BaseException:
             for fut in pending:
                 fut.cancel()
+            self._stop_now = True
             raise
         return results
 
     def close(self):
+        if getattr(self, "_stop_now", False):  # Ctrl-C or a failed item: don't finish the others
+            processes = list((self._pool._processes or {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for p in processes:
+                p.terminate()
+            for p in processes:
+                p.join()
+            return
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -27,12 +27,16 @@ from packer.tokenize import tokenize_unit, tokenizer_info, unit_paths
 
 
 def _tokenize_stage(units, info, config, units_dir: Path, executor):
-    total = sum(u.end - u.start for u in units)
+    total = sum(max(u.size, 0) for u in units)
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", leave=False) as bar:
+        seen = {"docs": 0, "tokens": 0}
 
         def done(counters):
-            bar.update(counters["end"] - counters["start"])
-            bar.set_postfix(docs=counters["docs_accepted"], tokens=counters["tokens"], refresh=False)
+            seen["docs"] += counters["docs_accepted"]
+            seen["tokens"] += counters["tokens"]
+            seconds = max(bar.format_dict["elapsed"], 1e-9)
+            bar.update(max(counters.get("bytes", 0), 0))
+            bar.set_postfix_str(f"{seen['docs'] / seconds:,.0f} docs/s, {seen['tokens'] / seconds:,.0f} tok/s", refresh=False)
 
         args = [(u, info, config, str(units_dir)) for u in units]
         return executor.map(tokenize_unit, args, on_done=done)
@@ -66,9 +70,12 @@ def _write_stage(plan: Plan, info, work: Path, out: Path, executor):
         return executor.map(shards.write_shard, args, on_done=lambda e: bar.update(e["tokens"]))
 
 
-def _totals(unit_counters, plan: Plan, config) -> dict:
+def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
     skipped: dict[str, int] = {}
+    failed = {f["path"]: f["error"] for f in skipped_files}
     for c in unit_counters:
+        if c.get("file_error"):
+            failed.setdefault(c["path"], c["file_error"])
         for reason, n in c["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
     tokens_in = sum(c["tokens"] for c in unit_counters)
@@ -79,6 +86,7 @@ def _totals(unit_counters, plan: Plan, config) -> dict:
         "docs_accepted": sum(c["docs_accepted"] for c in unit_counters),
         "docs_skipped": skipped,
         "skip_examples": [e for c in unit_counters for e in c["skip_examples"]][:20],
+        "files_skipped": [{"path": p, "error": e} for p, e in failed.items()],
         "docs_dropped_long": plan.n_dropped_docs,
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
@@ -101,7 +109,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         shutil.rmtree(out)
     files = readers.expand_inputs(job.inputs)
     info = tokenizer_info(job.tokenizer, config)
-    units = readers.plan_units(files, config.unit_bytes)
+    skipped_files = [] if config.on_file_error == "skip" else None
+    units = readers.plan_units(files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files)
     work = out / "_work"
     (work / "units").mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -112,7 +121,9 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         shard_entries = _write_stage(plan, info, work, out, executor)
     finally:
         executor.close()
-    totals = _totals(counters, plan, config)
+        for partial in (work / "units").glob("*.tmp*"):  # left by a worker stopped mid-write
+            partial.unlink(missing_ok=True)
+    totals = _totals(counters, plan, config, skipped_files or ())
     doc_lengths = np.concatenate(
         [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units]
     )
@@ -134,7 +145,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         "created_unix": round(time.time(), 3),
         "build_seconds": round(time.time() - started, 3),
     }
-    shutil.copyfile(job.tokenizer, out / "tokenizer.json")  # the dataset decodes without its source
+    shutil.copyfile(info.path, out / "tokenizer.json")  # the dataset decodes without its source
     atomic.write_json(out / shards.MANIFEST, manifest)
     if not keep_work:
         shutil.rmtree(work)
