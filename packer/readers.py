@@ -278,8 +278,10 @@ def _previous_line_blank(f, pos: int) -> bool:
 
 def _paragraph_texts(f, pos, unit: Unit, skips: SkipLog, max_bytes: int):
     """Documents separated by blank lines; a unit owns those whose first line starts inside it."""
-    blank_before = pos == 0 or _previous_line_blank(f, pos)
-    f.seek(pos)
+    blank_before = pos == 0
+    if pos > 0:  # byte ranges of uncompressed files only
+        blank_before = _previous_line_blank(f, pos)
+        f.seek(pos)
     lines, size, where = None, 0, ""  # lines is None between documents
     for line_no, (pos, line) in enumerate(_lines(f, pos, max_bytes), 1):
         blank = line is not None and (not line or line.isspace())

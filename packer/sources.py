@@ -156,7 +156,7 @@ def open_stream(path: str, compression: str | None = None):
         return open_random(path)
     if is_uri(path):
         filesystem, p = _filesystem(path)
-        raw = filesystem.open_input_stream(p)
+        raw = filesystem.open_input_stream(p, compression=None)  # not 'detect': we decompress
     else:
         raw = pa.OSFile(path)
     return pa.CompressedInputStream(raw, compression)
