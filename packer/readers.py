@@ -428,4 +428,11 @@ def read_jsonl_unit(unit: Unit, text_field: str, skips: SkipLog):
 
 
 def input_descriptions(files) -> list[dict]:
-    return [{"path": str(f), "bytes": sources.file_size(f)} for f in files]
+    return [{"path": str(f), "bytes": _size_or_none(f)} for f in files]
+
+
+def _size_or_none(path: str) -> int | None:
+    try:
+        return sources.file_size(path)
+    except OSError:  # a file skipped as unreadable (--on-file-error skip)
+        return None
