@@ -148,31 +148,48 @@ def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_file
     return units
 
 
+def _line_blocks(f, pos: int, max_bytes: int):
+    """Yield (pos, block): about BLOCK_BYTES of whole lines (only the file's last line may lack its
+    newline), or (pos, None) standing for one line longer than max_bytes, never held whole."""
+    pending, pending_len, skipping = [], 0, False  # the unfinished line at the end of the last read
+    while data := f.read(BLOCK_BYTES):
+        if skipping:
+            i = data.find(b"\n")
+            if i < 0:
+                pending_len += len(data)
+                continue
+            yield pos, None
+            pos += pending_len + i + 1
+            pending_len, skipping, data = 0, False, data[i + 1:]
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            pending.append(data)
+            pending_len += len(data)
+            if pending_len > max_bytes:
+                pending, skipping = [], True
+            continue
+        block = b"".join([*pending, data[:cut]]) if pending else data[:cut]
+        pending, pending_len = [data[cut:]], len(data) - cut
+        yield pos, block
+        pos += len(block)
+    if skipping:
+        yield pos, None
+    elif pending_len:
+        yield pos, b"".join(pending)
+
+
 def _lines(f, pos: int, max_bytes: int):
-    """Yield (byte position, line without its newline) from `pos` on; a line longer than
-    max_bytes is yielded as None and never held whole (memory stays ~1 block + max_bytes)."""
-    pending, pending_len = [], 0  # the unfinished line at the end of the last block
-    while block := f.read(BLOCK_BYTES):
+    """Yield (byte position, line without its newline), or (pos, None) for a line over max_bytes."""
+    for pos, block in _line_blocks(f, pos, max_bytes):
+        if block is None:
+            yield pos, None
+            continue
         parts = block.split(b"\n")
-        last = parts.pop()
+        if not parts[-1]:
+            parts.pop()
         for part in parts:
-            if pending_len:
-                n = pending_len + len(part)
-                line = b"".join(pending) + part if n <= max_bytes else None
-                pending, pending_len = [], 0
-            else:
-                n = len(part)
-                line = part if n <= max_bytes else None
-            yield pos, line
-            pos += n + 1
-        if last:
-            pending_len += len(last)
-            if pending_len <= max_bytes:
-                pending.append(last)
-            else:
-                pending.clear()
-    if pending_len:
-        yield pos, b"".join(pending) if pending_len <= max_bytes else None
+            yield pos, part if len(part) <= max_bytes else None
+            pos += len(part) + 1
 
 
 def _first_line_start(f, start: int) -> int:
@@ -212,34 +229,102 @@ def _where(unit: Unit, line_no: int, pos: int) -> str:
 
 
 def _jsonl_texts(f, pos, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
-    missing = object()
-    for line_no, (pos, line) in enumerate(_lines(f, pos, max_bytes), 1):
+    line_no = 1
+    for pos, block in _line_blocks(f, pos, max_bytes):
         if pos >= unit.end:
             break
-        if line is None:
+        if block is None:
             skips.add("too_large", _where(unit, line_no, pos))
+            line_no += 1
             continue
+        if pos + len(block) > unit.end:  # keep the lines that start inside the unit
+            block = block[: block.find(b"\n", unit.end - pos - 1) + 1 or len(block)]
+        texts = _parse_block(block, field, max_bytes)
+        if texts is None:
+            yield from _parse_lines(block, pos, line_no, unit, field, skips, max_bytes)
+        else:
+            yield from texts
+        line_no += block.count(b"\n")
+
+
+def _parse_block(block: bytes, field: str, max_bytes: int) -> list[str] | None:
+    """Fast path: pyarrow's JSON reader over a block of lines, ~3x faster than json.loads per line
+    (3 MB of sample JSONL: 11 ms against 34 ms of CPU, 2026-11-29). None when any line might need
+    the per-line path (anything it would skip or count), which then decides line by line."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    if len(block) > max_bytes and _longest_line(block) > max_bytes:
+        return None
+    body = block[:-1] if block.endswith(b"\n") else block
+    if not body or body[:1].isspace() or any(s in block for s in _LINE_STARTS_BLANK):
+        return None  # a blank line (or one starting blank): rows would not match lines one to one
+    if not block.isascii():
+        try:
+            block.decode("utf-8")  # the per-line path rejects bad bytes anywhere in a line
+        except UnicodeDecodeError:
+            return None
+    try:
+        table = pj.read_json(
+            pa.py_buffer(block),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            parse_options=pj.ParseOptions(explicit_schema=pa.schema([(field, pa.string())]),
+                                          unexpected_field_behavior="ignore"),
+        )
+    except (pa.ArrowException, UnicodeDecodeError):
+        return None
+    column = table.column(0)
+    if table.num_rows != body.count(b"\n") + 1:
+        return None  # two objects on one line
+    if column.null_count or (len(column) and pc.min(pc.binary_length(column)).as_py() == 0):
+        return None  # missing, null or empty text
+    return column.to_pylist()
+
+
+_LINE_STARTS_BLANK = (b"\n\n", b"\n ", b"\n\t", b"\n\r", b"\n\x0b", b"\n\x0c")
+
+
+def _longest_line(block: bytes) -> int:
+    import numpy as np
+
+    ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+    bounds = np.concatenate([[-1], ends, [len(block)]])
+    return int(np.diff(bounds).max()) - 1
+
+
+def _parse_lines(block: bytes, pos: int, line_no: int, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
+    """The per-line path: json.loads each line; every problem is counted by reason."""
+    missing = object()
+    for line_no, line in enumerate(block.split(b"\n"), line_no):
+        where_pos, pos = pos, pos + len(line) + 1
         if not line or line.isspace():
+            continue
+        if len(line) > max_bytes:
+            skips.add("too_large", _where(unit, line_no, where_pos))
             continue
         try:
             record = json.loads(line)
         except UnicodeDecodeError:
-            skips.add("invalid_utf8", _where(unit, line_no, pos))
+            skips.add("invalid_utf8", _where(unit, line_no, where_pos))
             continue
         except json.JSONDecodeError as e:
-            skips.add("malformed_json", f"{_where(unit, line_no, pos)}: {e.msg}")
+            skips.add("malformed_json", f"{_where(unit, line_no, where_pos)}: {e.msg}")
+            continue
+        except RecursionError:  # e.g. a line of 100,000 "["
+            skips.add("malformed_json", f"{_where(unit, line_no, where_pos)}: nested too deeply")
             continue
         text = record.get(field, missing) if isinstance(record, dict) else missing
         if text is missing:
-            skips.add("missing_field", _where(unit, line_no, pos))
+            skips.add("missing_field", _where(unit, line_no, where_pos))
         elif text is None:
-            skips.add("null_text", _where(unit, line_no, pos))
+            skips.add("null_text", _where(unit, line_no, where_pos))
         elif not isinstance(text, str):
-            skips.add("non_string_text", _where(unit, line_no, pos))
+            skips.add("non_string_text", _where(unit, line_no, where_pos))
         elif not text:
-            skips.add("empty_text", _where(unit, line_no, pos))
+            skips.add("empty_text", _where(unit, line_no, where_pos))
         elif (b"\\ud" in line or b"\\uD" in line) and not _encodable(text):  # lone surrogate escapes
-            skips.add("invalid_utf8", _where(unit, line_no, pos))
+            skips.add("invalid_utf8", _where(unit, line_no, where_pos))
         else:
             yield text
 

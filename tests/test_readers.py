@@ -282,3 +282,81 @@ def test_file_uris_through_pyarrow_fs(tmp_path):
     assert _read_all(files)[0] == texts
     (tmp_path / "e.jsonl").write_bytes(_jsonl_bytes(texts))
     assert _read_all(expand_inputs([(tmp_path / "e.jsonl").as_uri()]), unit_bytes=100)[0] == texts
+
+
+LINE_KINDS = [
+    b'{"text": "plain %d"}', b'{"id": %d, "text": "with \\u00e9 and \\ud83d\\ude00", "meta": {"text": 1}}',
+    b'{"text": "caf\xc3\xa9 %d"}', b'{"text": "x", "text": "dup %d"}', b'{"n": NaN, "text": "nan %d"}',
+    b'{"text": "%d"} {"text": "two on a line"}', b'{"text": %d}', b'{"text": null, "n": %d}', b'{"n": %d}',
+    b'{"text": ""}   ', b'[%d]', b'"%d"', b'{"text": "bad \xe9 %d"}', b'{"x": "bad \xff", "text": "t%d"}',
+    b'{"text": "lone \\udc00 %d"}', b'{"text": "trailing %d",}', b'', b'   \r', b'{"text": "crlf %d"}\r',
+    b'{"text": "' + b"long " * 40 + b'%d"}', b'[' * 3000 + b'%d',
+]
+
+
+def _reference_jsonl(data: bytes, max_bytes: int):
+    """The obvious per-line reader: json.loads each non-blank line."""
+    texts, counts = [], {}
+
+    def skip(reason):
+        counts[reason] = counts.get(reason, 0) + 1
+
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        if len(line) > max_bytes:
+            skip("too_large")
+            continue
+        try:
+            record = json.loads(line)
+        except UnicodeDecodeError:
+            skip("invalid_utf8")
+            continue
+        except (ValueError, RecursionError):
+            skip("malformed_json")
+            continue
+        if not isinstance(record, dict) or "text" not in record:
+            skip("missing_field")
+        elif record["text"] is None:
+            skip("null_text")
+        elif not isinstance(record["text"], str):
+            skip("non_string_text")
+        elif record["text"] == "":
+            skip("empty_text")
+        else:
+            try:
+                record["text"].encode()
+                texts.append(record["text"])
+            except UnicodeEncodeError:
+                skip("invalid_utf8")
+    return texts, counts
+
+
+def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch):
+    import packer.readers as readers
+
+    rng = random.Random(7)
+    n_fast = 0
+    real = readers._parse_block
+
+    def counting(block, field, max_bytes):
+        nonlocal n_fast
+        out = real(block, field, max_bytes)
+        n_fast += out is not None
+        return out
+
+    monkeypatch.setattr(readers, "_parse_block", counting)
+    for trial in range(12):
+        good_only = trial % 3 == 0  # whole blocks of good lines take the fast path
+        kinds = LINE_KINDS[:5] if good_only else LINE_KINDS
+        lines = [rng.choice(kinds).replace(b"%d", str(i).encode()) for i in range(rng.randint(1, 300))]
+        data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+        path = tmp_path / f"t{trial}.jsonl"
+        path.write_bytes(data)
+        monkeypatch.setattr(readers, "BLOCK_BYTES", rng.choice([64, 333, 4096, 1 << 20]))
+        max_bytes = rng.choice([150, 10**9])
+        expected = _reference_jsonl(data, max_bytes)
+        for unit_bytes in (rng.randint(1, 200), rng.randint(200, 5000), 10**9):
+            got, skips = _read_all([str(path)], unit_bytes, max_doc_bytes=max_bytes)
+            assert (got, dict(skips.counts)) == expected, (trial, unit_bytes)
+    assert n_fast > 10  # the fast path really ran, and agreed
