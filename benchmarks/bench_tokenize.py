@@ -80,10 +80,10 @@ CEILING = textwrap.dedent("""
     for name in ("encode_batch_fast", "encode_batch"):
         fn = getattr(tok, name)
         t, c = time.perf_counter(), time.process_time()
-        encodings = [fn(b, add_special_tokens=False) for b in batches]  # encodings only: ids not even read
+        n_tokens = 0
+        for b in batches:  # encode only: ids not even read; each batch freed before the next
+            n_tokens += sum(map(len, fn(b, add_special_tokens=False)))
         out[name] = (time.perf_counter() - t, time.process_time() - c)
-        n_tokens = sum(len(e) for es in encodings for e in es)
-        del encodings
     out["tokens"] = n_tokens
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))

@@ -25,10 +25,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from packer import sources
+from packer.lines import first_line_start, iter_lines, line_blocks, previous_line_blank
 from packer.sources import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
 
 MAX_EXAMPLES = 5  # skipped-record examples kept per unit
-BLOCK_BYTES = 1 << 20
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".txt": "txt",
@@ -111,8 +111,9 @@ def _file_units(path: str, unit_bytes: int, text_split: str) -> list[tuple]:
 
         with sources.open_arrow(path) as f:
             meta = pq.ParquetFile(f).metadata
-        sizes = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)] or [0]
-        return [(i, i + 1, fmt, None, s) for i, s in enumerate(sizes)]
+        if meta.num_row_groups == 0:
+            return [(0, 0, fmt, None, 0)]
+        return [(i, i + 1, fmt, None, meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
     size = sources.file_size(path)
     splittable = compression is None and (fmt == "jsonl" or (fmt == "txt" and text_split == "blank-line"))
     if not splittable:
@@ -148,71 +149,11 @@ def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_file
     return units
 
 
-def _line_blocks(f, pos: int, max_bytes: int):
-    """Yield (pos, block): about BLOCK_BYTES of whole lines (only the file's last line may lack its
-    newline), or (pos, None) standing for one line longer than max_bytes, never held whole."""
-    pending, pending_len, skipping = [], 0, False  # the unfinished line at the end of the last read
-    while data := f.read(BLOCK_BYTES):
-        if skipping:
-            i = data.find(b"\n")
-            if i < 0:
-                pending_len += len(data)
-                continue
-            yield pos, None
-            pos += pending_len + i + 1
-            pending_len, skipping, data = 0, False, data[i + 1:]
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            pending.append(data)
-            pending_len += len(data)
-            if pending_len > max_bytes:
-                pending, skipping = [], True
-            continue
-        block = b"".join([*pending, data[:cut]]) if pending else data[:cut]
-        pending, pending_len = [data[cut:]], len(data) - cut
-        yield pos, block
-        pos += len(block)
-    if skipping:
-        yield pos, None
-    elif pending_len:
-        yield pos, b"".join(pending)
-
-
-def _lines(f, pos: int, max_bytes: int):
-    """Yield (byte position, line without its newline), or (pos, None) for a line over max_bytes."""
-    for pos, block in _line_blocks(f, pos, max_bytes):
-        if block is None:
-            yield pos, None
-            continue
-        parts = block.split(b"\n")
-        if not parts[-1]:
-            parts.pop()
-        for part in parts:
-            yield pos, part if len(part) <= max_bytes else None
-            pos += len(part) + 1
-
-
-def _first_line_start(f, start: int) -> int:
-    """The first line start at or after `start`; leaves f positioned there."""
-    pos = start
-    if start > 0:
-        f.seek(start - 1)
-        pos = start - 1
-        while block := f.read(1 << 16):
-            i = block.find(b"\n")
-            if i >= 0:
-                pos += i + 1
-                break
-            pos += len(block)
-    f.seek(pos)
-    return pos
-
-
 def _open_checked(unit: Unit):
     """Open a unit's file as a byte stream positioned at its first line; check compressed magic."""
     if unit.compression is None:
         f = sources.open_random(unit.path)
-        return f, _first_line_start(f, unit.start)
+        return f, first_line_start(f, unit.start)
     with sources.open_random(unit.path) as raw:
         head = raw.read(4)
     for codec, magic in MAGIC.items():
@@ -230,7 +171,7 @@ def _where(unit: Unit, line_no: int, pos: int) -> str:
 
 def _jsonl_texts(f, pos, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
     line_no = 1
-    for pos, block in _line_blocks(f, pos, max_bytes):
+    for pos, block in line_blocks(f, pos, max_bytes):
         if pos >= unit.end:
             break
         if block is None:
@@ -345,30 +286,14 @@ def _decode(data: bytes, where: str, skips: SkipLog) -> str | None:
         return None
 
 
-def _previous_line_blank(f, pos: int) -> bool:
-    """Is the line that ends just before `pos` (a line start) blank? True at the file start."""
-    end = pos - 1  # the newline that ends the previous line
-    while end > 0:
-        begin = max(0, end - (1 << 16))
-        f.seek(begin)
-        chunk = f.read(end - begin)
-        i = chunk.rfind(b"\n")
-        if chunk[i + 1:].strip():
-            return False
-        if i >= 0:
-            return True
-        end = begin
-    return True
-
-
 def _paragraph_texts(f, pos, unit: Unit, skips: SkipLog, max_bytes: int):
     """Documents separated by blank lines; a unit owns those whose first line starts inside it."""
     blank_before = pos == 0
     if pos > 0:  # byte ranges of uncompressed files only
-        blank_before = _previous_line_blank(f, pos)
+        blank_before = previous_line_blank(f, pos)
         f.seek(pos)
     lines, size, where = None, 0, ""  # lines is None between documents
-    for line_no, (pos, line) in enumerate(_lines(f, pos, max_bytes), 1):
+    for line_no, (pos, line) in enumerate(iter_lines(f, pos, max_bytes), 1):
         blank = line is not None and (not line or line.isspace())
         if lines is None and not blank and blank_before:
             if pos >= unit.end:
@@ -399,7 +324,7 @@ def _paragraph(lines, size, where, skips, max_bytes):
 
 def _whole_file_text(f, unit: Unit, skips: SkipLog, max_bytes: int):
     chunks, n = [], 0
-    while n <= max_bytes and (block := f.read(min(16 * BLOCK_BYTES, max_bytes + 1 - n))):
+    while n <= max_bytes and (block := f.read(min(16 << 20, max_bytes + 1 - n))):
         chunks.append(block)
         n += len(block)
     if n > max_bytes:

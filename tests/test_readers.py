@@ -333,6 +333,7 @@ def _reference_jsonl(data: bytes, max_bytes: int):
 
 
 def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch):
+    import packer.lines as line_reader
     import packer.readers as readers
 
     rng = random.Random(7)
@@ -353,7 +354,7 @@ def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch)
         data = b"\n".join(lines) + rng.choice([b"", b"\n"])
         path = tmp_path / f"t{trial}.jsonl"
         path.write_bytes(data)
-        monkeypatch.setattr(readers, "BLOCK_BYTES", rng.choice([64, 333, 4096, 1 << 20]))
+        monkeypatch.setattr(line_reader, "BLOCK_BYTES", rng.choice([64, 333, 4096, 1 << 20]))
         max_bytes = rng.choice([150, 10**9])
         expected = _reference_jsonl(data, max_bytes)
         for unit_bytes in (rng.randint(1, 200), rng.randint(200, 5000), 10**9):
