@@ -10,6 +10,7 @@ variation, written as several JSONL files so that two workers both get units):
                    RAYON_NUM_THREADS = the number of cores the stage row uses
     read only      the stage's readers (file -> texts, JSON parsed, skips counted), no tokenizer
     stage          pipeline tokenize stage with --workers N: plan units, read, encode, write unit files
+                   (with N > 1 it includes starting the pool, timed alone on the line below it)
     datasets       Dataset.map(batched=True, num_proc=2), when HF datasets is importable
 
 "ratio" is throughput / the encode_batch_fast ceiling (the faster of the two) for the same
@@ -104,7 +105,12 @@ STAGE = textwrap.dedent("""
                    for f in ("ru_utime", "ru_stime"))
     t, c = time.perf_counter(), cpu()
     units = readers.plan_units(files, config.unit_bytes)
-    if mode == "read":
+    if mode == "startup":  # the fixed cost: pool start, imports and tokenizer load in each worker
+        executor = make_executor(workers)
+        executor.map(tokenizer_info, [(sys.argv[3], config)] * workers)
+        executor.close()
+        out = {"seconds": time.perf_counter() - t, "cpu": cpu() - c, "tokens": 0}
+    elif mode == "read":
         skips = readers.SkipLog.empty()
         n = sum(1 for u in units for _ in readers.read_unit(u, skips, max_doc_bytes=config.max_doc_bytes))
         out = {"seconds": time.perf_counter() - t, "cpu": cpu() - c, "tokens": 0}
@@ -126,7 +132,7 @@ STAGE = textwrap.dedent("""
             executor.close()
         out = {"seconds": seconds, "cpu": cpu() - c + worker_cpu, "tokens": sum(u["tokens"] for u in counters)}
         shutil.rmtree(work)
-    rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss] + (worker_rss if mode != "read" else [])
+    rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss] + (worker_rss if mode == "stage" else [])
     out["rss_mb"] = max(rss) / 1024
     print(json.dumps(out))
 """)
@@ -212,6 +218,9 @@ def main():
             row("ceiling: encode_batch_fast", workers, fast, fast)
             row("ceiling: encode_batch", workers, slow, fast)
             row(f"stage --workers {workers}", workers, stage, fast)
+            if workers > 1:
+                startup = _run(STAGE, [json.dumps(files), str(workers), TOKENIZER, "startup", str(unit_bytes)], 1)
+                print(f"  of which pool start-up (workers started, tokenizer loaded): {startup['seconds']:.2f} s")
             assert stage["tokens"] == ceiling["tokens"] + len_docs(files), "stage and ceiling disagree"
         hf = _datasets_row(files, 2)
         if hf is None:
