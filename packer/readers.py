@@ -429,7 +429,10 @@ def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_spli
     except FileError:
         raise
     except (OSError, EOFError, pa.ArrowException) as e:
-        raise FileError(unit.path, _cause(e)) from None
+        cause = _cause(e)
+        if unit.compression and not isinstance(e, (PermissionError, FileNotFoundError, IsADirectoryError)):
+            cause = f"corrupt or truncated {unit.compression} stream ({e})"
+        raise FileError(unit.path, cause) from None
 
 
 def read_jsonl_unit(unit: Unit, text_field: str, skips: SkipLog):
