@@ -92,8 +92,11 @@ def test_text_files_one_document_each(tmp_path):
     got, _ = _read_all(expand_inputs(write_format(tmp_path, "txt", texts)))
     assert got == texts
     (tmp_path / "blank.txt").write_text(" \n")
-    got, skips = _read_all([str(tmp_path / "blank.txt")])
-    assert got == [] and dict(skips.counts) == {"empty_text": 1}
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n\nok\n")
+    got, skips = _read_all([str(tmp_path / "blank.txt"), str(tmp_path / "latin1.txt")])
+    assert got == [] and dict(skips.counts) == {"empty_text": 1, "invalid_utf8": 1}
+    got, skips = _read_all([str(tmp_path / "latin1.txt")], text_split="blank-line")
+    assert got == ["ok"] and skips.examples == [{"where": f"{tmp_path / 'latin1.txt'}:1", "reason": "invalid_utf8"}]
 
 
 def _paragraph_reference(data: bytes) -> list[str]:
