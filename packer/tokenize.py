@@ -10,7 +10,8 @@ presence means the unit is complete and is never redone):
 Both .npy files stream to disk while the unit is read, so a worker's memory does not grow
 with the unit. Speed (benchmarks/bench_tokenize.py, 50 MB of JSONL, a busy 2-core machine,
 2026-11-29): --workers 1 ran at 0.95 of Tokenizer.encode_batch_fast on the same texts in
-memory (0.96 in CPU seconds; 1.16 of encode_batch); starting a 2-worker pool costs ~1.2 s once.
+memory (0.96 in CPU seconds), --workers 2 at 1.05 (0.98 in CPU seconds) in another run;
+starting a 2-worker pool costs ~1.2 s once. Runs on that machine vary by +-20%.
 """
 
 from __future__ import annotations
