@@ -22,6 +22,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except EXPECTED_ERRORS as e:
             raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted: finished work units are kept; run the same command again to resume", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=_Group)
@@ -45,6 +48,8 @@ def _print_summary(manifest: dict, output: str):
     )
     for ex in t.get("skip_examples", [])[:3]:
         click.echo(f"  skipped {ex['reason']}: {ex['where']}")
+    for f in t.get("files_skipped", []):
+        click.echo(f"  skipped file {f['path']}: {f['error']}")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
     click.echo(f"fill rate: {t['fill_rate']:.4f}")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
@@ -75,12 +80,17 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.option("--format", type=click.Choice(["arrow", "memmap"]), default="arrow", show_default=True, help="Shard format: Arrow IPC, or flat .bin tokens + .idx index for np.memmap.")
 @click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard (100M uint16 tokens = 200 MB).")
 @click.option("--pack-group", type=click.IntRange(min=1), default=None, help="Pack each N consecutive documents separately (bounded planning memory; costs a little fill rate). Default: all at once.")
+@click.option("--text-split", type=click.Choice(["file", "blank-line"]), default="file", show_default=True, help=".txt inputs: one document per file, or documents separated by blank lines.")
+@click.option("--strict", is_flag=True, help="Fail on the first bad record instead of skipping and counting it.")
+@click.option("--on-file-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True, help="An unreadable or corrupt input file fails the run, or is skipped and reported.")
+@click.option("--max-doc-bytes", type=click.IntRange(min=1), default=BuildConfig.max_doc_bytes, show_default=True, help="Larger records are skipped (reason too_large) without being read whole.")
 @click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
 @click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or unfinished work from other settings) and start over.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="Run stages in local processes or as Ray tasks (same output bytes).")
 @click.option("--ray-address", default=None, help="Ray cluster to use with --executor ray (default: $RAY_ADDRESS, a local cluster, else a new one).")
 def build(inputs, tokenizer, output, workers, keep_work, overwrite, executor, ray_address, **config):
-    """Tokenize INPUTS (JSONL files, directories or globs), pack them, and write shards to OUTPUT."""
+    """Tokenize INPUTS (JSONL[.gz|.zst], Parquet, .txt, Arrow / HF save_to_disk directories; files,
+    directories, globs or pyarrow.fs URIs), pack them, and write shards to OUTPUT."""
     job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config),
               executor=executor, ray_address=ray_address)
     _run_job(job, keep_work, overwrite)

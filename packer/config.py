@@ -12,6 +12,8 @@ ALGORITHMS = ("ffd", "bfd")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
 FORMATS = ("arrow", "memmap")
 EXECUTORS = ("local", "ray")
+TEXT_SPLITS = ("file", "blank-line")
+ON_FILE_ERROR = ("fail", "skip")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +33,10 @@ class BuildConfig:
     shard_size: int = 100_000_000  # tokens per shard (~200 MB of uint16 tokens)
     unit_bytes: int = 64 * 2**20  # uncompressed inputs are split into ranges this size
     pack_group: int | None = None  # pack each N consecutive documents separately; None = all at once
+    text_split: str = "file"  # .txt inputs: one document per file, or "blank-line" separated
+    strict: bool = False  # the first bad record fails the run (default: skip and count it)
+    on_file_error: str = "fail"  # an unreadable/corrupt input file fails the run, or is "skip"ped
+    max_doc_bytes: int = 64 * 2**20  # larger records are skipped as too_large, never held whole
 
     def __post_init__(self):
         if self.context_length < 1:
@@ -39,6 +45,8 @@ class BuildConfig:
             ("algorithm", self.algorithm, ALGORITHMS),
             ("long_docs", self.long_docs, LONG_DOC_POLICIES),
             ("format", self.format, FORMATS),
+            ("text_split", self.text_split, TEXT_SPLITS),
+            ("on_file_error", self.on_file_error, ON_FILE_ERROR),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -55,6 +63,8 @@ class BuildConfig:
                 f"pack_group must be a whole number of documents >= 1 (or unset to pack all at once), "
                 f"got {self.pack_group!r}"
             )
+        if self.max_doc_bytes < 1:
+            raise ValueError(f"max_doc_bytes must be >= 1, got {self.max_doc_bytes}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

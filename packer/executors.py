@@ -48,10 +48,13 @@ def describe_call(fn, item, index: int) -> str:
 def _labelled(exc: BaseException, label: str) -> BaseException:
     """The same kind of exception with the call's label in front of its message (so the CLI's
     one-line error still names the unit), or a RuntimeError if the type cannot be rebuilt."""
-    try:
-        return type(exc)(f"{label}: {exc}")
-    except Exception:
-        return RuntimeError(f"{label}: {type(exc).__name__}: {exc}")
+    for cls in type(exc).__mro__:  # the exception's own type, else its nearest built-in base
+        if cls is type(exc) or cls.__module__ == "builtins":
+            try:
+                return cls(f"{label}: {exc}")
+            except Exception:
+                continue
+    return RuntimeError(f"{label}: {type(exc).__name__}: {exc}")
 
 
 class InlineExecutor:
@@ -97,10 +100,19 @@ class LocalExecutor:
         except BaseException:
             for fut in pending:
                 fut.cancel()
+            self._stop_now = True
             raise
         return results
 
     def close(self):
+        if getattr(self, "_stop_now", False):  # Ctrl-C or a failed item: don't finish the others
+            processes = list((self._pool._processes or {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for p in processes:
+                p.terminate()
+            for p in processes:
+                p.join()
+            return
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

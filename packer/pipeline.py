@@ -32,13 +32,17 @@ WORK = "_work"
 
 
 def _tokenize_stage(units, info, config, units_dir: Path, executor):
-    total = sum(u.end - u.start for u in units)
+    total = sum(max(u.size, 0) for u in units)
     n_done = [0]
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", leave=False) as bar:
+        seen = {"docs": 0, "tokens": 0}
 
         def done(counters):
-            bar.update(counters["end"] - counters["start"])
-            bar.set_postfix(docs=counters["docs_accepted"], tokens=counters["tokens"], refresh=False)
+            seen["docs"] += counters["docs_accepted"]
+            seen["tokens"] += counters["tokens"]
+            seconds = max(bar.format_dict["elapsed"], 1e-9)
+            bar.update(max(counters.get("bytes", 0), 0))
+            bar.set_postfix_str(f"{seen['docs'] / seconds:,.0f} docs/s, {seen['tokens'] / seconds:,.0f} tok/s", refresh=False)
             n_done[0] += 1
             atomic.kill_point("tokenize", n_done[0])
 
@@ -88,9 +92,12 @@ def _write_stage(plan: Plan, info, config, work: Path, out: Path, executor):
         return executor.map(writer.write_shard, args, on_done=done)
 
 
-def _totals(unit_counters, plan: Plan, config) -> dict:
+def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
     skipped: dict[str, int] = {}
+    failed = {f["path"]: f["error"] for f in skipped_files}
     for c in unit_counters:
+        if c.get("file_error"):
+            failed.setdefault(c["path"], c["file_error"])
         for reason, n in c["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
     tokens_in = sum(c["tokens"] for c in unit_counters)
@@ -101,6 +108,7 @@ def _totals(unit_counters, plan: Plan, config) -> dict:
         "docs_accepted": sum(c["docs_accepted"] for c in unit_counters),
         "docs_skipped": skipped,
         "skip_examples": [e for c in unit_counters for e in c["skip_examples"]][:20],
+        "files_skipped": [{"path": p, "error": e} for p, e in failed.items()],
         "docs_dropped_long": plan.n_dropped_docs,
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
@@ -111,14 +119,16 @@ def _totals(unit_counters, plan: Plan, config) -> dict:
     }
 
 
-def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out: Path, work: Path) -> dict:
+def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out: Path, work: Path,
+              skipped_files=()) -> dict:
     config = job.config
     doc_lengths = np.concatenate(
         [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units] or [np.zeros(0, np.int64)]
     )
-    figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
-    atomic.write_json(out / shards.STATS, figures)
-    atomic.copy_file(job.tokenizer, out / "tokenizer.json")  # the dataset decodes without its source
+    if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
+        figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+        atomic.write_json(out / shards.STATS, figures)
+    atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
     manifest = {
         "format_version": shards.FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},
@@ -132,7 +142,7 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out: 
         "tokenizer": {"path": info.path, "sha256": info.sha256, "vocab_size": info.vocab_size},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
-        "totals": _totals(counters, plan, config),
+        "totals": _totals(counters, plan, config, skipped_files),
     }
     atomic.kill_point("finalize", 0)
     return manifest
@@ -165,7 +175,10 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         for d in (out, work, work / "units", work / "shards"):
             atomic.remove_leftovers(d)
         started = time.time()
-        units = readers.plan_units(files, config.unit_bytes)
+        skipped_files = [] if config.on_file_error == "skip" else None
+        units = readers.plan_units(
+            files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
+        )
         (work / "units").mkdir(parents=True, exist_ok=True)
         executor = make_executor(job)
         try:
@@ -174,7 +187,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
             entries = _write_stage(plan, info, config, work, out, executor)
         finally:
             executor.close()
-        manifest = _finalize(job, files, units, info, counters, plan, entries, out, work)
+            atomic.remove_leftovers(work / "units")  # left by a worker stopped mid-write
+        manifest = _finalize(job, files, units, info, counters, plan, entries, out, work, skipped_files or ())
         manifest["created_unix"] = round(time.time(), 3)
         manifest["build_seconds"] = round(time.time() - started, 3)
         atomic.write_json(out / shards.MANIFEST, manifest)  # last: its presence means complete

@@ -11,12 +11,11 @@ into the output. Worker count is not part of it: it does not change the bytes.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
-from packer import atomic, lock
+from packer import atomic, lock, sources
 from packer.shards import MANIFEST, STATS
 
 FINGERPRINT = "fingerprint.json"
@@ -25,12 +24,15 @@ _OWNED = re.compile(
 )
 
 
+RUN_ONLY_KEYS = ("strict", "on_file_error")
+
+
 def fingerprint(config, info, files) -> dict:
-    inputs = []
-    for f in files:
-        st = os.stat(f)
-        inputs.append({"path": str(Path(f)), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
-    return {"config": config.to_dict(), "tokenizer_sha256": info.sha256, "inputs": inputs}
+    inputs = [{"path": str(f), **sources.file_stamp(str(f))} for f in files]
+    # strict / on_file_error only decide whether a bad input stops the run; a failed unit leaves no
+    # unit file, so resuming with the other choice (the usual fix for a corrupt file) is safe.
+    settings = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}
+    return {"config": settings, "tokenizer_sha256": info.sha256, "inputs": inputs}
 
 
 def _first_difference(old, new, where: str = ""):

@@ -151,7 +151,7 @@ def test_a_stage_error_keeps_its_type_and_names_the_unit(ray_session, tmp_path):
     units = [Unit(1, str(tmp_path / "gone.jsonl"), 0, 1000)]
     ex = RayExecutor()
     try:
-        with pytest.raises(FileNotFoundError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\)"):
+        with pytest.raises(ValueError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\): .*cannot open"):
             ex.map(tokenize_unit, [(u, info, CONFIG, str(tmp_path)) for u in units])
     finally:
         ex.close()
