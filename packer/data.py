@@ -278,7 +278,7 @@ class PackedDataset(IterableDataset):
                  rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
                  return_attention_mask: bool = False, return_document_ids: bool = False):
         manifest = open_dataset(path).manifest
-        self.path = path
+        self.path, self.manifest = path, manifest
         self.n_sequences = int(manifest["totals"]["sequences"])
         self.context_length = int(manifest["config"]["context_length"])
         self.pad_id = int(manifest["config"].get("pad_id", 0))
@@ -295,6 +295,10 @@ class PackedDataset(IterableDataset):
         self._ds = None
         self._yielded = 0  # items this process yielded in the current epoch
         self._resume: dict | None = None  # a loaded state, applied by the next __iter__
+        self._iter_split: dict | None = None  # the split of the iteration in progress
+
+    def __getstate__(self):  # DataLoader workers open their own copy: memory maps do not pickle
+        return {**self.__dict__, "_ds": None}
 
     def set_epoch(self, epoch: int):
         """Use the order of `epoch`. A state loaded for another epoch is dropped."""
@@ -324,7 +328,9 @@ class PackedDataset(IterableDataset):
         return self._rank_count(*self._rank_world())
 
     def state_dict(self) -> dict:
-        split = self._split()
+        """{seed, shuffle, epoch, yielded, rank, world_size, worker, num_workers}: where this process
+        is in the epoch (`yielded` items so far, as its split sees them)."""
+        split = self._iter_split or self._split()
         yielded = self._yielded if self._resume is None else self._resume["yielded"]
         return {"seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch, "yielded": yielded, **split}
 
@@ -336,10 +342,12 @@ class PackedDataset(IterableDataset):
         state, self._resume = self._resume, None
         if state is None:
             return 0
-        for key, value in split.items():
-            if state[key] != value:
-                raise ValueError(f"resume state was saved with {key}={state[key]}, this loader has {value}; "
-                                 f"resume with the same {key} (ranks, world size and DataLoader workers)")
+        differ = [key for key, value in split.items() if state[key] != value]
+        if differ:
+            saved = ", ".join(f"{k}={state[k]}" for k in differ)
+            here = ", ".join(f"{k}={split[k]}" for k in differ)
+            raise ValueError(f"resume state was saved with {saved}; this loader has {here}: resume with the same "
+                             "ranks, world size and DataLoader num_workers")
         if (state["seed"], state["shuffle"]) != (self.seed, self.shuffle):
             raise ValueError(f"resume state was saved with seed={state['seed']}, shuffle={state['shuffle']}; "
                              f"this dataset has seed={self.seed}, shuffle={self.shuffle}")
@@ -352,7 +360,7 @@ class PackedDataset(IterableDataset):
         return rank + world * local
 
     def __iter__(self):
-        split = self._split()
+        split = self._iter_split = self._split()
         skip = self._check_resume(split)
         if self._ds is None:
             self._ds = open_dataset(self.path)  # opened per process: memory maps do not pickle
