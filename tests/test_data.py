@@ -101,6 +101,8 @@ def test_collate_varlen_flattens_and_merges():
         assert batch["max_seqlen"] == max(r["max_seqlen"] for r in refs)
         doc = batch["document_ids"][0]
         assert doc.tolist() == [i for i in range(len(boundaries) - 1) for _ in range(boundaries[i + 1] - boundaries[i])]
+    one = collate_varlen(items[:1])
+    assert one["cu_seqlens"].tolist() == items[0]["cu_seqlens"].tolist()
     with pytest.raises(ValueError, match="collate_padded"):
         collate_varlen(make_items([rows[0][0]], [rows[0][1]], return_attention_mask=True))
 
