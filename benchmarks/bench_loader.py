@@ -8,7 +8,8 @@ Baseline (`raw memmap`): the same sequences, in the same shuffled order, sliced 
 np.memmap token file, converted to int64 and concatenated into batches of 8 — the least any
 loader must do. Cases: PackedDataset through DataLoader(batch_size=8, collate_fn=collate_varlen)
 with num_workers 0 and 2; with pad_to; with return_attention_mask (dense [L, L] masks, stacked by
-collate_padded); and `per-item make_item`, a loader doing per-item Python work, for reference.
+collate_padded); `per-item make_item`, a loader doing per-item Python work; and `prebuilt
+batches`, workers that only hand over ready tensors: the floor of any num_workers=2 loader here.
 Every case delivers the same stored tokens, which is what tokens/s counts.
 
 Measured 2026-11-29 on the shared 2-core development box under load ~9 (provisional; ratios
@@ -84,6 +85,22 @@ class PerItem(IterableDataset):
             yield make_item(*ds[i])
 
 
+class Prebuilt(IterableDataset):
+    """Yields nothing but row numbers; its collate returns ready tensors of a batch's size: what
+    moving batches from worker processes costs, whatever builds them."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def prebuilt_collate(rows, _tokens=torch.zeros(BATCH * CONTEXT, dtype=torch.int64)):
+    return {"input_ids": _tokens.clone()[None], "labels": _tokens.clone()[None],
+            "position_ids": _tokens.clone()[None], "cu_seqlens": torch.zeros(9 * len(rows), dtype=torch.int32)}
+
+
 def loader_pass(loader) -> int:
     n = 0
     for batch in loader:
@@ -142,14 +159,16 @@ def main():
                 dl(dataset(pad_to=context, return_attention_mask=True), collate=collate_padded))),
             ("per-item make_item (reference)", (lambda loader: lambda: loader_pass(loader))(
                 dl(PerItem(path, order)))),
+            ("num_workers=2, prebuilt batches (IPC floor)", (lambda loader: lambda: loader_pass(loader))(
+                dl(Prebuilt(n_seq), 2, prebuilt_collate))),
         ]
-        print(f"{'case':40s} {'s/pass':>9s} {'Mtok/s':>9s} {'ratio':>7s}")
+        print(f"{'case':44s} {'s/pass':>9s} {'Mtok/s':>9s} {'ratio':>7s}")
         base = None
         for name, run in cases:
             few = name.endswith("return_attention_mask")  # O(L^2) per item: one pass is plenty
             seconds = timed(run, 1 if few else passes, 1 if few else repeats)
             base = base or seconds
-            print(f"{name:40s} {seconds:9.4f} {n_tok / seconds / 1e6:9.1f} {base / seconds:7.3f}", flush=True)
+            print(f"{name:44s} {seconds:9.4f} {n_tok / seconds / 1e6:9.1f} {base / seconds:7.3f}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

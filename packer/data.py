@@ -21,8 +21,13 @@ bijection of [0, N) computed on demand (no N-sized array). Rank r owns positions
 r + 2 W_r, ... (W_r = world size); its DataLoader worker w of W_w owns every W_w-th of those,
 starting at its w-th. So each sequence is yielded once per epoch over all ranks and workers.
 `drop_last` first cuts N to a multiple of the world size (at most world_size - 1 dropped,
-different ones each epoch). Items are built a block of positions at a time (vectorized), which
-is what makes the loader cheap; see benchmarks/bench_loader.py.
+different ones each epoch).
+
+Speed: items are built a block of rows at a time (one vectorized pass, one buffer from a small
+pool), their tensors are views of the block's, and the collates turn consecutive items of a
+block into slices of it. Measured 2026-11-29 (benchmarks/bench_loader.py, context 4096, batch 8,
+busy shared 2-core box, provisional): num_workers=0 + collate_varlen at 10-11% of the raw
+np.memmap baseline, a per-item loader at 1.3%.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer import masks
 from packer.shards import open_dataset
 
-BLOCK = 32  # sequences built per vectorized step
+# Rows built per vectorized step: about this many tokens (64 rows of 4096). Measured 2026-11-29
+# (busy 2-core box, context 4096, bench_loader): blocks of 8 / 32 / 64 / 128 rows gave 7 / 10 /
+# 12 / 13% of the raw memmap baseline; 64 keeps a block's buffer at 6 MiB.
+BLOCK_TOKENS = 2**18
 ORDER_CHUNK = 8192  # epoch positions mapped to sequences per permute() call
 
 
@@ -174,7 +182,7 @@ class _BufferPool:
     anywhere (an item, a batch view, a tensor the training loop kept) is never handed out.
     """
 
-    def __init__(self, size: int = 8):
+    def __init__(self, size: int = 4):
         self.size, self.buffers = size, []
 
     def take(self, n: int) -> np.ndarray:
@@ -457,12 +465,13 @@ class PackedDataset(IterableDataset):
         if self._ds is None:
             self._ds = open_dataset(self.path)  # opened per process: memory maps do not pickle
         positions = self._positions(split, skip)
+        block = max(1, BLOCK_TOKENS // (self.pad_to or self.context_length))
         self._yielded = skip
         for c in range(0, len(positions), ORDER_CHUNK):
             chunk = positions[c:c + ORDER_CHUNK]
             indices = permute(chunk, self.n_sequences, self.seed, self.epoch) if self.shuffle else chunk
-            for b in range(0, len(indices), BLOCK):
-                items = items_from_rows(*read_rows(self._ds, indices[b:b + BLOCK]), pad_to=self.pad_to,
+            for b in range(0, len(indices), block):
+                items = items_from_rows(*read_rows(self._ds, indices[b:b + block]), pad_to=self.pad_to,
                                         pad_id=self.pad_id, return_attention_mask=self.return_attention_mask,
                                         return_document_ids=self.return_document_ids)
                 for item in items:
