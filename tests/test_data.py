@@ -291,3 +291,18 @@ def test_bad_arguments_say_what_to_do(sample_dataset):
         PackedDataset(sample_dataset, rank=2, world_size=2)
     with pytest.raises(FileNotFoundError):
         PackedDataset(sample_dataset / "missing")
+
+
+def test_buffer_pool_never_hands_out_memory_in_use():
+    pool = data._BufferPool(size=2)
+    a = pool.take(10)
+    a[:] = 1
+    b = pool.take(10)  # a is alive: a different buffer
+    assert not np.shares_memory(a, b)
+    t = torch.from_numpy(a[:5])  # a tensor view keeps it alive too
+    del a
+    c = pool.take(10)
+    assert not np.shares_memory(c, t.numpy()) and not np.shares_memory(c, b)
+    del t, c
+    d = pool.take(10)  # now the first buffer is free again, and reused
+    assert len(pool.buffers) == 2 and any(np.shares_memory(d, x) for x in pool.buffers)
