@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packer import data  # noqa: E402
+from packer import data, masks  # noqa: E402
 from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
 from packer.shards import open_dataset  # noqa: E402
 
@@ -306,3 +306,19 @@ def test_buffer_pool_never_hands_out_memory_in_use():
     del t, c
     d = pool.take(10)  # now the first buffer is free again, and reused
     assert len(pool.buffers) == 2 and any(np.shares_memory(d, x) for x in pool.buffers)
+
+
+def test_batches_cross_worker_processes_intact(sample_dataset):
+    """Batches are views of pooled block buffers; moved to shared memory they must arrive whole."""
+    def batches(num_workers):
+        loader = DataLoader(PackedDataset(sample_dataset, seed=7, pad_to=1024), batch_size=8, num_workers=num_workers,
+                            collate_fn=collate_varlen)
+        out = []
+        for batch in loader:
+            assert torch.equal(batch["position_ids"][0], masks.position_ids(batch["cu_seqlens"]))
+            rows = zip(batch["input_ids"].view(-1, 1024), batch["labels"].view(-1, 1024))  # items padded to 1024
+            out += [(ids.numpy().tobytes(), labels.numpy().tobytes()) for ids, labels in rows]
+        return out
+
+    local, remote = batches(0), batches(2)
+    assert len(local) == len(PackedDataset(sample_dataset)) and sorted(local) == sorted(remote)
