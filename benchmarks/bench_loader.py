@@ -12,10 +12,12 @@ collate_padded); `per-item make_item`, a loader doing per-item Python work; and 
 batches`, workers that only hand over ready tensors: the floor of any num_workers=2 loader here.
 Every case delivers the same stored tokens, which is what tokens/s counts.
 
-Measured 2026-11-29 on the shared 2-core development box under load ~9 (provisional; ratios
-move with load, re-run on a quiet machine):
-    raw memmap 1.00; num_workers=0 varlen 0.10; num_workers=2 varlen 0.08;
-    pad_to 0.09; attention_mask 0.004; per-item make_item 0.04
+Measured 2026-11-29 on the shared 2-core development box (load 5-9, so provisional: the raw
+baseline swings 430-1070 Mtok/s between runs; re-run on a quiet machine), ratio to raw memmap:
+    num_workers=0 collate_varlen 0.12 (0.07-0.12 over runs), pad_to=4096 0.08,
+    return_attention_mask 0.0003 (~40 ms per 4096x4096 mask), per-item make_item 0.026,
+    num_workers=2 collate_varlen 0.009 against an IPC floor of 0.007 for prebuilt batches.
+The same on a memmap build (shards branch, get_many): num_workers=0 0.07 in a --quick run.
 """
 
 from __future__ import annotations
