@@ -350,7 +350,7 @@ def _merge_cu(cus: list, lengths: list[int]):
 # -- epoch order ---------------------------------------------------------------------------
 
 
-_ROUNDS = 6
+_ROUNDS = 4  # Luby-Rackoff: 4 rounds of a strong round function give a strong pseudorandom permutation
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
@@ -359,6 +359,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * _M1
     x = (x ^ (x >> np.uint64(27))) * _M2
     return x ^ (x >> np.uint64(31))
+
+
+@functools.lru_cache(maxsize=16)
+def _round_keys(seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2**63, size=_ROUNDS, dtype=np.uint64)
 
 
 def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
@@ -370,7 +375,7 @@ def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     """
     half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
     mask = np.uint64((1 << half) - 1)
-    keys = np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2**63, size=_ROUNDS, dtype=np.uint64)
+    keys = _round_keys(seed, epoch)
     x = np.asarray(positions, dtype=np.uint64).copy()
     todo = np.arange(len(x))
     with np.errstate(over="ignore"):
