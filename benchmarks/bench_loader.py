@@ -13,11 +13,14 @@ batches`, workers that only hand over ready tensors: the floor of any num_worker
 Every case delivers the same stored tokens, which is what tokens/s counts.
 
 Measured 2026-11-29 on the shared 2-core development box (load 5-9, so provisional: the raw
-baseline swings 430-1070 Mtok/s between runs; re-run on a quiet machine), ratio to raw memmap:
-    num_workers=0 collate_varlen 0.12 (0.07-0.12 over runs), pad_to=4096 0.08,
-    return_attention_mask 0.0003 (~40 ms per 4096x4096 mask), per-item make_item 0.026,
-    num_workers=2 collate_varlen 0.009 against an IPC floor of 0.007 for prebuilt batches.
-The same on a memmap build (shards branch, get_many): num_workers=0 0.07 in a --quick run.
+baseline swings 430-1120 Mtok/s between runs; re-run on a quiet machine), ratio to raw memmap:
+    num_workers=0 collate_varlen 0.14 (0.07-0.14 over runs; 10x the per-item loader),
+    pad_to=4096 0.10, return_attention_mask 0.0002 (~20-40 ms per 4096x4096 mask),
+    per-item make_item 0.014, num_workers=2 collate_varlen 0.008 against an IPC floor of
+    0.004 for prebuilt batches (two workers and the main process on two busy cores).
+Where the num_workers=0 time goes (one 64-row block, 262K tokens): position ids ~250 us (a
+cumsum), token copies ~120 us, the rest Python per item and per batch; the raw baseline is one
+int64 conversion. The memmap format (shards branch, get_many) measured the same within noise.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ different ones each epoch).
 Speed: items are built a block of rows at a time (one vectorized pass, one buffer from a small
 pool), their tensors are views of the block's, and the collates turn consecutive items of a
 block into slices of it. Measured 2026-11-29 (benchmarks/bench_loader.py, context 4096, batch 8,
-busy shared 2-core box, provisional): num_workers=0 + collate_varlen at 10-11% of the raw
-np.memmap baseline, a per-item loader at 1.3%.
+busy shared 2-core box, provisional): num_workers=0 + collate_varlen at 7-14% of the raw
+np.memmap baseline, a per-item loader at 1.4%.
 """
 
 from __future__ import annotations
