@@ -15,7 +15,18 @@ A row of 6 tokens holding documents of lengths 3, 2, 1 has
         . . . 1 1 .
         . . . . . 1
 
-numpy in, numpy out; no Python loop over tokens.
+Padded to L = 8 the padding is one more segment (offsets [0, 3, 5, 6, 8]): position ids
+[... 0, 0, 1], document id 3, labels -100, and padding rows attend only to padding, so no
+row of the mask is empty.
+
+Every function is vectorized (no Python loop over tokens) and follows its input: numpy in,
+numpy out; torch tensor in, torch tensor out on the same device (torch is imported lazily, so
+this module works without it). Lists are treated as numpy.
+
+Batch versions (`batch_*`) take a list of per-row offsets and a common length L and return
+[B, L] arrays (`mask_BLL` for the dense mask): the padded layout. A varlen batch (rows
+concatenated into one) needs no batch version: `merge_offsets` gives its cu_seqlens, and the
+single-row functions apply to those.
 """
 
 from __future__ import annotations
@@ -25,30 +36,216 @@ import numpy as np
 IGNORE_INDEX = -100
 
 
-def segment_lengths(offsets) -> np.ndarray:
-    return np.diff(np.asarray(offsets, dtype=np.int64))
+# -- numpy / torch dispatch ----------------------------------------------------------------
 
 
-def offsets_to_position_ids(offsets) -> np.ndarray:
-    offsets = np.asarray(offsets, dtype=np.int64)
-    lengths = np.diff(offsets)
-    return np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
 
 
-def offsets_to_document_ids(offsets) -> np.ndarray:
-    lengths = segment_lengths(offsets)
-    return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+def _as_int64(x):
+    if _is_torch(x):
+        import torch
+
+        return x.to(torch.int64)
+    return np.asarray(x, dtype=np.int64)
 
 
-def offsets_to_labels(input_ids, offsets) -> np.ndarray:
-    labels = np.asarray(input_ids, dtype=np.int64).copy()
-    starts = np.asarray(offsets[:-1], dtype=np.int64)
-    labels[starts[starts < len(labels)]] = IGNORE_INDEX
-    return labels
+def _arange(n: int, like):
+    if _is_torch(like):
+        import torch
+
+        return torch.arange(n, dtype=torch.int64, device=like.device)
+    return np.arange(n, dtype=np.int64)
 
 
-def offsets_to_block_causal_mask(offsets) -> np.ndarray:
-    """Dense [T, T] boolean mask, True where query i may attend to key j. O(T^2): opt-in only."""
-    doc = offsets_to_document_ids(offsets)
-    t = np.arange(len(doc))
+def _segment_of_tokens(offsets):
+    """int64 [offsets[-1]]: the index of the segment each token is in."""
+    n = int(offsets[-1])
+    if _is_torch(offsets):  # searchsorted, not repeat_interleave: that one stalls in torch's thread
+        import torch  # pool on a busy machine (15 ms for 8 tokens, torch 2.13, 2 loaded cores)
+
+        return torch.searchsorted(offsets[1:], _arange(n, offsets), right=True)
+    return np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+
+
+def _diff(x):
+    return x[1:] - x[:-1]
+
+
+def _concat(parts):
+    if _is_torch(parts[0]):
+        import torch
+
+        return torch.cat(parts)
+    return np.concatenate(parts)
+
+
+def _padded(offsets, length):
+    """offsets with the padding segment [offsets[-1], length) appended when length is longer."""
+    offsets = _as_int64(offsets)
+    if length is None or int(offsets[-1]) == length:
+        return offsets
+    if length < int(offsets[-1]):
+        raise ValueError(f"length {length} is shorter than the row's {int(offsets[-1])} tokens; "
+                         "pass a length >= the row length")
+    end = _arange(1, offsets) + length
+    return _concat([offsets, end])
+
+
+# -- one row -------------------------------------------------------------------------------
+
+
+def segment_lengths(offsets):
+    """[0, 3, 5, 6] -> [3, 2, 1] (int64)."""
+    return _diff(_as_int64(offsets))
+
+
+def position_ids(offsets, length: int | None = None):
+    """int64 [T]: each token's position inside its document; with `length`, padding restarts at 0."""
+    offsets = _padded(offsets, length)
+    return _arange(int(offsets[-1]), offsets) - offsets[_segment_of_tokens(offsets)]
+
+
+def document_ids(offsets, length: int | None = None):
+    """int64 [T]: the segment index of each token (0, 1, ...); padding is one more segment."""
+    return _segment_of_tokens(_padded(offsets, length))
+
+
+def cu_seqlens(offsets, length: int | None = None):
+    """int32 [n_segments + 1]: flash-attn `cu_seqlens`; with `length`, padding is the last segment."""
+    offsets = _padded(offsets, length)
+    if _is_torch(offsets):
+        import torch
+
+        return offsets.to(torch.int32)
+    return offsets.astype(np.int32)
+
+
+def labels(input_ids, offsets):
+    """int64 [T or L]: input_ids with -100 at each document's first token and past offsets[-1] (padding).
+
+    With these labels and the usual shift (position t predicts labels[t + 1]) the last token of a
+    document is never trained to predict the first token of the next one.
+    """
+    out = _as_int64(input_ids).clone() if _is_torch(input_ids) else np.array(input_ids, dtype=np.int64)
+    offsets = _as_int64(offsets)
+    out[offsets[:-1]] = IGNORE_INDEX
+    out[int(offsets[-1]):] = IGNORE_INDEX
+    return out
+
+
+def block_causal_mask(offsets, length: int | None = None):
+    """bool [T, T], True where query i may attend to key j (same segment, j <= i). O(T^2): opt-in."""
+    doc = document_ids(offsets, length)
+    t = _arange(len(doc), doc)
     return (doc[:, None] == doc[None, :]) & (t[None, :] <= t[:, None])
+
+
+def merge_offsets(offsets_list, lengths=None):
+    """cu_seqlens (int32) of rows concatenated into one: [[0, 3, 4], [0, 2]] -> [0, 3, 4, 6].
+
+    `lengths` (one per row, each >= the row's offsets[-1]) pads every row to its length first,
+    padding being a segment of its own, as in a varlen batch of padded items.
+    """
+    if lengths is None:
+        lengths = [None] * len(offsets_list)
+    rows = [_padded(o, None if n is None else int(n)) for o, n in zip(offsets_list, lengths)]
+    parts, start = [rows[0]], int(rows[0][-1])
+    for row in rows[1:]:  # a loop over rows, not tokens
+        parts.append(row[1:] + start)
+        start += int(row[-1])
+    return cu_seqlens(_concat(parts))
+
+
+# -- a batch of rows padded to one length L ------------------------------------------------
+
+
+def _batch_merged(offsets_list, length: int):
+    """Row offsets padded to `length` and shifted by b * length: the offsets of the flat [B * L] row."""
+    return _as_int64(merge_offsets(offsets_list, [length] * len(offsets_list)))
+
+
+def batch_position_ids(offsets_list, length: int):
+    """int64 [B, L]: `position_ids` of each row, padding restarting at 0."""
+    return position_ids(_batch_merged(offsets_list, length)).reshape(len(offsets_list), length)
+
+
+def batch_document_ids(offsets_list, length: int):
+    """int64 [B, L]: `document_ids` of each row (row-local: each row starts at 0)."""
+    doc_BL = document_ids(_batch_merged(offsets_list, length)).reshape(len(offsets_list), length)
+    return doc_BL - doc_BL[:, :1]
+
+
+def batch_labels(input_ids_BL, offsets_list):
+    """int64 [B, L]: `labels` of each row of a padded batch."""
+    out = _as_int64(input_ids_BL).clone() if _is_torch(input_ids_BL) else np.array(input_ids_BL, dtype=np.int64)
+    for b, offsets in enumerate(offsets_list):  # a loop over rows, not tokens
+        offsets = _as_int64(offsets)
+        out[b, offsets[:-1]] = IGNORE_INDEX
+        out[b, int(offsets[-1]):] = IGNORE_INDEX
+    return out
+
+
+def batch_block_causal_mask(offsets_list, length: int):
+    """bool [B, L, L]: `block_causal_mask` of each row, padding attending only to padding."""
+    doc_BL = batch_document_ids(offsets_list, length)
+    t = _arange(length, doc_BL)
+    return (doc_BL[:, :, None] == doc_BL[:, None, :]) & (t[None, None, :] <= t[None, :, None])
+
+
+# -- FlexAttention -------------------------------------------------------------------------
+
+
+def flex_block_mask(offsets, length: int | None = None, *, device=None, block_size: int = 128):
+    """A FlexAttention `BlockMask` [1, 1, L, L] for one row (or a varlen batch: pass its cu_seqlens).
+
+    The mask_mod is document-causal, the same predicate as `block_causal_mask`:
+
+        mask_mod(b, h, q, kv) = (doc[q] == doc[kv]) & (kv <= q)
+
+    with doc = document_ids(offsets, length), so padding (when `length` > offsets[-1]) is a
+    segment of its own. Use it as `flex_attention(q, k, v, block_mask=flex_block_mask(cu))`
+    with q, k, v of shape [1, H, L, D]. Built by
+    `torch.nn.attention.flex_attention.create_block_mask`; `device` defaults to the offsets' own
+    (cpu for numpy), `block_size` is FlexAttention's BLOCK_SIZE.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = device if device is not None else (offsets.device if _is_torch(offsets) else "cpu")
+    doc = torch.as_tensor(document_ids(offsets, length)).to(device)
+
+    def document_causal(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (kv <= q)
+
+    n = len(doc)
+    return create_block_mask(document_causal, None, None, n, n, device=device, BLOCK_SIZE=block_size)
+
+
+def batch_flex_block_mask(offsets_list, length: int, *, device=None, block_size: int = 128):
+    """A FlexAttention `BlockMask` [B, 1, L, L] for a padded batch (q, k, v of shape [B, H, L, D]):
+    `flex_block_mask` per row, the mask_mod reading doc[b, q] == doc[b, kv] & kv <= q."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    first = offsets_list[0]
+    device = device if device is not None else (first.device if _is_torch(first) else "cpu")
+    doc_BL = torch.as_tensor(batch_document_ids(offsets_list, length)).to(device)
+
+    def document_causal(b, h, q, kv):
+        return (doc_BL[b, q] == doc_BL[b, kv]) & (kv <= q)
+
+    return create_block_mask(document_causal, len(offsets_list), None, length, length, device=device,
+                             BLOCK_SIZE=block_size)
+
+
+# -- names kept from the first version (other modules import them) ------------------------
+
+offsets_to_position_ids = position_ids
+offsets_to_document_ids = document_ids
+offsets_to_block_causal_mask = block_causal_mask
+
+
+def offsets_to_labels(input_ids, offsets):
+    return labels(input_ids, offsets)

@@ -1,13 +1,151 @@
-"""PackedDataset on the sample build: fields, padding segment, rank split, epoch order."""
+"""Items and collates against token-by-token references; PackedDataset's epoch order, rank and
+worker partitions, drop_last, and mid-epoch resume (plain, per-worker, StatefulDataLoader)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer.data import PackedDataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from packer import data, masks  # noqa: E402
+from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
 from packer.shards import open_dataset  # noqa: E402
+
+
+def _random_row(rng, max_docs=6, max_len=12):
+    lengths = rng.integers(1, max_len, size=rng.integers(1, max_docs))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return rng.integers(0, 60000, size=int(offsets[-1])).astype(np.uint16), offsets
+
+
+def _reference_item(tokens, offsets, pad_to, pad_id, with_mask=True):
+    """The item built token by token, with plain Python lists."""
+    n = len(tokens)
+    length = n if pad_to is None else pad_to
+    segments = [(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])] + ([(n, length)] if length > n else [])
+    ids, labels, pos, doc = [], [], [], []
+    for d, (a, b) in enumerate(segments):
+        for t in range(a, b):
+            token = int(tokens[t]) if t < n else pad_id
+            ids.append(token)
+            labels.append(-100 if t == a or t >= n else token)
+            pos.append(t - a)
+            doc.append(d)
+    item = {"input_ids": ids, "labels": labels, "position_ids": pos, "document_ids": doc,
+            "cu_seqlens": [a for a, _ in segments] + [length], "max_seqlen": max(b - a for a, b in segments)}
+    if with_mask:
+        item["attention_mask"] = [[doc[i] == doc[j] and j <= i for j in range(length)] for i in range(length)]
+    return item
+
+
+def _as_lists(item):
+    return {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in item.items()}
+
+
+def test_hand_item_with_padding():
+    item = make_item(np.array([5, 6, 7, 8, 9], np.uint16), np.array([0, 3, 5], np.int32), pad_to=7, pad_id=1,
+                     return_document_ids=True, return_attention_mask=True)
+    assert _as_lists(item) == {
+        "input_ids": [5, 6, 7, 8, 9, 1, 1],
+        "labels": [-100, 6, 7, -100, 9, -100, -100],
+        "position_ids": [0, 1, 2, 0, 1, 0, 1],
+        "document_ids": [0, 0, 0, 1, 1, 2, 2],
+        "cu_seqlens": [0, 3, 5, 7],
+        "max_seqlen": 3,
+        "attention_mask": _reference_item([5, 6, 7, 8, 9], [0, 3, 5], 7, 1)["attention_mask"],
+    }
+    assert item["input_ids"].dtype == item["labels"].dtype == item["position_ids"].dtype == torch.int64
+    assert item["cu_seqlens"].dtype == torch.int32 and item["attention_mask"].dtype == torch.bool
+    assert item["attention_mask"].any(dim=1).all()  # padding rows attend to padding: no empty row
+
+
+def test_random_items_against_token_by_token_reference():
+    rng = np.random.default_rng(0)
+    padded = multi_doc = 0
+    for _ in range(100):
+        rows = [_random_row(rng) for _ in range(rng.integers(1, 6))]
+        pad_to = None if rng.random() < 0.4 else max(len(t) for t, _ in rows) + int(rng.integers(0, 5))
+        items = make_items([t for t, _ in rows], [o for _, o in rows], pad_to=pad_to, pad_id=3,
+                           return_document_ids=True, return_attention_mask=True)
+        for (tokens, offsets), item in zip(rows, items):
+            assert _as_lists(item) == _reference_item(tokens, offsets, pad_to, 3)
+            assert _as_lists(make_item(tokens, offsets, pad_to=pad_to, pad_id=3, return_document_ids=True,
+                                       return_attention_mask=True)) == _as_lists(item)
+            padded += pad_to is not None and pad_to > len(tokens)
+            multi_doc += len(offsets) > 2
+    assert padded > 50 and multi_doc > 100
+    with pytest.raises(ValueError, match="pad_to=3 is shorter than a row of 5"):
+        make_item(np.arange(5), [0, 5], pad_to=3)
+
+
+def test_collate_varlen_flattens_and_merges():
+    rng = np.random.default_rng(1)
+    for order in ("block", "shuffled"):  # consecutive block items take the no-copy path
+        rows = [_random_row(rng) for _ in range(6)]
+        items = make_items([t for t, _ in rows], [o for _, o in rows], return_document_ids=True)
+        if order == "shuffled":
+            items = items[::-1]
+        batch = collate_varlen(items)
+        refs = [_reference_item(t, o, None, 0, False) for t, o in (rows[::-1] if order == "shuffled" else rows)]
+        for key in ("input_ids", "labels", "position_ids"):
+            assert batch[key].shape == (1, sum(len(r["input_ids"]) for r in refs))
+            assert batch[key][0].tolist() == sum((r[key] for r in refs), [])
+        boundaries, start = [0], 0
+        for r in refs:
+            boundaries += [start + c for c in r["cu_seqlens"][1:]]
+            start += len(r["input_ids"])
+        assert batch["cu_seqlens"].tolist() == boundaries and batch["cu_seqlens"].dtype == torch.int32
+        assert batch["max_seqlen"] == max(r["max_seqlen"] for r in refs)
+        doc = batch["document_ids"][0]
+        assert doc.tolist() == [i for i in range(len(boundaries) - 1) for _ in range(boundaries[i + 1] - boundaries[i])]
+    one = collate_varlen(items[:1])
+    assert one["cu_seqlens"].tolist() == items[0]["cu_seqlens"].tolist()
+    with pytest.raises(ValueError, match="collate_padded"):
+        collate_varlen(make_items([rows[0][0]], [rows[0][1]], return_attention_mask=True))
+
+
+def test_collate_padded_stacks_rows():
+    rng = np.random.default_rng(2)
+    rows = [_random_row(rng) for _ in range(4)]
+    L = max(len(t) for t, _ in rows) + 2
+    for items in (make_items([t for t, _ in rows], [o for _, o in rows], pad_to=L, return_attention_mask=True,
+                             return_document_ids=True),
+                  [make_item(t, o, pad_to=L, return_attention_mask=True, return_document_ids=True) for t, o in rows]):
+        batch = collate_padded(items)
+        refs = [_reference_item(t, o, L, 0) for t, o in rows]
+        for key in ("input_ids", "labels", "position_ids", "document_ids", "attention_mask"):
+            assert batch[key].tolist() == [r[key] for r in refs]
+        assert batch["attention_mask"].shape == (4, L, L)
+        assert batch["cu_seqlens"].tolist() == [0] + [b * L + c for b, r in enumerate(refs) for c in r["cu_seqlens"][1:]]
+    with pytest.raises(ValueError, match="set pad_to"):
+        collate_padded(make_items([t for t, _ in rows], [o for _, o in rows]))
+
+
+def test_permute_is_a_seeded_bijection():
+    for n in (1, 2, 3, 5, 64, 1000, 4097):
+        order = data.permute(np.arange(n), n, seed=0, epoch=0)
+        assert sorted(order.tolist()) == list(range(n))
+        assert data.permute(np.arange(n)[::-1], n, 0, 0).tolist() == order[::-1].tolist()  # pointwise
+    a, b, c = (data.permute(np.arange(5000), 5000, s, e) for s, e in ((0, 0), (0, 1), (1, 0)))
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
+    assert abs(np.corrcoef(np.arange(5000), a)[0, 1]) < 0.05  # no trace of the stored order
+
+
+# -- PackedDataset on the sample build -----------------------------------------------------
+
+
+def _keys_of(items):
+    return [it["input_ids"].numpy().tobytes() for it in items]
+
+
+def _all_keys(path):
+    raw = open_dataset(path)
+    keys = [raw[i][0].astype(np.int64).tobytes() for i in range(len(raw))]
+    assert len(set(keys)) == len(keys)  # every stored row is distinct, so tokens identify it
+    return keys
 
 
 def test_items_follow_loader_semantics(sample_dataset):
@@ -16,30 +154,171 @@ def test_items_follow_loader_semantics(sample_dataset):
     seen_pad = 0
     for i, item in enumerate(ds):
         tokens, offsets = raw[i]
-        n = len(tokens)
-        assert item["input_ids"].shape == (1024,) and item["input_ids"].dtype == torch.int64
-        assert item["input_ids"][:n].tolist() == tokens.tolist()
-        cu = item["cu_seqlens"]
-        assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == 1024
-        assert cu[: len(offsets)].tolist() == offsets.tolist()
-        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
-            assert item["position_ids"][a:b].tolist() == list(range(b - a))
-            assert item["labels"][a] == -100
-            assert item["labels"][a + 1 : b].tolist() == item["input_ids"][a + 1 : b].tolist() or a >= n
-        assert (item["labels"][n:] == -100).all()
-        assert item["max_seqlen"] == int((cu[1:] - cu[:-1]).max())
-        seen_pad += n < 1024
-    assert seen_pad > 0
+        assert _as_lists(item) == {k: v for k, v in _reference_item(tokens, offsets, 1024, ds.pad_id, False).items()
+                                   if k in item}
+        seen_pad += len(tokens) < 1024
+    assert seen_pad > 0 and i == len(raw) - 1
 
 
-def test_ranks_partition_and_epochs_reshuffle(sample_dataset):
-    def ids(ds):
-        return [tuple(item["input_ids"][:8].tolist()) + (len(item["input_ids"]),) for item in ds]
+def _collect(dataset, num_workers):
+    loader = DataLoader(dataset, batch_size=16, num_workers=num_workers, collate_fn=_keys_of)
+    return [key for batch in loader for key in batch]
 
-    full = ids(PackedDataset(sample_dataset, seed=3))
-    parts = [ids(PackedDataset(sample_dataset, seed=3, rank=r, world_size=3)) for r in range(3)]
-    assert sorted(sum(parts, [])) == sorted(full) and len(sum(parts, [])) == len(full)
-    later = PackedDataset(sample_dataset, seed=3)
-    later.set_epoch(1)
-    assert ids(later) != full and sorted(ids(later)) == sorted(full)
-    assert ids(PackedDataset(sample_dataset, seed=3)) == full
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_ranks_and_workers_partition_the_epoch(sample_dataset, num_workers):
+    keys = _all_keys(sample_dataset)
+    for world in (1, 2, 3):
+        for drop_last in (False, True):
+            parts = [_collect(PackedDataset(sample_dataset, seed=3, rank=r, world_size=world, drop_last=drop_last),
+                              num_workers) for r in range(world)]
+            union = sum(parts, [])
+            assert len(set(union)) == len(union)  # disjoint
+            assert set(union) <= set(keys)
+            if drop_last:
+                assert len({len(p) for p in parts}) == 1 and len(keys) - len(union) < world
+                assert len(keys) - len(union) == len(keys) % world
+            else:
+                assert sorted(union) == sorted(keys)
+            for r, part in enumerate(parts):
+                assert len(part) == len(PackedDataset(sample_dataset, rank=r, world_size=world, drop_last=drop_last))
+    assert len(keys) % 3 != 0  # drop_last really dropped something at world size 3
+
+
+def test_epochs_reshuffle_and_repeat(sample_dataset):
+    ds = PackedDataset(sample_dataset, seed=3)
+    first = _keys_of(ds)
+    assert _keys_of(ds) == first  # same epoch, same order
+    ds.set_epoch(1)
+    second = _keys_of(ds)
+    assert second != first and sorted(second) == sorted(first)
+    assert _keys_of(PackedDataset(sample_dataset, seed=4)) != first
+    stored = _keys_of(PackedDataset(sample_dataset, shuffle=False))
+    assert stored == _all_keys(sample_dataset) and first != stored
+
+
+def test_resume_after_k_items_yields_the_tail(sample_dataset):
+    full = _keys_of(PackedDataset(sample_dataset, seed=5, epoch=2))
+    for k in (0, 1, 37, len(full) - 1, len(full)):
+        ds = PackedDataset(sample_dataset, seed=5, epoch=2)
+        it = iter(ds)
+        head = [next(it)["input_ids"].numpy().tobytes() for _ in range(k)]
+        state = ds.state_dict()
+        resumed = PackedDataset(sample_dataset, seed=5)  # epoch comes from the state
+        resumed.load_state_dict(state)
+        assert head + _keys_of(resumed) == full
+        assert _keys_of(resumed) == full  # the resume applies once; the next pass is whole
+
+
+def test_resume_per_worker_state(sample_dataset, monkeypatch):
+    """Each DataLoader worker's copy saves and restores its own place (StatefulDataLoader's model)."""
+    class Info:
+        def __init__(self, i, n):
+            self.id, self.num_workers = i, n
+
+    n_workers = 3
+    for worker in range(n_workers):
+        monkeypatch.setattr(data, "get_worker_info", lambda: Info(worker, n_workers))
+        full = _keys_of(PackedDataset(sample_dataset, seed=1, rank=1, world_size=2))
+        ds = PackedDataset(sample_dataset, seed=1, rank=1, world_size=2)
+        it = iter(ds)
+        head = [next(it)["input_ids"].numpy().tobytes() for _ in range(10 + worker)]
+        resumed = PackedDataset(sample_dataset, seed=1, rank=1, world_size=2)
+        resumed.load_state_dict(ds.state_dict())
+        assert head + _keys_of(resumed) == full
+    monkeypatch.setattr(data, "get_worker_info", lambda: Info(0, 2))
+    resumed = PackedDataset(sample_dataset, seed=1, rank=1, world_size=2)
+    resumed.load_state_dict(ds.state_dict())
+    with pytest.raises(ValueError, match="saved with worker=2, num_workers=3; this loader has worker=0, num_workers=2"):
+        next(iter(resumed))
+
+
+def test_stateful_dataloader_resumes_with_workers(sample_dataset):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader(ds):
+        return stateful.StatefulDataLoader(ds, batch_size=8, num_workers=2, collate_fn=_keys_of)
+
+    full = [b for b in loader(PackedDataset(sample_dataset, seed=2))]
+    it = iter(first := loader(PackedDataset(sample_dataset, seed=2)))
+    head = [next(it) for _ in range(7)]
+    state = first.state_dict()
+    del it
+    second = loader(PackedDataset(sample_dataset, seed=2))
+    second.load_state_dict(state)
+    assert head + list(second) == full
+
+
+def test_set_epoch_drops_a_state_of_another_epoch(sample_dataset):
+    ds = PackedDataset(sample_dataset, seed=1)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    resumed = PackedDataset(sample_dataset, seed=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(0)  # same epoch: the resume stands
+    assert len(_keys_of(resumed)) == len(ds) - 1
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    assert len(_keys_of(resumed)) == len(ds)
+
+
+def test_get_many_path_equals_row_by_row(sample_dataset):
+    raw = open_dataset(sample_dataset)
+
+    class Rows:
+        def __init__(self, tokens, token_starts, offsets, offset_starts):
+            self.tokens, self.token_starts, self.offsets, self.offset_starts = tokens, token_starts, offsets, offset_starts
+
+    class WithGetMany:
+        def __getitem__(self, i):
+            raise AssertionError("get_many should be used")
+
+        def get_many(self, indices):
+            return Rows(*data._csr([raw[i][0] for i in indices], [raw[i][1] for i in indices]))
+
+    picks = np.array([5, 0, 700, 5, 13])
+    got = data.items_from_rows(*data.read_rows(WithGetMany(), picks), pad_to=1024)
+    assert [_as_lists(it) for it in got] == [_as_lists(make_item(*raw[i], pad_to=1024)) for i in picks]
+
+
+def test_bad_arguments_say_what_to_do(sample_dataset):
+    with pytest.raises(ValueError, match="context length 1024"):
+        PackedDataset(sample_dataset, pad_to=1000)
+    with pytest.raises(ValueError, match="rank and world_size together"):
+        PackedDataset(sample_dataset, rank=1)
+    with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world_size=2\)"):
+        PackedDataset(sample_dataset, rank=2, world_size=2)
+    with pytest.raises(FileNotFoundError):
+        PackedDataset(sample_dataset / "missing")
+
+
+def test_buffer_pool_never_hands_out_memory_in_use():
+    pool = data._BufferPool(size=2)
+    a = pool.take(10)
+    a[:] = 1
+    b = pool.take(10)  # a is alive: a different buffer
+    assert not np.shares_memory(a, b)
+    t = torch.from_numpy(a[:5])  # a tensor view keeps it alive too
+    del a
+    c = pool.take(10)
+    assert not np.shares_memory(c, t.numpy()) and not np.shares_memory(c, b)
+    del t, c
+    d = pool.take(10)  # now the first buffer is free again, and reused
+    assert len(pool.buffers) == 2 and any(np.shares_memory(d, x) for x in pool.buffers)
+
+
+def test_batches_cross_worker_processes_intact(sample_dataset):
+    """Batches are views of pooled block buffers; moved to shared memory they must arrive whole."""
+    def batches(num_workers):
+        loader = DataLoader(PackedDataset(sample_dataset, seed=7, pad_to=1024), batch_size=8, num_workers=num_workers,
+                            collate_fn=collate_varlen)
+        out = []
+        for batch in loader:
+            assert torch.equal(batch["position_ids"][0], masks.position_ids(batch["cu_seqlens"]))
+            rows = zip(batch["input_ids"].view(-1, 1024), batch["labels"].view(-1, 1024))  # items padded to 1024
+            out += [(ids.numpy().tobytes(), labels.numpy().tobytes()) for ids, labels in rows]
+        return out
+
+    local, remote = batches(0), batches(2)
+    assert len(local) == len(PackedDataset(sample_dataset)) and sorted(local) == sorted(remote)

@@ -1,19 +1,27 @@
-"""Offsets -> position ids, document ids, labels, masks: against token-by-token references."""
+"""Offsets -> position ids, document ids, labels, cu_seqlens, masks: hand cases, then token-by-token
+references on random offsets, for numpy and torch inputs, single rows and batches."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from packer import masks
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_three_document_row():
     offsets = [0, 3, 5, 6]
-    assert masks.offsets_to_position_ids(offsets).tolist() == [0, 1, 2, 0, 1, 0]
-    assert masks.offsets_to_document_ids(offsets).tolist() == [0, 0, 0, 1, 1, 2]
-    assert masks.offsets_to_labels([10, 11, 12, 13, 14, 15], offsets).tolist() == [-100, 11, 12, -100, 14, -100]
-    mask = masks.offsets_to_block_causal_mask(offsets).astype(int)
-    assert mask.tolist() == [
+    assert masks.position_ids(offsets).tolist() == [0, 1, 2, 0, 1, 0]
+    assert masks.document_ids(offsets).tolist() == [0, 0, 0, 1, 1, 2]
+    assert masks.labels([10, 11, 12, 13, 14, 15], offsets).tolist() == [-100, 11, 12, -100, 14, -100]
+    assert masks.cu_seqlens(offsets).tolist() == [0, 3, 5, 6] and masks.cu_seqlens(offsets).dtype == np.int32
+    assert masks.block_causal_mask(offsets).astype(int).tolist() == [
         [1, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0],
         [1, 1, 1, 0, 0, 0],
@@ -23,17 +31,131 @@ def test_three_document_row():
     ]
 
 
-def test_random_offsets_against_token_by_token_reference():
+def test_padding_is_its_own_segment():
+    offsets = [0, 2, 3]  # two documents, padded to 5
+    assert masks.position_ids(offsets, 5).tolist() == [0, 1, 0, 0, 1]
+    assert masks.document_ids(offsets, 5).tolist() == [0, 0, 1, 2, 2]
+    assert masks.cu_seqlens(offsets, 5).tolist() == [0, 2, 3, 5]
+    assert masks.labels([7, 8, 9, 0, 0], offsets).tolist() == [-100, 8, -100, -100, -100]
+    mask = masks.block_causal_mask(offsets, 5)
+    assert mask.astype(int).tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 1, 1],
+    ]
+    assert mask.any(axis=1).all()  # never a fully masked row
+    assert masks.cu_seqlens(offsets, 3).tolist() == [0, 2, 3]  # no padding: no extra segment
+    with pytest.raises(ValueError, match="shorter than the row"):
+        masks.position_ids(offsets, 2)
+
+
+def _random_offsets(rng, max_docs=7, max_len=9):
+    lengths = rng.integers(1, max_len, size=rng.integers(1, max_docs))
+    return np.concatenate([[0], np.cumsum(lengths)])
+
+
+def _reference(offsets, length):
+    """Token by token: position ids, document ids, labels of arange(100, ...), dense mask."""
+    n = int(offsets[-1])
+    segments = [(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
+    if length > n:
+        segments.append((n, length))
+    pos, doc, labels = [], [], []
+    for d, (a, b) in enumerate(segments):
+        for t in range(a, b):
+            pos.append(t - a)
+            doc.append(d)
+            labels.append(-100 if t == a or t >= n else 100 + t)
+    mask = [[doc[i] == doc[j] and j <= i for j in range(length)] for i in range(length)]
+    cu = [a for a, _ in segments] + [length]
+    return pos, doc, labels, mask, cu
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_random_rows_against_token_by_token_reference(backend):
+    torch = pytest.importorskip("torch") if backend == "torch" else None
     rng = np.random.default_rng(0)
-    for _ in range(100):
-        lengths = rng.integers(1, 9, size=rng.integers(1, 7))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        pos, doc = [], []
-        for d, n in enumerate(lengths):
-            pos += list(range(n))
-            doc += [d] * n
-        assert masks.offsets_to_position_ids(offsets).tolist() == pos
-        assert masks.offsets_to_document_ids(offsets).tolist() == doc
-        T = len(doc)
-        ref = [[doc[i] == doc[j] and j <= i for j in range(T)] for i in range(T)]
-        assert masks.offsets_to_block_causal_mask(offsets).tolist() == ref
+    padded = 0
+    for _ in range(150):
+        offsets = _random_offsets(rng)
+        length = int(offsets[-1]) + int(rng.integers(0, 4))
+        padded += length > offsets[-1]
+        pos, doc, labels, mask, cu = _reference(offsets, length)
+        x = torch.as_tensor(offsets) if torch else offsets
+        ids = np.arange(100, 100 + length)
+        got = {
+            "pos": masks.position_ids(x, length),
+            "doc": masks.document_ids(x, length),
+            "labels": masks.labels(torch.as_tensor(ids) if torch else ids, x),
+            "mask": masks.block_causal_mask(x, length),
+            "cu": masks.cu_seqlens(x, length),
+        }
+        for value in got.values():
+            assert isinstance(value, torch.Tensor if torch else np.ndarray)
+        assert got["pos"].tolist() == pos and got["doc"].tolist() == doc and got["labels"].tolist() == labels
+        assert got["mask"].tolist() == mask and got["cu"].tolist() == cu
+        assert str(got["cu"].dtype).endswith("int32") and str(got["pos"].dtype).endswith("int64")
+    assert padded > 20  # both padded and unpadded rows were exercised
+
+
+def test_batch_versions_equal_rows_stacked():
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        rows = [_random_offsets(rng) for _ in range(rng.integers(1, 5))]
+        length = max(int(o[-1]) for o in rows) + int(rng.integers(0, 3))
+        ids_BL = rng.integers(0, 50, size=(len(rows), length))
+        assert masks.batch_position_ids(rows, length).tolist() == [masks.position_ids(o, length).tolist() for o in rows]
+        assert masks.batch_document_ids(rows, length).tolist() == [masks.document_ids(o, length).tolist() for o in rows]
+        assert masks.batch_labels(ids_BL, rows).tolist() == [masks.labels(i, o).tolist() for i, o in zip(ids_BL, rows)]
+        assert masks.batch_block_causal_mask(rows, length).tolist() == [
+            masks.block_causal_mask(o, length).tolist() for o in rows
+        ]
+
+
+def test_merge_offsets_concatenates_rows():
+    assert masks.merge_offsets([[0, 3, 4], [0, 2]]).tolist() == [0, 3, 4, 6]
+    assert masks.merge_offsets([[0, 3, 4], [0, 2]], lengths=[6, 2]).tolist() == [0, 3, 4, 6, 8]
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        rows = [_random_offsets(rng) for _ in range(rng.integers(1, 5))]
+        merged = masks.merge_offsets(rows)
+        doc_of_token = np.concatenate([masks.document_ids(o) + 100 * k for k, o in enumerate(rows)])
+        boundaries = [0] + [t for t in range(1, len(doc_of_token)) if doc_of_token[t] != doc_of_token[t - 1]]
+        assert merged.tolist() == boundaries + [len(doc_of_token)]
+
+
+def test_flex_block_mask_matches_dense_mask():
+    torch = pytest.importorskip("torch")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    rng = np.random.default_rng(3)
+    for length_extra in (0, 5):
+        offsets = _random_offsets(rng, max_docs=6, max_len=40)
+        length = int(offsets[-1]) + length_extra
+        block = masks.flex_block_mask(offsets, length, block_size=16)
+        assert block.shape == (1, 1, length, length)
+        dense = flex.create_mask(block.mask_mod, 1, 1, length, length, device="cpu")[0, 0]
+        assert torch.equal(dense, torch.as_tensor(masks.block_causal_mask(offsets, length)))
+    rows = [_random_offsets(rng, max_len=20) for _ in range(3)]
+    length = max(int(o[-1]) for o in rows) + 3
+    block = masks.batch_flex_block_mask(rows, length, block_size=16)
+    dense = flex.create_mask(block.mask_mod, 3, 1, length, length, device="cpu")[:, 0]
+    assert torch.equal(dense, torch.as_tensor(masks.batch_block_causal_mask(rows, length)))
+
+
+def test_flex_attention_with_the_block_mask_equals_masked_sdpa():
+    torch = pytest.importorskip("torch")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    offsets = np.array([0, 5, 17, 18, 30])
+    q, k, v = torch.randn(3, 1, 2, 32, 8, generator=torch.Generator().manual_seed(0)).unbind(0)
+    out = flex.flex_attention(q, k, v, block_mask=masks.flex_block_mask(offsets, 32, block_size=16))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.as_tensor(masks.block_causal_mask(offsets, 32))
+    )
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_masks_module_does_not_import_torch():
+    code = "import sys, packer.masks as m; m.position_ids([0, 2]); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
