@@ -80,3 +80,14 @@ class PackedDataset(IterableDataset):
 
     def __len__(self) -> int:
         return self.n_sequences
+
+
+def make_item(tokens, offsets, *, pad_to=None, pad_id=0, return_attention_mask=False, return_document_ids=False) -> dict:
+    """TEMPORARY stub of the item builder another branch adds here (dropped at merge)."""
+    item = _to_item(tokens, offsets, pad_to, pad_id)
+    cu = item["cu_seqlens"].numpy()
+    if return_attention_mask:
+        item["attention_mask"] = torch.from_numpy(masks.offsets_to_block_causal_mask(cu))
+    if return_document_ids:
+        item["document_ids"] = torch.from_numpy(masks.offsets_to_document_ids(cu))
+    return item
