@@ -285,6 +285,8 @@ class OnlinePackedDataset(IterableDataset):
         source_pos, buffer_index, skip = state["source_pos"], state["buffer_index"], state["n_yielded"]
         docs = self._documents(source_pos, partition, n_partitions)
         while True:
+            at_start = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": 0,
+                        "carry": [c.tolist() for c in carry]}  # resuming from here re-reads this buffer
             raw = list(itertools.islice(docs, self.buffer_docs))
             final = len(raw) < self.buffer_docs
             next_pos = raw[-1][0] if raw else source_pos
@@ -293,23 +295,19 @@ class OnlinePackedDataset(IterableDataset):
             emitted, carried = pack_buffer(lengths, self.context_length, self.algorithm, policy=self.policy,
                                            final=final)
             carry = [pieces[i].copy() for i in _flat(carried)]  # a copy: a view would pin its whole document
+            after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
+                     "carry": [c.tolist() for c in carry]}
             order = np.random.default_rng([self.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))
             for j in range(skip, len(emitted)):
-                if j + 1 < len(emitted):
-                    self._state = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": j + 1}
-                else:
-                    self._state = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1,
-                                   "n_yielded": 0, "carry": [c.tolist() for c in carry]}
+                self._state = {**at_start, "n_yielded": j + 1} if j + 1 < len(emitted) else after
                 bin_pieces = [pieces[i] for i in emitted[order[j]]]
                 offsets = np.concatenate([[0], np.cumsum([len(p) for p in bin_pieces])])
                 yield make_item(np.concatenate(bin_pieces), offsets, pad_to=self.pad_to, pad_id=self.pad_id,
                                 return_attention_mask=self.return_attention_mask,
                                 return_document_ids=self.return_document_ids)
+            self._state = after  # also when the buffer emitted nothing (every bin carried)
             if final:
                 return
-            # Also when the buffer emitted nothing (every bin carried): the state must hold the carry.
-            self._state = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
-                           "carry": [c.tolist() for c in carry]}
             source_pos, buffer_index, skip = next_pos, buffer_index + 1, 0
 
 
