@@ -213,7 +213,7 @@ class OnlinePackedDataset(IterableDataset):
 
     def set_epoch(self, epoch: int):
         """Change the shuffle of the bins (not the order documents are read); restart from the top."""
-        self.epoch, self._resume = epoch, None
+        self.epoch, self._resume, self._state = epoch, None, None
 
     # -- iteration ------------------------------------------------------------------------------
     def _partition(self) -> tuple[int, int]:

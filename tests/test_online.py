@@ -124,6 +124,24 @@ def test_texts_get_eos_and_document_ids_and_masks():
     assert not item["attention_mask"][cu[1], cu[1] - 1] and item["attention_mask"][cu[1] + 1, cu[1]]
 
 
+def test_online_fill_rate_counts_what_the_dataset_yields():
+    docs = numbered_docs(9, 500, 150)
+    ds = OnlinePackedDataset(docs, context_length=128, buffer_docs=60, eos=False)
+    out = rows(ds)
+    r = online_fill_rate([len(d) for d in docs], 128, buffer_docs=60)
+    assert r["sequences"] == len(out) and r["tokens"] == sum(map(len, out)) and r["max_carry_bins"] > 0
+
+
+def test_hf_datasets_map_style_and_iterable():
+    datasets = pytest.importorskip("datasets")
+    texts = sample_texts()[:300]
+    kwargs = dict(tokenizer=TOKENIZER, context_length=512, buffer_docs=64, rank=1, world_size=2)
+    expected = rows(OnlinePackedDataset(texts, **kwargs))
+    table = datasets.Dataset.from_dict({"text": texts})
+    assert rows(OnlinePackedDataset(table, **kwargs)) == expected
+    assert rows(OnlinePackedDataset(table.to_iterable_dataset(), **kwargs)) == expected
+
+
 def test_same_seed_same_output_other_seed_same_rows_reordered():
     docs = numbered_docs(7, 400, 50)
     kwargs = dict(context_length=64, buffer_docs=100, eos_id=0)
