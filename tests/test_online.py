@@ -61,7 +61,7 @@ def test_online_fill_rate_with_one_buffer_is_offline_ffd():
     _, _, pieces = split_documents(lengths, 1024)
     assert r["sequences"] == int(pack(pieces, 1024).max()) + 1 and r["tokens"] == int(lengths.sum())
     small = online_fill_rate(lengths, 1024, buffer_docs=100)
-    assert small["tokens"] == int(lengths.sum()) and small["buffers"] == 20
+    assert small["tokens"] == int(lengths.sum()) and small["buffers"] == 21
     assert small["sequences"] >= r["sequences"] >= r["lower_bound_rows"]
     assert 0 < small["max_carry_bins"] <= 32 and small["max_carry_tokens"] <= 32 * 1024
 
@@ -124,11 +124,12 @@ def test_texts_get_eos_and_document_ids_and_masks():
     assert not item["attention_mask"][cu[1], cu[1] - 1] and item["attention_mask"][cu[1] + 1, cu[1]]
 
 
-def test_online_fill_rate_counts_what_the_dataset_yields():
+@pytest.mark.parametrize("buffer_docs", [50, 60])  # 500 docs: the stream ends on a full buffer, or not
+def test_online_fill_rate_counts_what_the_dataset_yields(buffer_docs):
     docs = numbered_docs(9, 500, 150)
-    ds = OnlinePackedDataset(docs, context_length=128, buffer_docs=60, eos=False)
+    ds = OnlinePackedDataset(docs, context_length=128, buffer_docs=buffer_docs, eos=False)
     out = rows(ds)
-    r = online_fill_rate([len(d) for d in docs], 128, buffer_docs=60)
+    r = online_fill_rate([len(d) for d in docs], 128, buffer_docs=buffer_docs)
     assert r["sequences"] == len(out) and r["tokens"] == sum(map(len, out)) and r["max_carry_bins"] > 0
 
 
