@@ -170,7 +170,9 @@ class OnlinePackedDataset(IterableDataset):
             raise ValueError(f"pad_to={pad_to} is shorter than context_length={context_length}; "
                              "pad to at least the context length or leave pad_to=None")
         self.source, self.text_field = source, text_field
-        self.tokenizer = load_tokenizer(os.fspath(tokenizer)) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_tokenizer(os.fspath(tokenizer))
+        self.tokenizer = tokenizer
         self.eos_id = _special_id(self.tokenizer, eos_id, EOS_CANDIDATES, "eos") if eos else None
         self.bos_id = _special_id(self.tokenizer, bos_id, BOS_CANDIDATES, "bos") if bos else None
         self.pad_id = pad_id if pad_id is not None else (self.eos_id if self.eos_id is not None else 0)
