@@ -185,6 +185,21 @@ def test_resume_anywhere_gives_the_uninterrupted_stream():
     assert carried  # some stops fell mid-buffer with a carry pending
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+def test_resume_through_stateful_dataloader_workers():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    docs = numbered_docs(4, 200, 60)
+    make = lambda: stateful.StatefulDataLoader(  # noqa: E731
+        OnlinePackedDataset(docs, context_length=64, buffer_docs=20, eos_id=0, seed=1), batch_size=None, num_workers=2)
+    full = rows(make())
+    for stop in (7, len(full) // 2 + 1):  # each worker is mid-buffer at the first stop
+        first = make()
+        head = [tuple(item["input_ids"].tolist()) for _, item in zip(range(stop), first)]
+        second = make()
+        second.load_state_dict(first.state_dict())
+        assert head + rows(second) == full
+
+
 def test_resume_rejects_another_config_or_partition():
     docs = numbered_docs(0, 50, 20)
     ds = OnlinePackedDataset(docs, context_length=32, buffer_docs=10, eos_id=0)
