@@ -13,10 +13,11 @@ Part 2, loader throughput on the bundled sample corpus: packer.data.PackedDatase
 built by packer.pipeline.build (the real offline loader), against OnlinePackedDataset from texts
 (tokenizing on the fly) and from pre-tokenized ids, and bucketed batches through collate_padded.
 
-2026-11-29, 2 shared cores (provisional; --quick gave the same fill figures to 0.01 pp):
-    web   offline FFD 99.998% fill; online 1k 99.95%, 10k 99.99% (-0.01 pp), 100k 99.99%;
-          bucketed pow2 ~27% padding, 64 quantile buckets ~10%; pad-to-context ~71%
-    short online 10k within 0.001 pp of offline; bucketed pow2 ~26%, 64 quantile buckets ~8%
+2026-11-29, 2 shared cores (provisional), 300k docs, padding share:
+    web   offline FFD 0.0019%; online 1k 0.0462% (-0.044 pp fill), 10k 0.0053% (-0.003 pp), 100k 0.0019%;
+          bucketed pow2 22.7%, 64 quantile buckets 2.5%; one doc per row padded 72.8%
+    short offline and every online buffer 0.0039%; bucketed pow2 28.8%, 64 quantile 13.2%; padded 94.2%
+    loaders: online from token ids 0.2-0.3x the offline loader (~2 M slots/s); from texts ~0.01x
 (see the README section "Offline, online or bucketed?" for the printed tables.)
 """
 
