@@ -140,10 +140,13 @@ def _write_report(output: str):
 @click.option("--algorithm", type=click.Choice(["ffd", "bfd"]), default="ffd", show_default=True, help="Raw corpus: packing whose composition is shown.")
 @click.option("--text-field", default="text", show_default=True, help="Raw corpus: JSON field holding the document text.")
 @click.option("--eos/--no-eos", default=True, show_default=True, help="Raw corpus: count an end-of-text token per document, as build does.")
+@click.option("--online", is_flag=True, help="Raw corpus: also report the fill rate online packing (packer.data.OnlinePackedDataset) would reach.")
+@click.option("--buffer-docs", type=click.IntRange(min=1), default=10_000, show_default=True, help="With --online: documents per packing buffer.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats_schema.json).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the charts as a PNG (needs packer[plot]).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
-def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm, text_field, eos, json_path, plot_path, html_path):
+def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm, text_field, eos, online, buffer_docs,
+          json_path, plot_path, html_path):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
     (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR)."""
     import os
@@ -152,8 +155,8 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
     from packer import stats as st
 
     if len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], "manifest.json")):
-        if tokenizer or context_length or sample:
-            raise ValueError(f"{inputs[0]} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample")
+        if tokenizer or context_length or sample or online:
+            raise ValueError(f"{inputs[0]} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample/--online")
         from packer.shards import open_dataset
 
         figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
@@ -163,7 +166,15 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
         lengths, sampled = st.corpus_lengths(inputs, tokenizer, text_field=text_field, eos=eos, sample=sample, seed=seed)
         figures = st.corpus_stats(lengths, context_length, batch_size=batch_size, seed=seed, algorithm=algorithm,
                                   sample=sampled, inputs=inputs)
+        if online:
+            from packer.online import online_fill_rate
+
+            figures["online"] = online_fill_rate(lengths, context_length, buffer_docs, algorithm)
     click.echo(report.format_table(figures))
+    if "online" in figures:
+        o = figures["online"]
+        click.echo(f"online packing, {o['buffer_docs']:,}-document buffers: {o['sequences']:,} sequences, "
+                   f"fill {o['fill_rate']:.4f} (padding {o['padding_share']:.2%}), lower bound {o['lower_bound_rows']:,}")
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2)

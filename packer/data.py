@@ -508,3 +508,8 @@ class PackedDataset(IterableDataset):
                 for item in items:
                     self._yielded += 1
                     yield item
+
+
+# The other two ways to feed the same loop (README: "Offline, online or bucketed?").
+from packer.bucketing import BucketedBatchSampler, collate_documents  # noqa: E402
+from packer.online import OnlinePackedDataset  # noqa: E402

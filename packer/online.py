@@ -1,0 +1,326 @@
+"""Online packing: documents from a stream, packed one bounded buffer at a time, under-filled bins carried over.
+
+One buffer at context 8, pieces [5, 3, 4, 2, 6, 1] (the previous buffer's carry first):
+
+    FFD bins     0: 6+2   1: 5+3   2: 4+1
+    fill         8/8      8/8      5/8
+    emit         bins 0 and 1, in a seeded shuffle
+    carry        bin 2 (5 < min_fill * 8): its pieces [4, 1] open the next buffer
+
+Which bins are carried: after packing a buffer, a bin is *under-filled* when it holds fewer than
+`min_fill * context_length` tokens; the `max_carry_bins` least-filled under-filled bins (ties: the
+later-opened bin first) go back into the next buffer, every other bin is emitted. So a buffer holds
+at most `buffer_docs` new documents plus `max_carry_bins * context_length` carried tokens, whatever
+the stream. When the stream ends, everything left is packed and emitted.
+
+Partitions: with R ranks and W DataLoader workers there are n = R * W partitions; partition
+p = rank * W + worker owns the source documents i with i % n == p, so the partitions are disjoint
+and together cover the stream. Each partition packs, shuffles and carries on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from packer.binpack import ALGORITHMS, pack
+from packer.plan import split_documents
+from packer.tokenize import BOS_CANDIDATES, EOS_CANDIDATES, load_tokenizer
+
+try:  # the lengths-only part (online_fill_rate, for `packer stats`) must import without torch
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError:  # pragma: no cover - exercised only on a box without torch
+    torch = None
+    IterableDataset = object
+
+LONG_DOC_POLICIES = ("split", "truncate", "drop")
+# 2026-11-29, 300k lognormal web-like lengths (median 300, mean 600), context 2048, 10k-doc buffer:
+# 0.0053% padding against offline FFD's 0.0019% (-0.003 pp fill), at most 1 bin (2,008 tokens) carried;
+# without any carry 0.024% (benchmarks/bench_online.py).
+MIN_FILL = 0.99
+MAX_CARRY_BINS = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class CarryPolicy:
+    """Which bins of a packed buffer are emitted and which go back into the next buffer."""
+
+    min_fill: float = MIN_FILL
+    max_carry_bins: int = MAX_CARRY_BINS
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_fill <= 1.0:
+            raise ValueError(f"min_fill must be in [0, 1], got {self.min_fill}")
+        if self.max_carry_bins < 0:
+            raise ValueError(f"max_carry_bins must be >= 0, got {self.max_carry_bins}")
+
+
+def pack_buffer(lengths, context_length: int, algorithm: str = "ffd", *, policy: CarryPolicy = CarryPolicy(),
+                final: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Pack one buffer of pieces into (emitted bins, carried bins), each bin an array of piece
+    indices in input order, bins in the order FFD opened them. `final` carries nothing.
+
+        pack_buffer([5, 3, 4, 2, 6, 1], 8)  ->  emitted [[3, 4], [0, 1]], carried [[2, 5]]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) == 0:
+        return [], []
+    bin_of = pack(lengths, context_length, algorithm)
+    n_bins = int(bin_of.max()) + 1
+    fill = np.bincount(bin_of, weights=lengths, minlength=n_bins).astype(np.int64)
+    carried = np.zeros(n_bins, dtype=bool)
+    if not final and policy.max_carry_bins:
+        under = np.flatnonzero(fill < policy.min_fill * context_length)[::-1]  # later-opened first on ties
+        carried[under[np.argsort(fill[under], kind="stable")][: policy.max_carry_bins]] = True
+    by_bin = np.argsort(bin_of, kind="stable")  # grouped by bin, input order inside a bin
+    groups = np.split(by_bin, np.cumsum(np.bincount(bin_of, minlength=n_bins))[:-1])
+    return [g for b, g in enumerate(groups) if not carried[b]], [g for b, g in enumerate(groups) if carried[b]]
+
+
+def _flat(groups: list[np.ndarray]) -> np.ndarray:
+    return np.sort(np.concatenate(groups)) if groups else np.zeros(0, np.int64)
+
+
+def _cut_long(lengths: np.ndarray, context_length: int, long_docs: str):
+    """Pieces of documents: (piece_doc, piece_offset, piece_len) under a long-document policy."""
+    if long_docs == "split":
+        return split_documents(lengths, context_length)
+    keep = np.flatnonzero(lengths <= context_length) if long_docs == "drop" else np.arange(len(lengths))
+    return keep, np.zeros(len(keep), np.int64), np.minimum(lengths[keep], context_length)
+
+
+def online_fill_rate(lengths, context_length: int, buffer_docs: int, algorithm: str = "ffd", *,
+                     long_docs: str = "split", policy: CarryPolicy = CarryPolicy()) -> dict:
+    """Fill rate the online packer reaches on a stream of documents with these lengths, in order.
+
+    Lengths only, no torch: the same buffer, pack and carry steps as OnlinePackedDataset with one
+    partition. `lower_bound_rows` is ceil(tokens / context), the best any packing can do.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    _check_args(context_length, buffer_docs, long_docs)
+    carry = np.zeros(0, np.int64)
+    n_sequences = n_tokens = n_buffers = max_carry_bins = max_carry_tokens = 0
+    for start in itertools.count(0, buffer_docs):
+        new = lengths[start : start + buffer_docs]
+        final = len(new) < buffer_docs  # as in the dataset: a stream that ends on a full buffer ends with a flush
+        pieces = np.concatenate([carry, _cut_long(new[new > 0], context_length, long_docs)[2]])
+        emitted, carried = pack_buffer(pieces, context_length, algorithm, policy=policy, final=final)
+        n_buffers += 1
+        n_sequences += len(emitted)
+        n_tokens += int(pieces[_flat(emitted)].sum())
+        carry = pieces[_flat(carried)]
+        max_carry_bins = max(max_carry_bins, len(carried))
+        max_carry_tokens = max(max_carry_tokens, int(carry.sum()))
+        if final:
+            break
+    fill = n_tokens / (n_sequences * context_length) if n_sequences else 1.0
+    return {
+        "documents": int(len(lengths)),
+        "tokens": n_tokens,
+        "context_length": context_length,
+        "buffer_docs": buffer_docs,
+        "algorithm": algorithm,
+        "buffers": n_buffers,
+        "sequences": n_sequences,
+        "fill_rate": fill,
+        "padding_share": 1 - fill,
+        "lower_bound_rows": -(-n_tokens // context_length),
+        "max_carry_bins": max_carry_bins,
+        "max_carry_tokens": max_carry_tokens,
+    }
+
+
+def _check_args(context_length: int, buffer_docs: int, long_docs: str):
+    if context_length < 1:
+        raise ValueError(f"context_length must be >= 1, got {context_length}")
+    if buffer_docs < 1:
+        raise ValueError(f"buffer_docs must be >= 1, got {buffer_docs} (try 10000)")
+    if long_docs not in LONG_DOC_POLICIES:
+        raise ValueError(f"long_docs must be one of {', '.join(LONG_DOC_POLICIES)}; got {long_docs!r}")
+
+
+class OnlinePackedDataset(IterableDataset):
+    """Pack a stream of documents on the fly into items with exactly PackedDataset's fields.
+
+        ds = OnlinePackedDataset(texts, tokenizer="tokenizer.json", context_length=2048, pad_to=2048)
+        for item in DataLoader(ds, batch_size=None, num_workers=2):
+            item["input_ids"], item["labels"], item["position_ids"], item["cu_seqlens"], item["max_seqlen"]
+
+    `source` yields texts, token-id lists (then `tokenizer` may be None) or dicts holding
+    `text_field` (an HF `datasets` dataset); it may also be a function returning a fresh iterable.
+    Resume re-reads the source from its start and skips what was consumed (a list or map-style
+    dataset is indexed directly), so the source must give the same documents in the same order.
+    """
+
+    def __init__(self, source, *, tokenizer=None, context_length: int, buffer_docs: int = 10_000,
+                 algorithm: str = "ffd", seed: int = 0, long_docs: str = "split", eos: bool = True,
+                 bos: bool = False, eos_id: int | None = None, bos_id: int | None = None,
+                 pad_to: int | None = None, pad_id: int | None = None, text_field: str = "text",
+                 return_attention_mask: bool = False, return_document_ids: bool = False,
+                 rank: int | None = None, world_size: int | None = None,
+                 min_fill: float = MIN_FILL, max_carry_bins: int = MAX_CARRY_BINS):
+        _check_args(context_length, buffer_docs, long_docs)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+        if pad_to is not None and pad_to < context_length:
+            raise ValueError(f"pad_to={pad_to} is shorter than context_length={context_length}; "
+                             "pad to at least the context length or leave pad_to=None")
+        self.source, self.text_field = source, text_field
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_tokenizer(os.fspath(tokenizer))
+        self.tokenizer = tokenizer
+        self.eos_id = _special_id(self.tokenizer, eos_id, EOS_CANDIDATES, "eos") if eos else None
+        self.bos_id = _special_id(self.tokenizer, bos_id, BOS_CANDIDATES, "bos") if bos else None
+        self.pad_id = pad_id if pad_id is not None else (self.eos_id if self.eos_id is not None else 0)
+        self.context_length, self.buffer_docs, self.algorithm = context_length, buffer_docs, algorithm
+        self.seed, self.long_docs, self.pad_to = seed, long_docs, pad_to
+        self.return_attention_mask, self.return_document_ids = return_attention_mask, return_document_ids
+        self.rank, self.world_size = rank, world_size
+        self.policy = CarryPolicy(min_fill=min_fill, max_carry_bins=max_carry_bins)
+        self.epoch = 0
+        self._resume: dict | None = None
+        self._state: dict | None = None
+
+    # -- resume ---------------------------------------------------------------------------------
+    def _config(self) -> dict:
+        return {"context_length": self.context_length, "buffer_docs": self.buffer_docs,
+                "algorithm": self.algorithm, "seed": self.seed, "long_docs": self.long_docs,
+                "eos_id": self.eos_id, "bos_id": self.bos_id, **asdict(self.policy)}
+
+    def _fresh_state(self, partition: int, n_partitions: int) -> dict:
+        return {"config": self._config(), "epoch": self.epoch, "partition": partition,
+                "n_partitions": n_partitions, "source_pos": 0, "buffer_index": 0, "n_yielded": 0, "carry": []}
+
+    def state_dict(self) -> dict:
+        """Where this object's iteration stands: after the last item it yielded. Plain ints and lists
+        (torch.save and json both take it). Under DataLoader workers, call it in each worker (torchdata's
+        StatefulDataLoader does); the main process's copy never iterates."""
+        state = self._resume or self._state
+        if state is None:
+            state = self._fresh_state(*self._partition())
+        return {**state, "carry": [list(c) for c in state["carry"]]}
+
+    def load_state_dict(self, state: dict):
+        """Make the next iteration continue where `state` stopped (same source, config and partition)."""
+        for key, saved in state["config"].items():
+            now = self._config().get(key)
+            if saved != now:
+                raise ValueError(f"cannot resume: the saved state has {key}={saved!r} but this dataset has "
+                                 f"{key}={now!r}; construct the dataset with the saved value")
+        self.epoch = state["epoch"]
+        self._resume = {**state, "carry": [list(c) for c in state["carry"]]}
+
+    def set_epoch(self, epoch: int):
+        """Change the shuffle of the bins (not the order documents are read); restart from the top."""
+        self.epoch, self._resume, self._state = epoch, None, None
+
+    # -- iteration ------------------------------------------------------------------------------
+    def _partition(self) -> tuple[int, int]:
+        rank, world = self.rank, self.world_size
+        if world is None:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            else:
+                rank, world = 0, 1
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info else (0, 1)
+        return rank * n_workers + worker, world * n_workers
+
+    def _documents(self, start: int, partition: int, n_partitions: int):
+        """(source position just after the document, the raw document) for this partition, from `start`."""
+        source = self.source() if callable(self.source) else self.source
+        if hasattr(source, "__getitem__") and hasattr(source, "__len__") and not isinstance(source, dict):
+            first = start + (partition - start) % n_partitions
+            for i in range(first, len(source), n_partitions):
+                yield i + 1, source[i]
+            return
+        for i, doc in enumerate(itertools.islice(source, start, None), start):
+            if i % n_partitions == partition:
+                yield i + 1, doc
+
+    def _tokenize(self, docs: list[tuple[int, object]]) -> list[np.ndarray]:
+        out: list = [None] * len(docs)
+        texts, where = [], []
+        for k, (pos, doc) in enumerate(docs):
+            if isinstance(doc, dict):
+                doc = doc[self.text_field] if self.text_field in doc else doc.get("input_ids")
+            if isinstance(doc, str):
+                texts.append(doc)
+                where.append(k)
+            elif isinstance(doc, (list, tuple, np.ndarray)) or (torch is not None and torch.is_tensor(doc)):
+                out[k] = np.asarray(doc, dtype=np.int64).reshape(-1)
+            else:
+                raise ValueError(f"source document {pos - 1}: expected a text, a list of token ids or a dict "
+                                 f"with {self.text_field!r}; got {type(doc).__name__}")
+        if texts:
+            if self.tokenizer is None:
+                raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
+            for k, enc in zip(where, self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)):
+                out[k] = np.asarray(enc.ids, dtype=np.int64)
+        head = [self.bos_id] if self.bos_id is not None else []
+        tail = [self.eos_id] if self.eos_id is not None else []
+        if head or tail:
+            out = [np.concatenate([np.asarray(head, np.int64), x, np.asarray(tail, np.int64)]) for x in out]
+        return out
+
+    def _pieces(self, docs: list[np.ndarray]) -> list[np.ndarray]:
+        docs = [d for d in docs if len(d)]
+        lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+        piece_doc, piece_offset, piece_len = _cut_long(lengths, self.context_length, self.long_docs)
+        return [docs[d][o : o + n] for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
+
+    def __iter__(self):
+        from packer.data import make_item
+
+        partition, n_partitions = self._partition()
+        state = self._resume or self._fresh_state(partition, n_partitions)
+        self._resume = None
+        if (state["partition"], state["n_partitions"]) != (partition, n_partitions):
+            raise ValueError(f"cannot resume: the state is for partition {state['partition']} of "
+                             f"{state['n_partitions']} but this iterator is partition {partition} of {n_partitions}; "
+                             "resume with the same ranks and DataLoader workers")
+        self._state = state
+        carry = [np.asarray(c, dtype=np.int64) for c in state["carry"]]
+        source_pos, buffer_index, skip = state["source_pos"], state["buffer_index"], state["n_yielded"]
+        docs = self._documents(source_pos, partition, n_partitions)
+        while True:
+            at_start = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": 0,
+                        "carry": [c.tolist() for c in carry]}  # resuming from here re-reads this buffer
+            raw = list(itertools.islice(docs, self.buffer_docs))
+            final = len(raw) < self.buffer_docs
+            next_pos = raw[-1][0] if raw else source_pos
+            pieces = carry + self._pieces(self._tokenize(raw))
+            lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+            emitted, carried = pack_buffer(lengths, self.context_length, self.algorithm, policy=self.policy,
+                                           final=final)
+            carry = [pieces[i].copy() for i in _flat(carried)]  # a copy: a view would pin its whole document
+            after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
+                     "carry": [c.tolist() for c in carry]}
+            order = np.random.default_rng([self.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))
+            for j in range(skip, len(emitted)):
+                self._state = {**at_start, "n_yielded": j + 1} if j + 1 < len(emitted) else after
+                bin_pieces = [pieces[i] for i in emitted[order[j]]]
+                offsets = np.concatenate([[0], np.cumsum([len(p) for p in bin_pieces])])
+                yield make_item(np.concatenate(bin_pieces), offsets, pad_to=self.pad_to, pad_id=self.pad_id,
+                                return_attention_mask=self.return_attention_mask,
+                                return_document_ids=self.return_document_ids)
+            self._state = after  # also when the buffer emitted nothing (every bin carried)
+            if final:
+                return
+            source_pos, buffer_index, skip = next_pos, buffer_index + 1, 0
+
+
+def _special_id(tokenizer, given: int | None, candidates, what: str) -> int:
+    if given is not None:
+        return int(given)
+    for name in candidates if tokenizer is not None else ():
+        token_id = tokenizer.token_to_id(name)
+        if token_id is not None:
+            return token_id
+    where = "the tokenizer has none of " + ", ".join(candidates) if tokenizer is not None else "no tokenizer was given"
+    raise ValueError(f"{what}=True needs a {what} token id, but {where}; pass {what}_id=ID, "
+                     f"or {what}=False if the token ids already carry it")
