@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -332,8 +332,10 @@ def _flex(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
         q, k, v = q.detach(), k.detach(), v.detach()
     block_mask = _document_block_mask(cu_seqlens, T, causal, window, q.device)
     fn = _compiled_flex() if (q.is_cuda or T >= _FLEX_COMPILE_MIN_TOKENS) else flex_attention
-    o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask,
-           scale=scale, enable_gqa=k.shape[1] != H)
+    with warnings.catch_warnings():  # eager on purpose for small T: a compile costs ~25 s on CPU
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask,
+               scale=scale, enable_gqa=k.shape[1] != H)
     return o[0].transpose(0, 1)
 
 

@@ -1,0 +1,210 @@
+"""How much faster is exact varlen attention than dense block-causal-masked SDPA on packed rows?
+
+    python benchmarks/bench_attention.py            # contexts 4096 and 8192, CPU fp32 (~2-3 min)
+    python benchmarks/bench_attention.py --quick    # context 4096 only, no flex
+    python benchmarks/bench_attention.py --device cuda --dtype bf16   # GPU (gpu_check.sh)
+
+Rows are packed (FFD, then shuffled as the pipeline does) from web-like document lengths:
+lognormal, median 300, mean 600, split at the context. 8 heads x 64 dims. For each backend:
+forward time, forward+backward time (where it can train), peak memory growth, and each as a
+ratio to scaled_dot_product_attention with a dense [T, T] block-causal mask on the same rows.
+`flop ratio` is L^2 / sum(l_i^2): the most skipping masked blocks can win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from packer import masks  # noqa: E402
+from packer.attention import available_backends, varlen_attention  # noqa: E402
+from packer.binpack import pack  # noqa: E402
+
+SEED = 0
+HEADS, HEAD_DIM = 8, 64
+ROWS = 3  # packed rows timed per context (summed), so one odd row does not decide the figure
+REPEATS = 3  # best of
+
+
+def web_like_lengths(n: int, context: int, seed: int = SEED) -> np.ndarray:
+    """Lognormal token lengths (median 300, mean 600, like web text), split into pieces of at most `context`."""
+    rng = np.random.default_rng(seed)
+    raw = np.minimum(rng.lognormal(np.log(300), np.sqrt(2 * np.log(2)), n), 100_000).astype(np.int64) + 1
+    n_full = raw // context
+    out = np.repeat(raw, n_full + 1)  # each document: its full pieces, then the remainder, in document order
+    first = np.repeat(np.cumsum(n_full + 1) - (n_full + 1), n_full + 1)
+    out = np.where(np.arange(len(out)) - first < np.repeat(n_full, n_full + 1), context, out % context)
+    return out[out > 0]
+
+
+def packed_rows(context: int, n_rows: int, seed: int = SEED) -> list[list[int]]:
+    """Document lengths of `n_rows` FFD-packed rows, taken after a seeded shuffle of the bins."""
+    lengths = web_like_lengths(40 * context // 600 + 200, context, seed)
+    bins = pack(lengths, context)
+    order = np.random.default_rng(seed).permutation(bins.max() + 1)
+    rows = [lengths[bins == b].tolist() for b in order]
+    rows = [r for r in rows if sum(r) > 0.95 * context]  # full rows: the steady state of a packed corpus
+    return rows[:n_rows]
+
+
+class PeakMemory:
+    """Peak memory allocated over a block: torch.cuda.max_memory_allocated on CUDA; on CPU, from the
+    profiler's allocation and free events replayed in time order (RSS misses reused heap memory)."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.bytes = torch.cuda.max_memory_allocated() - self.start
+            return
+        self.prof.__exit__(*exc)
+        events = sorted((e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+                        for e in self.prof.events())
+        now = self.bytes = 0
+        for _, change in events:
+            now += change
+            self.bytes = max(self.bytes, now)
+
+
+def timed(fn, device, repeats=REPEATS):
+    """Best-of wall time of fn() and the peak memory growth of one call."""
+    best = float("inf")
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    with PeakMemory(device) as mem:
+        fn()
+    return best, mem.bytes
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
+    return (f"# {platform.node()} {cpu}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}, {gpu}; "
+            f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
+
+
+def inputs(rows, device, dtype):
+    lengths = [n for row in rows for n in row]
+    T = sum(lengths)
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v, grad = (torch.randn(T, HEADS, HEAD_DIM, generator=g).to(device, dtype) for _ in range(4))
+    return lengths, q, k, v, grad
+
+
+def dense_case(rows, device, dtype):
+    """The baseline: each row through SDPA with its dense [L, L] block-causal mask."""
+    lengths, q, k, v, grad = inputs(rows, device, dtype)
+    starts = np.cumsum([0] + [sum(r) for r in rows])
+    mask_of = [torch.from_numpy(masks.offsets_to_block_causal_mask(np.concatenate([[0], np.cumsum(r)]))).to(device)
+               for r in rows]
+
+    def run(backward):
+        for t in (q, k, v):
+            t.requires_grad_(backward)
+        for (a, b), mask in zip(zip(starts[:-1], starts[1:]), mask_of):
+            o = F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), attn_mask=mask)
+            if backward:
+                o.backward(grad[a:b].transpose(0, 1))
+    return run
+
+
+def varlen_case(rows, backend, device, dtype):
+    """One call per row, as a training step over these rows would make."""
+    lengths, q, k, v, grad = inputs(rows, device, dtype)
+    starts = np.cumsum([0] + [sum(r) for r in rows])
+    cus = [torch.tensor(np.concatenate([[0], np.cumsum(r)]), dtype=torch.int32, device=device) for r in rows]
+
+    def run(backward):
+        for t in (q, k, v):
+            t.requires_grad_(backward)
+        for (a, b), cu, row in zip(zip(starts[:-1], starts[1:]), cus, rows):
+            with torch.set_grad_enabled(backward):
+                o = varlen_attention(q[a:b], k[a:b], v[a:b], cu, max(row), backend=backend)
+            if backward:
+                o.backward(grad[a:b])
+    return run
+
+
+def bench_context(context, args):
+    rows = packed_rows(context, ROWS)
+    lengths = [n for r in rows for n in r]
+    flop_ratio = len(rows) * context ** 2 / sum(n * n for n in lengths)
+    print(f"\ncontext {context}: {len(rows)} rows, {len(lengths)} documents, fill "
+          f"{sum(lengths) / (len(rows) * context):.3f}, longest {max(lengths)}, flop ratio L^2/sum(l^2) {flop_ratio:.1f}x")
+    print(f"{'backend':<12} {'fwd s':>8} {'fwd x':>7} {'fwd+bwd s':>10} {'fwd+bwd x':>10} {'peak MB':>8} {'mem x':>6}")
+    dense = dense_case(rows, args.device, args.dtype)
+    base_f, base_mem = timed(lambda: dense(False), args.device)
+    base_b, base_mem_b = timed(lambda: dense(True), args.device)
+    print(f"{'dense mask':<12} {base_f:8.3f} {1:7.2f} {base_b:10.3f} {1:10.2f} {base_mem_b / 2**20:8.0f} {1:6.2f}")
+    results = {}
+    for name, info in available_backends(args.device).items():
+        if name == "flex" and args.no_flex:
+            continue
+        if name in ("flash_attn", "torch_varlen") and args.dtype == torch.float32:
+            continue
+        run = varlen_case(rows, name, args.device, args.dtype)
+        if name == "flex":
+            run(False)  # compile outside the timing
+        f, mem = timed(lambda: run(False), args.device)
+        if info["backward"]:
+            b, mem = timed(lambda: run(True), args.device)
+            bcol, bx = f"{b:10.3f}", f"{base_b / b:10.2f}"
+            results[name] = base_b / b
+        else:
+            bcol, bx = f"{'-':>10}", f"{'no bwd':>10}"
+        print(f"{name:<12} {f:8.3f} {base_f / f:7.2f} {bcol} {bx} {mem / 2**20:8.0f} {base_mem_b / max(mem, 1):6.2f}")
+    best = max(results, key=results.get)
+    print(f"best trainable: {best}, {results[best]:.2f}x dense (flop ratio {flop_ratio:.1f}x)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--quick", action="store_true", help="context 4096 only, no flex")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its CPU compile takes ~30 s a shape)")
+    args = parser.parse_args()
+    args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.contexts, args.no_flex = [4096], True
+    print(machine_line())
+    print(f"# heads {HEADS} x head_dim {HEAD_DIM}, {args.dtype}, {args.device}, seed {SEED}, rows {ROWS}, "
+          f"best of {REPEATS}; lengths lognormal median 300 mean 600")
+    for context in args.contexts:
+        bench_context(context, args)
+
+
+if __name__ == "__main__":
+    main()
