@@ -13,5 +13,5 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_dev
 for name, info in available_backends("cuda").items():
     print(f"  {name:<13} forward={info['forward']} backward={info['backward']}  {info['note']}")
 PY
-timeout 150 python -m pytest tests/test_attention.py -k cuda -q -rs -p no:cacheprovider
-timeout 150 python benchmarks/bench_attention.py --device cuda --dtype bf16
+timeout 100 python -m pytest tests/test_attention.py -k cuda -q -rs -p no:cacheprovider
+timeout 180 python benchmarks/bench_attention.py --device cuda --dtype bf16

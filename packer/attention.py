@@ -104,7 +104,7 @@ def available_backends(device="cpu") -> dict[str, dict]:
         if not trains:
             note += f"; torch {torch.__version__} has no FlexAttention backward on {device.type}"
         flex = {"forward": True, "backward": trains, "note": note}
-    if flex and cuda:
+    if flex and cuda:  # ahead of bucketed: the fused kernel skips masked blocks in both passes
         out["flex"] = flex
     out["bucketed"] = {"forward": True, "backward": True, "note": "exact; one batched SDPA per length group"}
     if flex and not cuda:  # on CPU the fused kernel loses to bucketed SDPA (bench_attention.py)
@@ -317,7 +317,7 @@ def _document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)  # dynamic after the first new shape: packed rows vary in T
 
 
 def _flex(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
@@ -331,7 +331,7 @@ def _flex(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
     if not grad:  # CPU FlexAttention refuses inputs that require grad, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
     block_mask = _document_block_mask(cu_seqlens, T, causal, window, q.device)
-    fn = _compiled_flex() if (q.is_cuda or T >= _FLEX_COMPILE_MIN_TOKENS) else flex_attention
+    fn = _compiled_flex() if T >= _FLEX_COMPILE_MIN_TOKENS else flex_attention
     with warnings.catch_warnings():  # eager on purpose for small T: a compile costs ~25 s on CPU
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask,

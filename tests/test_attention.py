@@ -212,7 +212,7 @@ def test_cuda_backends_match_reference(backend, kw):
     heads, kv_heads = kw.pop("heads", 4), kw.pop("kv_heads", 4)
     for seed in range(3):
         rng = np.random.default_rng(seed)
-        lengths = [int(x) for x in rng.integers(1, 300, size=6)] + [1]
+        lengths = [int(x) for x in rng.integers(1, 150, size=6)] + [1]  # T < 1024: flex runs eager
         (q, k, v), cu, lengths = random_case(seed, lengths, heads, kv_heads, head_dim=64, device="cuda",
                                              dtype=torch.bfloat16)
         grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
