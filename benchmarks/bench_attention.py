@@ -1,6 +1,6 @@
 """How much faster is exact varlen attention than dense block-causal-masked SDPA on packed rows?
 
-    python benchmarks/bench_attention.py            # contexts 4096 and 8192, CPU fp32 (~2-3 min)
+    python benchmarks/bench_attention.py            # contexts 4096 and 8192, CPU fp32 (~4 min busy, 2 cores)
     python benchmarks/bench_attention.py --quick    # context 4096 only, no flex
     python benchmarks/bench_attention.py --device cuda --dtype bf16   # GPU (gpu_check.sh)
 
@@ -14,6 +14,7 @@ ratio to scaled_dot_product_attention with a dense [T, T] block-causal mask on t
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
@@ -32,8 +33,8 @@ from packer.binpack import pack  # noqa: E402
 
 SEED = 0
 HEADS, HEAD_DIM = 8, 64
-ROWS = 3  # packed rows timed per context (summed), so one odd row does not decide the figure
-REPEATS = 3  # best of
+TOKENS = 12_288  # packed rows timed per context: 3 at 4096, 1 at 8192 (summed), so no one odd row decides
+REPEATS = 2  # best of, after one warm-up call that also measures peak memory (see measure)
 
 
 def web_like_lengths(n: int, context: int, seed: int = SEED) -> np.ndarray:
@@ -88,20 +89,33 @@ class PeakMemory:
             self.bytes = max(self.bytes, now)
 
 
-def timed(fn, device, repeats=REPEATS):
-    """Best-of wall time of fn() and the peak memory growth of one call."""
-    best = float("inf")
-    for _ in range(repeats):
+def measure(cases: dict, device) -> dict:
+    """{name: fn} -> {name: (best seconds, peak bytes)}. "X bwd" runs once under the memory probe
+    (also its warm-up), then the cases take turns, REPEATS rounds, so load drift on a shared machine
+    hits all of them alike. The dense baseline, slowest by far, runs once per case: its
+    fwd+bwd time is that of the memory pass (a handful of large ops: the probe costs ~nothing)."""
+    def wall(fn):
         if device == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
         fn()
         if device == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t)
-    with PeakMemory(device) as mem:
-        fn()
-    return best, mem.bytes
+        return time.perf_counter() - t
+
+    out = {}
+    for name, fn in cases.items():
+        out[name] = [float("inf"), 0]
+        if name.endswith(" fwd") and name[:-4] + " bwd" in cases:
+            continue  # memory is reported for fwd+bwd
+        with PeakMemory(device) as mem:
+            seconds = wall(fn)
+        out[name] = [seconds if name.startswith("dense") else float("inf"), mem.bytes]
+    for rnd in range(REPEATS):
+        for name, fn in cases.items():
+            if not name.startswith("dense") or (name == "dense fwd" and rnd == 0):
+                out[name][0] = min(out[name][0], wall(fn))
+    return {name: tuple(v) for name, v in out.items()}
 
 
 def machine_line() -> str:
@@ -154,33 +168,38 @@ def varlen_case(rows, backend, device, dtype):
 
 
 def bench_context(context, args):
-    rows = packed_rows(context, ROWS)
+    rows = packed_rows(context, max(1, TOKENS // context))
     lengths = [n for r in rows for n in r]
     flop_ratio = len(rows) * context ** 2 / sum(n * n for n in lengths)
     print(f"\ncontext {context}: {len(rows)} rows, {len(lengths)} documents, fill "
           f"{sum(lengths) / (len(rows) * context):.3f}, longest {max(lengths)}, flop ratio L^2/sum(l^2) {flop_ratio:.1f}x")
     print(f"{'backend':<12} {'fwd s':>8} {'fwd x':>7} {'fwd+bwd s':>10} {'fwd+bwd x':>10} {'peak MB':>8} {'mem x':>6}")
     dense = dense_case(rows, args.device, args.dtype)
-    base_f, base_mem = timed(lambda: dense(False), args.device)
-    base_b, base_mem_b = timed(lambda: dense(True), args.device)
-    print(f"{'dense mask':<12} {base_f:8.3f} {1:7.2f} {base_b:10.3f} {1:10.2f} {base_mem_b / 2**20:8.0f} {1:6.2f}")
-    results = {}
+    cases = {"dense fwd": lambda: dense(False), "dense bwd": lambda: dense(True)}
+    backends = {}
     for name, info in available_backends(args.device).items():
-        if name == "flex" and args.no_flex:
+        if (name == "flex" and args.no_flex) or (name in ("flash_attn", "torch_varlen") and args.dtype == torch.float32):
             continue
-        if name in ("flash_attn", "torch_varlen") and args.dtype == torch.float32:
-            continue
-        run = varlen_case(rows, name, args.device, args.dtype)
+        run = backends[name] = varlen_case(rows, name, args.device, args.dtype)
         if name == "flex":
-            run(False)  # compile outside the timing
-        f, mem = timed(lambda: run(False), args.device)
+            run(False)  # compile outside the timing and the memory figure
+        cases[f"{name} fwd"] = functools.partial(run, False)
         if info["backward"]:
-            b, mem = timed(lambda: run(True), args.device)
+            cases[f"{name} bwd"] = functools.partial(run, True)
+    m = measure(cases, args.device)
+    (base_f, _), (base_b, base_mem) = m["dense fwd"], m["dense bwd"]
+    results = {}
+    for name in ["dense"] + list(backends):
+        f, mem = m[f"{name} fwd"]
+        if f"{name} bwd" in m:
+            b, mem = m[f"{name} bwd"]
             bcol, bx = f"{b:10.3f}", f"{base_b / b:10.2f}"
             results[name] = base_b / b
         else:
             bcol, bx = f"{'-':>10}", f"{'no bwd':>10}"
-        print(f"{name:<12} {f:8.3f} {base_f / f:7.2f} {bcol} {bx} {mem / 2**20:8.0f} {base_mem_b / max(mem, 1):6.2f}")
+        label = "dense mask" if name == "dense" else name
+        print(f"{label:<12} {f:8.3f} {base_f / f:7.2f} {bcol} {bx} {mem / 2**20:8.0f} {base_mem / max(mem, 1):6.2f}")
+    results.pop("dense")
     best = max(results, key=results.get)
     print(f"best trainable: {best}, {results[best]:.2f}x dense (flop ratio {flop_ratio:.1f}x)")
 
@@ -200,7 +219,7 @@ def main():
     if args.quick:
         args.contexts, args.no_flex = [4096], True
     print(machine_line())
-    print(f"# heads {HEADS} x head_dim {HEAD_DIM}, {args.dtype}, {args.device}, seed {SEED}, rows {ROWS}, "
+    print(f"# heads {HEADS} x head_dim {HEAD_DIM}, {args.dtype}, {args.device}, seed {SEED}, {TOKENS} tokens a context, "
           f"best of {REPEATS}; lengths lognormal median 300 mean 600")
     for context in args.contexts:
         bench_context(context, args)

@@ -233,8 +233,9 @@ def _bucketed(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
     starts, lengths = cu[:-1], [b - a for a, b in zip(cu[:-1], cu[1:])]
     live = [n for n in lengths if n > 0]
     if live and min(live) == max(live) and len(live) * live[0] == T:  # equal rows: a view, no gather
-        return _sdpa_batch(q.view(len(live), live[0], H, D), k.view(len(live), live[0], -1, D),
-                           v.view(len(live), live[0], -1, D), None, causal, window, scale).reshape(T, H, D)
+        n, L = len(live), live[0]
+        return _sdpa_batch(q.reshape(n, L, H, D), k.reshape(n, L, -1, D), v.reshape(n, L, -1, D), None,
+                           causal, window, scale).reshape(T, H, D)
     zero = q.new_zeros(1, H, D), k.new_zeros(1, k.shape[1], D)
     q_ext, k_ext, v_ext = torch.cat([q, zero[0]]), torch.cat([k, zero[1]]), torch.cat([v, zero[1]])
     outs, where = [], torch.empty(T, dtype=torch.long)
