@@ -93,32 +93,47 @@ def varlen_batches(rows):
         }
 
 
-def run_mode(batches):
-    """Train over all batches (the first one untimed, as warm-up); returns the figures of the timed ones."""
-    torch.manual_seed(SEED)
-    model = TinyGPT(MODEL)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+class Trainer:
+    """One mode's model, optimizer and running figures."""
 
-    def step(batch):
-        _, loss = model(**batch)
-        opt.zero_grad(set_to_none=True)
+    def __init__(self, batches):
+        torch.manual_seed(SEED)
+        self.model = TinyGPT(MODEL)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.batches = list(batches)
+        self.real = self.slots = 0
+        self.seconds = 0.0
+        self.losses = []
+        self.step(self.batches[0][1])  # warm-up, untimed
+        with PeakMemory("cpu") as mem:
+            self.step(self.batches[0][1])
+        self.peak = mem.bytes
+
+    def step(self, batch):
+        _, loss = self.model(**batch)
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        self.opt.step()
         return loss.item()
 
-    batches = list(batches)
-    step(batches[0][1])
-    with PeakMemory("cpu") as mem:
-        step(batches[0][1])
-    real = slots = 0
-    losses = []
-    t = time.perf_counter()
-    for n_real, batch in batches[1:]:
-        losses.append(step(batch))
-        real += n_real
-        slots += batch["input_ids"].numel()
-    return {"real": real, "slots": slots, "seconds": time.perf_counter() - t, "peak": mem.bytes,
-            "loss": float(np.mean(losses))}
+    def timed_step(self, i):
+        n_real, batch = self.batches[i]
+        t = time.perf_counter()
+        self.losses.append(self.step(batch))
+        self.seconds += time.perf_counter() - t
+        self.real += n_real
+        self.slots += batch["input_ids"].numel()
+
+
+def run_modes(modes: dict) -> dict:
+    """Train every mode over its batches (the first one untimed), the modes taking turns step by step
+    so load drift on a shared machine hits them alike."""
+    trainers = {name: Trainer(batches) for name, batches in modes.items()}
+    for i in range(1, max(len(t.batches) for t in trainers.values())):
+        for t in trainers.values():
+            if i < len(t.batches):
+                t.timed_step(i)
+    return trainers
 
 
 def main():
@@ -136,14 +151,14 @@ def main():
           f"packed batch {PACKED_BATCH} rows ({len(rows)} rows)")
     print(f"{'case':<10} {'real tok':>9} {'slots':>8} {'padding':>8} {'seconds':>8} {'eff tok/s':>10} {'x (a)':>6} "
           f"{'peak MB':>8} {'loss':>6}")
+    trainers = run_modes({"(a) padded": padded_batches(docs), "(b) packed": unmasked_batches(rows),
+                          "(c) varlen": varlen_batches(rows)})
     base = None
-    for name, batches in [("(a) padded", padded_batches(docs)), ("(b) packed", unmasked_batches(rows)),
-                          ("(c) varlen", varlen_batches(rows))]:
-        r = run_mode(batches)
-        speed = r["real"] / r["seconds"]
+    for name, r in trainers.items():
+        speed = r.real / r.seconds
         base = base or speed
-        print(f"{name:<10} {r['real']:9d} {r['slots']:8d} {1 - r['real'] / r['slots']:8.3f} {r['seconds']:8.2f} "
-              f"{speed:10.0f} {speed / base:6.2f} {r['peak'] / 2**20:8.0f} {r['loss']:6.3f}")
+        print(f"{name:<10} {r.real:9d} {r.slots:8d} {1 - r.real / r.slots:8.3f} {r.seconds:8.2f} "
+              f"{speed:10.0f} {speed / base:6.2f} {r.peak / 2**20:8.0f} {np.mean(r.losses):6.3f}")
 
 
 if __name__ == "__main__":
