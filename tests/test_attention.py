@@ -199,6 +199,71 @@ def test_packed_self_attention_matches_each_document_alone():
     assert not torch.allclose(layer(x, 2 * pos, cu, max(lengths)), alone, atol=1e-3)
 
 
+# ----------------------------------------------------------------------------- CPU twins of the CUDA kernels
+# The CUDA kernels' call signatures, faked over the CPU reference: what our adapters pass them
+# (causal flag or window_size, scale, GQA) must give per-document attention.
+
+
+def _from_window_size(window_size):
+    left, right = window_size
+    causal = right == 0
+    return causal, (left if left >= 0 else None)
+
+
+def fake_varlen_attn_new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                         window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    assert enable_gqa or key.shape[1] == query.shape[1]
+    causal, window = _from_window_size(window_size)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return attention._sdpa_per_document(query, key, value, cu_seq_q, max_q, causal, window, scale)
+
+
+def fake_varlen_attn_old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    assert key.shape[1] == query.shape[1]  # no GQA in the first release
+    return attention._sdpa_per_document(query, key, value, cu_seq_q, max_q, is_causal, None, query.shape[-1] ** -0.5)
+
+
+def fake_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+    assert window_size[1] in (-1, 0) or not causal
+    window = window_size[0] if window_size[0] >= 0 else None
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return attention._sdpa_per_document(q, k, v, cu_seqlens_q, max_seqlen_q, causal, window, scale)
+
+
+@pytest.mark.parametrize("kernel", ["torch_varlen_new", "torch_varlen_old", "flash_attn"])
+def test_cuda_adapters_pass_the_right_arguments(kernel, monkeypatch):
+    import sys
+    import types
+
+    import torch.nn.attention.varlen as varlen_module
+
+    if kernel == "flash_attn":
+        monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(
+            flash_attn_varlen_func=fake_flash_attn_varlen_func))
+        call = attention._flash_attn
+    else:
+        fake = fake_varlen_attn_new if kernel == "torch_varlen_new" else fake_varlen_attn_old
+        monkeypatch.setattr(varlen_module, "varlen_attn", fake)
+        attention._torch_varlen_params.cache_clear()
+        call = attention._torch_varlen
+    cases = [dict(), dict(scale=0.2), dict(heads=4, kv_heads=2), dict(window=3), dict(causal=False)]
+    try:
+        for seed, kw in enumerate(cases):
+            heads, kv_heads = kw.pop("heads", 4), kw.pop("kv_heads", 4)
+            causal, window, scale = kw.get("causal", True), kw.get("window"), kw.get("scale")
+            (q, k, v), cu, lengths = random_case(seed, heads=heads, kv_heads=kv_heads)
+            if kernel == "torch_varlen_old" and window is not None:
+                with pytest.raises(ValueError, match="no window_size"):
+                    call(q, k, v, cu, max(lengths), causal, window, 0.25)
+                continue
+            out = call(q, k, v, cu, max(lengths), causal, window, q.shape[-1] ** -0.5 if scale is None else scale)
+            torch.testing.assert_close(out, reference(q, k, v, lengths, **kw).float(), atol=2e-5, rtol=1e-4)
+    finally:
+        attention._torch_varlen_params.cache_clear()
+
+
 # ----------------------------------------------------------------------------- CUDA (benchmarks/gpu_check.sh)
 
 GPU_BACKENDS = [n for n in ("flash_attn", "torch_varlen", "flex", "bucketed")
