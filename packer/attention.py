@@ -87,41 +87,59 @@ def _has_flash_attn() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+@functools.lru_cache(maxsize=None)
+def _backend_names(device_type: str) -> tuple[str, ...]:
+    """Backends that run on this device type, fastest first (cheap: imports and probes nothing)."""
+    cuda = device_type == "cuda" and torch.cuda.is_available()
+    names = []
+    if cuda and _has_flash_attn():
+        names.append("flash_attn")
+    if cuda and _has_torch_varlen():
+        names.append("torch_varlen")
+    if cuda and _has_flex():  # ahead of bucketed on CUDA: the fused kernel skips masked blocks in both passes
+        names.append("flex")
+    names.append("bucketed")
+    if device_type == "cpu" and _has_flex():  # on CPU the fused forward loses to bucketed (bench_attention.py)
+        names.append("flex")
+    names.append("sdpa")
+    return tuple(names)
+
+
+def _trains(name: str, device_type: str) -> bool:
+    return name != "flex" or device_type == "cuda" or _flex_cpu_backward()
+
+
+_NOTES = {
+    "flash_attn": "fp16/bf16 only",
+    "torch_varlen": "fp16/bf16 only",
+    "flex": f"compiled when T >= {_FLEX_COMPILE_MIN_TOKENS}",
+    "bucketed": "exact; one batched SDPA per length group",
+    "sdpa": "exact reference; one SDPA per document",
+}
+
+
 def available_backends(device="cpu") -> dict[str, dict]:
     """Backends that run on `device`, fastest first, each {"forward": bool, "backward": bool, "note": str}.
 
-    The first entry with "backward" True is what `backend="auto"` uses when gradients are needed.
+    `backend="auto"` takes the first that fits the dtype and, when gradients are needed, can train.
     """
-    device = torch.device(device)
-    cuda = device.type == "cuda" and torch.cuda.is_available()
+    kind = torch.device(device).type
     out = {}
-    if cuda and _has_flash_attn():
-        out["flash_attn"] = {"forward": True, "backward": True, "note": "fp16/bf16 only"}
-    if cuda and _has_torch_varlen():
-        out["torch_varlen"] = {"forward": True, "backward": True, "note": "fp16/bf16 only"}
-    flex = None
-    if _has_flex() and (cuda or device.type == "cpu"):
-        trains = cuda or _flex_cpu_backward()
-        note = f"compiled when T >= {_FLEX_COMPILE_MIN_TOKENS}"
-        if not trains:
-            note += f"; torch {torch.__version__} has no FlexAttention backward on {device.type}"
-        flex = {"forward": True, "backward": trains, "note": note}
-    if flex and cuda:  # ahead of bucketed: the fused kernel skips masked blocks in both passes
-        out["flex"] = flex
-    out["bucketed"] = {"forward": True, "backward": True, "note": "exact; one batched SDPA per length group"}
-    if flex and not cuda:  # on CPU the fused kernel loses to bucketed SDPA (bench_attention.py)
-        out["flex"] = flex
-    out["sdpa"] = {"forward": True, "backward": True, "note": "exact reference; one SDPA per document"}
+    for name in _backend_names(kind):
+        trains = _trains(name, kind)
+        note = _NOTES[name] + ("" if trains else f"; torch {torch.__version__} has no FlexAttention backward on {kind}")
+        out[name] = {"forward": True, "backward": trains, "note": note}
     return out
 
 
 def pick_backend(device, dtype: torch.dtype, requires_grad: bool) -> str:
     """The backend `auto` resolves to for these inputs."""
+    kind = torch.device(device).type
     half = dtype in (torch.float16, torch.bfloat16)
-    for name, info in available_backends(device).items():
+    for name in _backend_names(kind):
         if name in ("flash_attn", "torch_varlen") and not half:
             continue
-        if info["backward"] or not requires_grad:
+        if not requires_grad or _trains(name, kind):
             return name
     return "sdpa"
 
@@ -143,13 +161,11 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, window=Non
         backend = pick_backend(q.device, q.dtype, grad)
     elif backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {('auto',) + BACKENDS}")
-    else:
-        info = available_backends(q.device).get(backend)
-        if info is None:
-            raise ValueError(
-                f"attention backend {backend!r} is not available on {q.device} "
-                f"(available: {list(available_backends(q.device))}); pick one of those or backend='auto'"
-            )
+    elif backend not in _backend_names(q.device.type):
+        raise ValueError(
+            f"attention backend {backend!r} is not available on {q.device} "
+            f"(available: {list(_backend_names(q.device.type))}); pick one of those or backend='auto'"
+        )
     fn = {"flash_attn": _flash_attn, "torch_varlen": _torch_varlen, "flex": _flex,
           "bucketed": _bucketed, "sdpa": _sdpa_per_document}[backend]
     return fn(q, k, v, cu_seqlens, int(max_seqlen), causal, window, scale)
