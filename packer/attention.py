@@ -250,7 +250,9 @@ def _bucketed(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
     cu = cu_seqlens.tolist()
     starts, lengths = cu[:-1], [b - a for a, b in zip(cu[:-1], cu[1:])]
     live = [n for n in lengths if n > 0]
-    if live and min(live) == max(live) and len(live) * live[0] == T:  # equal rows: a view, no gather
+    if not live:
+        return q.new_zeros(q.shape)
+    if min(live) == max(live) and len(live) * live[0] == T:  # equal rows: a view, no gather
         n, L = len(live), live[0]
         return _sdpa_batch(q.reshape(n, L, H, D), k.reshape(n, L, -1, D), v.reshape(n, L, -1, D), None,
                            causal, window, scale).reshape(T, H, D)

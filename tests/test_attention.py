@@ -135,6 +135,12 @@ def test_padding_segment_never_leaks_or_nans(backend):
     assert all(torch.isfinite(t.grad).all() and (t.grad[pad] == 0).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+def test_empty_batch(backend):
+    q = torch.zeros(0, 2, 4)
+    assert varlen_attention(q, q, q, torch.tensor([0, 0], dtype=torch.int32), 0, backend=backend).shape == (0, 2, 4)
+
+
 def test_buckets_cover_every_document_once_within_ratio():
     rng = np.random.default_rng(0)
     grouped = 0
