@@ -12,7 +12,8 @@ context 2048; random token ids), same number of real tokens, forward + backward 
     (c) varlen    the same packed rows, concatenated unpadded into one row, varlen attention
 
 Prints tokens (real / slots), padding share, seconds, effective tokens/s, peak memory of one
-step, and each ratio to (a).
+step, and each ratio to (a). Measured 2026-11-29, busy 2-core CPU, --threads 1, default budget:
+(a) 594 tokens/s (padding 0.50), (b) 878 (1.48x), (c) 1243 (2.09x); target (c) >= 1.7x (a).
 """
 
 from __future__ import annotations
