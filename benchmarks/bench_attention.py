@@ -215,7 +215,8 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--quick", action="store_true", help="context 4096 only, no flex")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared 2-core machine 2 threads oversubscribe and run ~3x slower)")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its CPU compile takes ~30 s a shape)")
     args = parser.parse_args()
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]

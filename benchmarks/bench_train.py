@@ -140,7 +140,8 @@ def run_modes(modes: dict) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=24_576, help="real tokens per mode (default %(default)s)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared 2-core machine 2 threads oversubscribe and run ~3x slower)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
