@@ -1,0 +1,296 @@
+"""varlen_attention backends against a per-document float64 reference: outputs, input gradients, edge cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packer import attention  # noqa: E402
+from packer.attention import PackedSelfAttention, available_backends, varlen_attention  # noqa: E402
+
+CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]
+CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is ~30x faster than two on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def reference(q, k, v, lengths, causal=True, window=None, scale=None):
+    """Each document alone, by the textbook formula, in float64: softmax(q k^T * scale + mask) v."""
+    H, D = q.shape[1], q.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    out, start = [], 0
+    for n in lengths:
+        qd, kd, vd = (t[start:start + n].double().transpose(0, 1) for t in (q, k, v))
+        kd = kd.repeat_interleave(H // kd.shape[0], dim=0)
+        vd = vd.repeat_interleave(H // vd.shape[0], dim=0)
+        scores = qd @ kd.transpose(1, 2) * scale
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        ok = (j <= i) if causal else np.ones((n, n), bool)
+        if window is not None:
+            ok = ok & (i - j <= window) & (j - i <= (0 if causal else window))
+        scores = scores.masked_fill(~torch.from_numpy(ok).to(scores.device), float("-inf"))
+        out.append((scores.softmax(-1) @ vd).transpose(0, 1))
+        start += n
+    return torch.cat(out)
+
+
+def random_case(seed, lengths=None, heads=4, kv_heads=4, head_dim=16, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    if lengths is None:
+        rng = np.random.default_rng(seed)
+        lengths = [int(x) for x in rng.integers(1, 40, size=rng.integers(1, 9))]
+    T = sum(lengths)
+    q = torch.randn(T, heads, head_dim, generator=g)
+    k, v = (torch.randn(T, kv_heads, head_dim, generator=g) for _ in range(2))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    to = dict(device=device, dtype=dtype)
+    return [t.to(**to).requires_grad_() for t in (q, k, v)], cu.to(device), lengths
+
+
+def grads_of(fn, q, k, v, grad_out):
+    for t in (q, k, v):
+        t.grad = None
+    out = fn(q, k, v)
+    out.backward(grad_out)
+    return out.detach(), [t.grad.clone() for t in (q, k, v)]
+
+
+def assert_matches_reference(backend, seed, lengths=None, max_extra=0, atol=2e-5, **kw):
+    heads, kv_heads = kw.pop("heads", 4), kw.pop("kv_heads", 4)
+    (q, k, v), cu, lengths = random_case(seed, lengths, heads, kv_heads)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1))
+    max_seqlen = max(lengths) + max_extra
+    out, grads = grads_of(lambda a, b, c: varlen_attention(a, b, c, cu, max_seqlen, backend=backend, **kw),
+                          q, k, v, grad_out)
+    ref, ref_grads = grads_of(lambda a, b, c: reference(a, b, c, lengths, **kw), q, k, v, grad_out.double())
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(out, ref.float(), atol=atol, rtol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r.float(), atol=atol * 5, rtol=1e-4)
+    return lengths
+
+
+def test_hand_case_three_documents():
+    # one head, head_dim 1, q = 0: attention is the running mean of v inside each document
+    cu = torch.tensor([0, 3, 5, 6], dtype=torch.int32)
+    q = torch.zeros(6, 1, 1)
+    v = torch.tensor([1.0, 2, 3, 10, 20, 7]).view(6, 1, 1)
+    for backend in CPU_TRAINABLE:
+        out = varlen_attention(q, q, v, cu, 3, backend=backend).flatten().tolist()
+        assert out == pytest.approx([1, 1.5, 2, 10, 15, 7]), backend
+        out = varlen_attention(q, q, v, cu, 3, window=1, backend=backend).flatten().tolist()
+        assert out == pytest.approx([1, 1.5, 2.5, 10, 15, 7]), backend
+
+
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+def test_random_packs_match_per_document_attention(backend):
+    multi = 0
+    for seed in range(12):
+        lengths = assert_matches_reference(backend, seed)
+        multi += len(lengths) > 2
+    assert multi >= 4  # the property was exercised on real multi-document rows
+
+
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+@pytest.mark.parametrize("kw", [
+    dict(heads=4, kv_heads=2), dict(heads=4, kv_heads=1), dict(window=3), dict(window=0),
+    dict(window=5, heads=6, kv_heads=2), dict(causal=False), dict(causal=False, window=2), dict(scale=0.3),
+], ids=lambda kw: ",".join(f"{a}={b}" for a, b in kw.items()))
+def test_gqa_window_noncausal_scale(backend, kw):
+    for seed in range(3):
+        assert_matches_reference(backend, 100 + seed, **dict(kw))
+
+
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+@pytest.mark.parametrize("lengths", [
+    [1, 1, 1, 1], [1, 7, 1, 1, 30, 1], [64], [37, 0, 5],  # length-1 docs, one doc filling it, an empty segment
+], ids=str)
+def test_edge_lengths(backend, lengths):
+    assert_matches_reference(backend, 7, lengths)
+    assert_matches_reference(backend, 8, lengths, max_extra=100)  # max_seqlen above the true maximum
+    assert_matches_reference(backend, 9, lengths, causal=False, window=1)
+
+
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+def test_padding_segment_never_leaks_or_nans(backend):
+    # a packed row of 20 tokens padded to 32: padding is its own final segment, full of garbage
+    (q, k, v), cu, _ = random_case(3, [12, 8, 12])
+    pad = slice(20, 32)
+    out1 = varlen_attention(q, k, v, cu, 12, backend=backend)
+    with torch.no_grad():
+        for t in (q, k, v):
+            t[pad] = 1e4 * torch.randn_like(t[pad])
+    out2 = varlen_attention(q, k, v, cu, 12, backend=backend)
+    out2[:20].sum().backward()
+    assert torch.equal(out1[:20], out2[:20])
+    assert all(torch.isfinite(t.grad).all() and (t.grad[pad] == 0).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+def test_empty_batch(backend):
+    q = torch.zeros(0, 2, 4)
+    assert varlen_attention(q, q, q, torch.tensor([0, 0], dtype=torch.int32), 0, backend=backend).shape == (0, 2, 4)
+
+
+def test_buckets_cover_every_document_once_within_ratio():
+    rng = np.random.default_rng(0)
+    grouped = 0
+    for _ in range(200):
+        lengths = [int(x) for x in rng.integers(0, 600, size=rng.integers(1, 40))]
+        groups = attention._buckets(lengths)
+        assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n > 0]
+        for g in groups:
+            top = lengths[g[0]]
+            assert all(lengths[i] <= top for i in g)
+            assert top <= attention._SMALL or all(lengths[i] >= attention._BUCKET_RATIO * top for i in g)
+            grouped += len(g) > 1
+    assert grouped > 100
+
+
+@pytest.mark.skipif("flex" not in available_backends("cpu"), reason="no FlexAttention in this torch")
+def test_flex_forward_on_cpu_and_its_reported_backward():
+    for seed, kw in enumerate([{}, dict(window=4), dict(heads=4, kv_heads=2), dict(causal=False)]):
+        heads, kv_heads = kw.pop("heads", 4), kw.pop("kv_heads", 4)
+        (q, k, v), cu, lengths = random_case(seed, heads=heads, kv_heads=kv_heads)
+        with torch.no_grad():
+            out = varlen_attention(q, k, v, cu, max(lengths) + 3, backend="flex", **kw)
+        torch.testing.assert_close(out, reference(q, k, v, lengths, **kw).float(), atol=2e-5, rtol=1e-4)
+    trains = available_backends("cpu")["flex"]["backward"]
+    if not trains:
+        with pytest.raises(ValueError, match="cannot train on CPU"):
+            varlen_attention(q, k, v, cu, max(lengths), backend="flex")
+    else:
+        varlen_attention(q, k, v, cu, max(lengths), backend="flex").sum().backward()
+
+
+def test_auto_picks_a_trainable_backend_and_bad_calls_fail_clearly():
+    assert attention.pick_backend("cpu", torch.float32, True) == CPU_TRAINABLE[0]
+    (q, k, v), cu, lengths = random_case(0, [5, 3])
+    with pytest.raises(ValueError, match="not one of"):
+        varlen_attention(q, k, v, cu, 5, backend="nope")
+    if "flash_attn" not in available_backends("cpu"):
+        with pytest.raises(ValueError, match="not available on cpu"):
+            varlen_attention(q, k, v, cu, 5, backend="flash_attn")
+    with pytest.raises(ValueError, match="below the longest"):
+        varlen_attention(q, k, v, cu, 4)
+    with pytest.raises(ValueError, match="int32"):
+        varlen_attention(q, k, v, cu.long(), 5)
+    with pytest.raises(ValueError, match="total_tokens=8"):
+        varlen_attention(q, k, v, torch.tensor([0, 5, 7], dtype=torch.int32), 5)
+
+
+def test_packed_self_attention_matches_each_document_alone():
+    torch.manual_seed(0)
+    layer = PackedSelfAttention(32, 4, n_kv_heads=2, window=6)
+    lengths = [9, 1, 14, 6]
+    x = torch.randn(sum(lengths), 32)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    packed = layer(x, pos, cu, max(lengths))
+    alone = torch.cat([layer(xd, torch.arange(len(xd)), torch.tensor([0, len(xd)], dtype=torch.int32), len(xd))
+                       for xd in x.split(lengths)])
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+    # rotary is relative: positions that run on across documents give the same attention, since
+    # the mask alone keeps documents apart; positions that are not a shift do change it
+    torch.testing.assert_close(layer(x, torch.arange(len(x)), cu, max(lengths)), alone, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(layer(x, 2 * pos, cu, max(lengths)), alone, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- CPU twins of the CUDA kernels
+# The CUDA kernels' call signatures, faked over the CPU reference: what our adapters pass them
+# (causal flag or window_size, scale, GQA) must give per-document attention.
+
+
+def _from_window_size(window_size):
+    left, right = window_size
+    causal = right == 0
+    return causal, (left if left >= 0 else None)
+
+
+def fake_varlen_attn_new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                         window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    assert enable_gqa or key.shape[1] == query.shape[1]
+    causal, window = _from_window_size(window_size)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return attention._sdpa_per_document(query, key, value, cu_seq_q, max_q, causal, window, scale)
+
+
+def fake_varlen_attn_old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    assert key.shape[1] == query.shape[1]  # no GQA in the first release
+    return attention._sdpa_per_document(query, key, value, cu_seq_q, max_q, is_causal, None, query.shape[-1] ** -0.5)
+
+
+def fake_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+    assert window_size[1] in (-1, 0) or not causal
+    window = window_size[0] if window_size[0] >= 0 else None
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return attention._sdpa_per_document(q, k, v, cu_seqlens_q, max_seqlen_q, causal, window, scale)
+
+
+@pytest.mark.parametrize("kernel", ["torch_varlen_new", "torch_varlen_old", "flash_attn"])
+def test_cuda_adapters_pass_the_right_arguments(kernel, monkeypatch):
+    import sys
+    import types
+
+    import torch.nn.attention.varlen as varlen_module
+
+    if kernel == "flash_attn":
+        monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(
+            flash_attn_varlen_func=fake_flash_attn_varlen_func))
+        call = attention._flash_attn
+    else:
+        fake = fake_varlen_attn_new if kernel == "torch_varlen_new" else fake_varlen_attn_old
+        monkeypatch.setattr(varlen_module, "varlen_attn", fake)
+        attention._torch_varlen_params.cache_clear()
+        call = attention._torch_varlen
+    cases = [dict(), dict(scale=0.2), dict(heads=4, kv_heads=2), dict(window=3), dict(causal=False)]
+    try:
+        for seed, kw in enumerate(cases):
+            heads, kv_heads = kw.pop("heads", 4), kw.pop("kv_heads", 4)
+            causal, window, scale = kw.get("causal", True), kw.get("window"), kw.get("scale")
+            (q, k, v), cu, lengths = random_case(seed, heads=heads, kv_heads=kv_heads)
+            if kernel == "torch_varlen_old" and window is not None:
+                with pytest.raises(ValueError, match="no window_size"):
+                    call(q, k, v, cu, max(lengths), causal, window, 0.25)
+                continue
+            out = call(q, k, v, cu, max(lengths), causal, window, q.shape[-1] ** -0.5 if scale is None else scale)
+            torch.testing.assert_close(out, reference(q, k, v, lengths, **kw).float(), atol=2e-5, rtol=1e-4)
+    finally:
+        attention._torch_varlen_params.cache_clear()
+
+
+# ----------------------------------------------------------------------------- CUDA (benchmarks/gpu_check.sh)
+
+GPU_BACKENDS = [n for n in ("flash_attn", "torch_varlen", "flex", "bucketed")
+                if CUDA and n in available_backends("cuda")]
+
+
+@pytest.mark.skipif(not GPU_BACKENDS, reason="needs CUDA (and flash-attn for the flash_attn backend)")
+@pytest.mark.parametrize("backend", GPU_BACKENDS or ["none"])
+@pytest.mark.parametrize("kw", [{}, dict(heads=8, kv_heads=2), dict(window=16)], ids=["plain", "gqa", "window"])
+def test_cuda_backends_match_reference(backend, kw):
+    heads, kv_heads = kw.pop("heads", 4), kw.pop("kv_heads", 4)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        lengths = [int(x) for x in rng.integers(1, 150, size=6)] + [1]  # T < 1024: flex runs eager
+        (q, k, v), cu, lengths = random_case(seed, lengths, heads, kv_heads, head_dim=64, device="cuda",
+                                             dtype=torch.bfloat16)
+        grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+        out, grads = grads_of(lambda a, b, c: varlen_attention(a, b, c, cu, max(lengths) + 5, backend=backend, **kw),
+                              q, k, v, grad_out)
+        ref, ref_grads = grads_of(lambda a, b, c: reference(a, b, c, lengths, **kw), q, k, v, grad_out.double())
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g.float(), r.float(), atol=5e-2, rtol=5e-2)
