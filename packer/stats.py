@@ -245,9 +245,10 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
         b, n = bins[algorithm], n_bins[algorithm]
         position = np.random.default_rng(seed).permutation(n)  # as packer.plan shuffles bins
         split = lengths[piece_doc] > context_length
-        seq_docs = np.bincount(position[b], minlength=n)
-        seq_tokens = np.bincount(position[b], weights=piece_len, minlength=n)
-        seq_single = (seq_docs == 1) & (np.bincount(position[b], weights=split, minlength=n) == 1)
+        seq_of_piece = position[b]
+        seq_docs = np.bincount(seq_of_piece, minlength=n)
+        seq_tokens = np.bincount(seq_of_piece, weights=piece_len, minlength=n)
+        seq_single = (seq_docs == 1) & (np.bincount(seq_of_piece, weights=split, minlength=n) == 1)
         out["packing"] = {
             "algorithm": algorithm, "source": "computed",
             **_pack_totals(n, int(piece_len.sum()), context_length),
