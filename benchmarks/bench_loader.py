@@ -21,10 +21,12 @@ per-item make_item) time a prefix of the epoch (--slow-batches); tokens/s is wha
 
 Measured 2026-11-29 on the 2-core development box, otherwise idle, ratio to raw memmap
 (baseline ~6.0-6.5 ms a pass, ~950 Mtok/s):
-    num_workers=0 collate_varlen 0.18-0.20 over runs (target 0.25: not reached, see below),
-    pad_to=4096 0.15-0.17, return_attention_mask 0.0004 (~20-40 ms per 4096x4096 mask),
-    per-item make_item 0.018, num_workers=2 collate_varlen 0.009 against an IPC floor of
-    0.005 for prebuilt batches (two workers and the main process on two cores).
+    num_workers=0 collate_varlen 0.17-0.19 over runs, an odd run 0.15 (target 0.25: not
+    reached, see below), pad_to=4096 0.14-0.17, return_attention_mask 0.0004 (~20-40 ms per
+    4096x4096 mask), per-item make_item 0.019, num_workers=2 collate_varlen 0.010 against an
+    IPC floor of 0.005 for prebuilt batches (two workers and the main process on two cores).
+    data.BLOCK_TOKENS = 2**20 (256-row blocks, 24 MiB buffers) gave collate_varlen 0.19-0.21
+    against 0.15-0.19 for 2**18 in alternating runs: a little, for 4x the buffer memory.
 Where the num_workers=0 time goes, per pass of 1479 rows (~34 ms; 23 blocks of 64 rows): get_many
 ~4.5 ms, block layout ~1.3, int64 tokens and labels ~2.7, position ids ~3.7 (fill + cumsum),
 ~2.6 ms of torch.split views (4 per item, ~0.45 us each, already the cheapest way to make them),

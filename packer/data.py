@@ -26,7 +26,7 @@ different ones each epoch).
 Speed: items are built a block of rows at a time (one vectorized pass, one buffer from a small
 pool), their tensors are views of the block's, and the collates turn consecutive items of a
 block into slices of it. Measured 2026-11-29 (benchmarks/bench_loader.py, sample corpus x8,
-context 4096, batch 8, idle 2-core box): num_workers=0 + collate_varlen at 18-20% of the raw
+context 4096, batch 8, idle 2-core box): num_workers=0 + collate_varlen at 17-19% of the raw
 np.memmap baseline, a per-item loader at 1.8%.
 """
 
