@@ -1,8 +1,8 @@
 """Is the loader ever the bottleneck? Tokens/s through a DataLoader against a raw np.memmap baseline.
 
-    python benchmarks/bench_loader.py              # builds sample_data at context 4096 into a temp dir
+    python benchmarks/bench_loader.py              # builds sample_data x8 at context 4096 into a temp dir
     python benchmarks/bench_loader.py --data DIR   # any built dataset
-    python benchmarks/bench_loader.py --quick      # fewer passes
+    python benchmarks/bench_loader.py --quick      # sample_data x4, fewer timings
 
 Baseline (`raw memmap`): the same sequences, in the same shuffled order, sliced from one flat
 np.memmap token file, converted to int64 and concatenated into batches of 8 — the least any
@@ -12,15 +12,27 @@ collate_padded); `per-item make_item`, a loader doing per-item Python work; and 
 batches`, workers that only hand over ready tensors: the floor of any num_workers=2 loader here.
 Every case delivers the same stored tokens, which is what tokens/s counts.
 
-Measured 2026-11-29 on the shared 2-core development box (load 5-9, so provisional: the raw
-baseline swings 430-1120 Mtok/s between runs; re-run on a quiet machine), ratio to raw memmap:
-    num_workers=0 collate_varlen 0.14 (0.07-0.14 over runs; 10x the per-item loader),
-    pad_to=4096 0.10, return_attention_mask 0.0002 (~20-40 ms per 4096x4096 mask),
-    per-item make_item 0.014, num_workers=2 collate_varlen 0.008 against an IPC floor of
-    0.004 for prebuilt batches (two workers and the main process on two busy cores).
-Where the num_workers=0 time goes (one 64-row block, 262K tokens): position ids ~250 us (a
-cumsum), token copies ~120 us, the rest Python per item and per batch; the raw baseline is one
-int64 conversion. The memmap format (shards branch, get_many) measured the same within noise.
+The default dataset is the sample corpus copied 8 times over (1479 sequences, 6M tokens, built
+by packer's own build into a temp dir: a baseline pass takes ~6 ms, not ~1 ms), and the cases
+are timed interleaved: each round times every case once, 25 rounds, the best of each kept, so a
+slow spell of the box hits baseline and loaders alike. The slow cases (return_attention_mask,
+per-item make_item) time a prefix of the epoch (--slow-batches); tokens/s is what they delivered.
+`--only-varlen` times just the baseline and the two num_workers=0 cases (~10 s with --data).
+
+Measured 2026-11-29 on the 2-core development box, otherwise idle, ratio to raw memmap
+(baseline ~6.0-6.5 ms a pass, ~950 Mtok/s):
+    num_workers=0 collate_varlen 0.17-0.19 over runs, an odd run 0.15 (target 0.25: not
+    reached, see below), pad_to=4096 0.14-0.17, return_attention_mask 0.0004 (~20-40 ms per
+    4096x4096 mask), per-item make_item 0.019, num_workers=2 collate_varlen 0.010 against an
+    IPC floor of 0.005 for prebuilt batches (two workers and the main process on two cores).
+    data.BLOCK_TOKENS = 2**20 (256-row blocks, 24 MiB buffers) gave collate_varlen 0.19-0.21
+    against 0.15-0.19 for 2**18 in alternating runs: a little, for 4x the buffer memory.
+Where the num_workers=0 time goes, per pass of 1479 rows (~34 ms; 23 blocks of 64 rows): get_many
+~4.5 ms, block layout ~1.3, int64 tokens and labels ~2.7, position ids ~3.7 (fill + cumsum),
+~2.6 ms of torch.split views (4 per item, ~0.45 us each, already the cheapest way to make them),
+dicts and the generator ~2, collate_varlen ~3.5 (~20 us a batch), DataLoader's own per-batch
+work ~5 (profiler hooks, fetch). The raw baseline is one concatenation and one int64 conversion
+(~6 ms), so with per-item tensor views and a DataLoader the floor is near 0.22-0.25.
 """
 
 from __future__ import annotations
@@ -53,8 +65,14 @@ SEED = 0
 SAMPLE = ROOT / "sample_data"
 
 
-def build_sample(out: Path) -> Path:
-    job = Job(inputs=(str(SAMPLE / "prose.jsonl"), str(SAMPLE / "code.jsonl")), tokenizer=str(SAMPLE / "tokenizer.json"),
+def build_sample(out: Path, copies: int) -> Path:
+    """Build `copies` copies of the sample corpus (one input file per copy) with packer's own build."""
+    inputs = out.parent / "inputs"
+    inputs.mkdir()
+    for name in ("prose.jsonl", "code.jsonl"):
+        for k in range(copies):
+            shutil.copyfile(SAMPLE / name, inputs / f"{k:02d}-{name}")
+    job = Job(inputs=(str(inputs),), tokenizer=str(SAMPLE / "tokenizer.json"),
               output=str(out), workers=2, config=BuildConfig(context_length=CONTEXT))
     build(job)
     return out
@@ -75,6 +93,16 @@ def raw_pass(tokens, starts, order) -> int:
     for b in range(0, len(order), BATCH):
         batch = np.concatenate([tokens[starts[i]:starts[i + 1]] for i in order[b:b + BATCH]]).astype(np.int64)
         n += len(batch)
+    return n
+
+
+def loader_pass(loader, max_batches=None) -> int:
+    """Batches of one pass over `loader` (its first `max_batches` when given)."""
+    n = 0
+    for batch in loader:
+        n += 1
+        if n == max_batches:
+            break
     return n
 
 
@@ -106,46 +134,47 @@ def prebuilt_collate(rows, _tokens=torch.zeros(BATCH * CONTEXT, dtype=torch.int6
             "position_ids": _tokens.clone()[None], "cu_seqlens": torch.zeros(9 * len(rows), dtype=torch.int32)}
 
 
-def loader_pass(loader) -> int:
-    n = 0
-    for batch in loader:
-        n += 1
-    return n
-
-
-def timed(run, passes: int, repeats: int) -> float:
-    """Best seconds per pass over `repeats` runs of `passes` passes (the box is shared: best of)."""
-    run()  # warm up: page cache, worker start, first allocations
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(passes):
-            run()
-        best = min(best, (time.perf_counter() - t0) / passes)
+def interleaved(cases, rounds: int, passes: int) -> dict:
+    """Best seconds per pass of each case: `rounds` rounds, each timing every case in turn
+    (`passes` passes, fewer for slow cases), so load on the shared box hits all cases alike."""
+    best = {name: float("inf") for name, _, _ in cases}
+    for name, run, _ in cases:
+        run()  # warm up: page cache, worker start, first allocations
+    for _ in range(rounds):
+        for name, run, slow in cases:
+            n = 1 if slow else passes
+            t0 = time.perf_counter()
+            for _ in range(n):
+                run()
+            best[name] = min(best[name], (time.perf_counter() - t0) / n)
     return best
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", help="a built dataset (default: build sample_data at context 4096)")
-    parser.add_argument("--passes", type=int, default=10, help="passes over the dataset per timing")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per case; the best is kept")
-    parser.add_argument("--quick", action="store_true", help="3 passes, 2 repeats")
+    parser.add_argument("--data", help="a built dataset (default: build sample_data --copies times at context 4096)")
+    parser.add_argument("--copies", type=int, default=8, help="copies of the sample corpus to build (default 8)")
+    parser.add_argument("--passes", type=int, default=1, help="passes over the dataset per timing")
+    parser.add_argument("--rounds", type=int, default=25, help="interleaved timings per case; the best is kept")
+    parser.add_argument("--slow-batches", type=int, default=8, help="batches the slow cases time (a prefix)")
+    parser.add_argument("--only-varlen", action="store_true", help="time only the baseline and num_workers=0 cases")
+    parser.add_argument("--quick", action="store_true", help="4 copies, 2 passes, 3 rounds (noisier)")
     args = parser.parse_args()
-    passes, repeats = (3, 2) if args.quick else (args.passes, args.repeats)
+    copies, passes, rounds = (4, 2, 3) if args.quick else (args.copies, args.passes, args.rounds)
 
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}")
     print(f"python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, packer {__version__}")
     scratch = Path(tempfile.mkdtemp(prefix="bench_loader-"))
     try:
-        path = Path(args.data) if args.data else build_sample(scratch / "ds")
+        path = Path(args.data) if args.data else build_sample(scratch / "ds", copies)
         manifest = open_dataset(path).manifest
         n_seq, n_tok = manifest["totals"]["sequences"], manifest["totals"]["tokens_out"]
         context = manifest["config"]["context_length"]
         print(f"dataset: {path} ({n_seq} sequences, {n_tok} tokens, context {context}); batch {BATCH}, "
-              f"seed {SEED}, {passes} passes x best of {repeats}\n")
+              f"seed {SEED}; {passes} passes per timing, best of {rounds} interleaved rounds\n")
         tokens, starts = flat_memmap(path, scratch)
         order = permute(np.arange(n_seq), n_seq, SEED, 0)  # PackedDataset's epoch-0 order
+        lengths = np.diff(starts)[order]
 
         def dataset(**kw):
             return PackedDataset(path, seed=SEED, **kw)
@@ -154,26 +183,29 @@ def main():
             return DataLoader(ds, batch_size=BATCH, collate_fn=collate, num_workers=workers,
                               persistent_workers=workers > 0)
 
-        cases = [
-            ("raw memmap (baseline)", lambda: raw_pass(tokens, starts, order)),
-            ("num_workers=0, collate_varlen", (lambda loader: lambda: loader_pass(loader))(dl(dataset()))),
-            ("num_workers=2, collate_varlen", (lambda loader: lambda: loader_pass(loader))(dl(dataset(), 2))),
-            (f"num_workers=0, pad_to={context}", (lambda loader: lambda: loader_pass(loader))(
-                dl(dataset(pad_to=context)))),
-            ("num_workers=0, return_attention_mask", (lambda loader: lambda: loader_pass(loader))(
-                dl(dataset(pad_to=context, return_attention_mask=True), collate=collate_padded))),
-            ("per-item make_item (reference)", (lambda loader: lambda: loader_pass(loader))(
-                dl(PerItem(path, order)))),
-            ("num_workers=2, prebuilt batches (IPC floor)", (lambda loader: lambda: loader_pass(loader))(
-                dl(Prebuilt(n_seq), 2, prebuilt_collate))),
-        ]
+        def case(name, loader, slow=False):
+            """(name, one pass, slow, stored tokens a pass delivers)."""
+            limit = args.slow_batches if slow else None
+            items = n_seq if limit is None else min(n_seq, limit * BATCH)
+            return name, lambda: loader_pass(loader, limit), slow, int(lengths[:items].sum())
+
+        cases = [("raw memmap (baseline)", lambda: raw_pass(tokens, starts, order), False, n_tok),
+                 case("num_workers=0, collate_varlen", dl(dataset())),
+                 case(f"num_workers=0, pad_to={context}", dl(dataset(pad_to=context)))]
+        if not args.only_varlen:
+            cases += [
+                case("num_workers=2, collate_varlen", dl(dataset(), 2)),
+                case("num_workers=0, return_attention_mask",
+                     dl(dataset(pad_to=context, return_attention_mask=True), collate=collate_padded), slow=True),
+                case("per-item make_item (reference)", dl(PerItem(path, order)), slow=True),
+                case("num_workers=2, prebuilt batches (IPC floor)", dl(Prebuilt(n_seq), 2, prebuilt_collate)),
+            ]
+        best = interleaved([(name, run, slow) for name, run, slow, _ in cases], rounds, passes)
         print(f"{'case':44s} {'s/pass':>9s} {'Mtok/s':>9s} {'ratio':>7s}")
-        base = None
-        for name, run in cases:
-            few = name.endswith("return_attention_mask")  # O(L^2) per item: one pass is plenty
-            seconds = timed(run, 1 if few else passes, 1 if few else repeats)
-            base = base or seconds
-            print(f"{name:44s} {seconds:9.4f} {n_tok / seconds / 1e6:9.1f} {base / seconds:7.3f}", flush=True)
+        base = n_tok / best[cases[0][0]]
+        for name, _, _, delivered in cases:
+            rate = delivered / best[name]
+            print(f"{name:44s} {best[name]:9.4f} {rate / 1e6:9.1f} {rate / base:7.4f}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -25,9 +25,9 @@ different ones each epoch).
 
 Speed: items are built a block of rows at a time (one vectorized pass, one buffer from a small
 pool), their tensors are views of the block's, and the collates turn consecutive items of a
-block into slices of it. Measured 2026-11-29 (benchmarks/bench_loader.py, context 4096, batch 8,
-busy shared 2-core box, provisional): num_workers=0 + collate_varlen at 7-14% of the raw
-np.memmap baseline, a per-item loader at 1.4%.
+block into slices of it. Measured 2026-11-29 (benchmarks/bench_loader.py, sample corpus x8,
+context 4096, batch 8, idle 2-core box): num_workers=0 + collate_varlen at 17-19% of the raw
+np.memmap baseline, a per-item loader at 1.8%.
 """
 
 from __future__ import annotations
@@ -115,20 +115,21 @@ def items_from_rows(tokens, token_starts, offsets, offset_starts, *, pad_to=None
         steps = np.ones(len(rows.seg_len) - 1, np.int64)
         steps[rows.first_seg[1:-1] - 1] = 1 - rows.n_segs[:-1]
         fields["document_ids"] = _running_count(buffer[3], rows.seg_start, 0, steps)  # 0 0 1 1 1 2 ...
-    block = _Block({name: torch.from_numpy(array) for name, array in fields.items()}, rows.row_start,
-                   rows.seg_start, rows.first_seg)
-    columns = {name: t.split(rows.row_len.tolist()) for name, t in block.fields.items()}  # all views at once
-    columns["cu_seqlens"] = torch.from_numpy(rows.offsets.astype(np.int32)).split(rows.n_offsets.tolist())
     max_seqlen = np.maximum.reduceat(rows.seg_len, rows.first_seg[:-1]).tolist()
-    bounds = rows.bounds.tolist()
-    items = []
-    for k, views in enumerate(zip(*columns.values())):
-        item = _Item(zip(columns, views))
+    block = _Block({name: torch.from_numpy(array) for name, array in fields.items()}, rows.row_start,
+                   rows.seg_start, rows.first_seg, max_seqlen)
+    row_len = rows.row_len.tolist()
+    columns = {name: t.split(row_len) for name, t in block.fields.items()}  # all views at once
+    columns["cu_seqlens"] = torch.from_numpy(rows.offsets.astype(np.int32)).split(rows.n_offsets.tolist())
+    columns["max_seqlen"] = max_seqlen
+    names = tuple(columns)
+    items = [_Item(zip(names, values)) for values in zip(*columns.values())]
+    for k, item in enumerate(items):
         item.block, item.row = block, k
-        item["max_seqlen"] = max_seqlen[k]
-        if return_attention_mask:
+    if return_attention_mask:
+        bounds = rows.bounds.tolist()
+        for k, item in enumerate(items):
             item["attention_mask"] = torch.from_numpy(_dense_block_causal(rows.offsets[bounds[k]:bounds[k + 1]]))
-        items.append(item)
     return items
 
 
@@ -187,7 +188,9 @@ def _running_count(out, seg_start, per_token, steps):
     out.fill(per_token)
     out[seg_start[1:-1]] = steps
     out[:1] = 0
-    return np.cumsum(out, out=out)
+    flat = torch.from_numpy(out)
+    torch.cumsum(flat, 0, out=flat)  # torch's int64 cumsum: 1.3x numpy's (2026-11-29, 262K tokens)
+    return out
 
 
 class _BufferPool:
@@ -219,10 +222,12 @@ _POOL = _BufferPool()
 class _Block:
     """The tensors a block of items are views of, and where each row and segment starts in them."""
 
-    __slots__ = ("fields", "row_start", "seg_start", "first_seg")
+    __slots__ = ("fields", "row_start", "seg_start", "first_seg", "max_seqlen", "row_start_list", "first_seg_list")
 
-    def __init__(self, fields, row_start, seg_start, first_seg):
+    def __init__(self, fields, row_start, seg_start, first_seg, max_seqlen):
         self.fields, self.row_start, self.seg_start, self.first_seg = fields, row_start, seg_start, first_seg
+        self.max_seqlen = max_seqlen  # per row, a list
+        self.row_start_list, self.first_seg_list = row_start.tolist(), first_seg.tolist()  # plain ints for collates
 
 
 class _Item(dict):
@@ -237,14 +242,16 @@ class _Item(dict):
 
 def _block_run(items):
     """(block, first row, end row) when the items are consecutive rows of one block, else None."""
-    first = items[0]
-    if type(first) is not _Item or not hasattr(first, "block"):  # (an _Item rebuilt by default_collate has none)
+    try:  # (an _Item rebuilt by default_collate has no block; a plain dict has no slots)
+        block, row = items[0].block, items[0].row
+        k = row
+        for item in items:
+            if type(item) is not _Item or item.block is not block or item.row != k:
+                return None
+            k += 1
+    except AttributeError:
         return None
-    block, row = first.block, first.row
-    for k, item in enumerate(items):
-        if type(item) is not _Item or getattr(item, "block", None) is not block or item.row != row + k:
-            return None
-    return block, row, row + len(items)
+    return block, row, k
 
 
 @functools.lru_cache(maxsize=4)
@@ -280,15 +287,18 @@ def collate_varlen(items: list[dict]) -> dict:
     run = _block_run(items)
     if run:  # consecutive rows of one block: slices of its tensors, no copy
         block, r0, r1 = run
-        a, b = int(block.row_start[r0]), int(block.row_start[r1])
-        batch = {key: _rows_view(block.fields[key], a, b, 1) for key in ("input_ids", "labels", "position_ids")}
-        s0, s1 = int(block.first_seg[r0]), int(block.first_seg[r1])
+        a, b = block.row_start_list[r0], block.row_start_list[r1]
+        fields = block.fields
+        batch = {"input_ids": _rows_view(fields["input_ids"], a, b, 1), "labels": _rows_view(fields["labels"], a, b, 1),
+                 "position_ids": _rows_view(fields["position_ids"], a, b, 1)}
+        s0, s1 = block.first_seg_list[r0], block.first_seg_list[r1]
         batch["cu_seqlens"] = torch.from_numpy((block.seg_start[s0:s1 + 1] - a).astype(np.int32))
+        batch["max_seqlen"] = max(block.max_seqlen[r0:r1])
     else:
         batch = {key: _join([it[key] for it in items])[None] for key in ("input_ids", "labels", "position_ids")}
         lengths = [it["input_ids"].shape[0] for it in items]
         batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], lengths)
-    batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
+        batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
     if "document_ids" in items[0]:  # numbered across the flattened row: the segments of its cu_seqlens
         batch["document_ids"] = masks.document_ids(batch["cu_seqlens"])[None]
     return batch
