@@ -566,7 +566,7 @@ class PackedDataset(IterableDataset):
                 units = self._block_units(read_rows(self._ds, indices[b:b + block]))
                 n_items = len(indices[b:b + block])
                 self._block_iter = (iter(units), len(units), n_items, per_unit)
-                del units  # the iterator lets go of them as it goes: the block's buffer is free sooner
+                del units  # only the iterator holds them: once it ends, the block's buffer is free for the next
                 yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
                 self._yielded += n_items
                 self._block_iter = None
