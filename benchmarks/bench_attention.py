@@ -19,6 +19,11 @@ skips half of each document's square on top, so a ratio above it is possible).
 Measured 2026-11-29, busy 2-core CPU, --threads 1, context 4096 (3 rows, flop ratio 2.9x):
 bucketed fwd 8.0x, fwd+bwd 5.0x, peak memory 6.7x lower; flex fwd 6.1x (no CPU backward);
 sdpa per document fwd+bwd 3.7x. Context 8192 (1 row, flop ratio 14.8x): bucketed fwd+bwd 56x.
+
+Measured 2026-11-29 on an NVIDIA H200 (benchmarks/gpu_check.sh: torch 2.11.0+cu130, bf16, no
+flash-attn), fwd+bwd against one batched dense-mask SDPA call: context 4096 (32 rows, flop ratio
+2.5x) torch_varlen 3.10x (peak memory 2.1x lower), flex 1.63x, bucketed 0.20x, sdpa 0.07x;
+context 8192 (16 rows, 4.4x) torch_varlen 5.71x, flex 2.99x, bucketed 0.43x, sdpa 0.19x.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ rows of web-like lengths (flop ratio L^2 / sum(l^2) = 2.9x), against SDPA with a
 block-causal mask: bucketed forward 8.0x, forward+backward 5.0x faster, 6.7x less peak memory;
 flex (compiled, forward only) 6.1x; sdpa per document 3.7x. CPU SDPA's backward costs about 3x
 its forward, which is what holds forward+backward below the forward ratio.
+On an H200 (bf16, 32 rows of 4096, one batched dense-mask SDPA call as the baseline), forward+
+backward: torch_varlen 3.1x, flex 1.6x, bucketed 0.2x (its many small calls are a CPU design).
 """
 
 from __future__ import annotations
