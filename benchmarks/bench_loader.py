@@ -19,20 +19,25 @@ slow spell of the box hits baseline and loaders alike. The slow cases (return_at
 per-item make_item) time a prefix of the epoch (--slow-batches); tokens/s is what they delivered.
 `--only-varlen` times just the baseline and the two num_workers=0 cases (~10 s with --data).
 
-Measured 2026-11-29 on the 2-core development box, otherwise idle, ratio to raw memmap
-(baseline ~6.0-6.5 ms a pass, ~950 Mtok/s):
-    num_workers=0 collate_varlen 0.17-0.19 over runs, an odd run 0.15 (target 0.25: not
-    reached, see below), pad_to=4096 0.14-0.17, return_attention_mask 0.0004 (~20-40 ms per
-    4096x4096 mask), per-item make_item 0.019, num_workers=2 collate_varlen 0.010 against an
-    IPC floor of 0.005 for prebuilt batches (two workers and the main process on two cores).
-    data.BLOCK_TOKENS = 2**20 (256-row blocks, 24 MiB buffers) gave collate_varlen 0.19-0.21
-    against 0.15-0.19 for 2**18 in alternating runs: a little, for 4x the buffer memory.
-Where the num_workers=0 time goes, per pass of 1479 rows (~34 ms; 23 blocks of 64 rows): get_many
-~4.5 ms, block layout ~1.3, int64 tokens and labels ~2.7, position ids ~3.7 (fill + cumsum),
-~2.6 ms of torch.split views (4 per item, ~0.45 us each, already the cheapest way to make them),
-dicts and the generator ~2, collate_varlen ~3.5 (~20 us a batch), DataLoader's own per-batch
-work ~5 (profiler hooks, fetch). The raw baseline is one concatenation and one int64 conversion
-(~6 ms), so with per-item tensor views and a DataLoader the floor is near 0.22-0.25.
+Two raw baselines: `raw memmap` is the issue's (np.memmap slices, numpy-integer indices);
+`raw, tight` reads the same map through a plain ndarray view with Python-int indices, ~2x faster
+(np.memmap slicing builds a memmap subclass object per slice). Ratios are printed against both.
+
+Measured 2026-11-29 (2-core box, a helper's tests running beside it, load ~1.4), ratio to raw
+memmap (6.5 ms a pass) and to the tight read (3.3 ms):
+    num_workers=0, PackedDataset(batch_size=8) batches        0.264   0.134
+    num_workers=0, batch_size=8, pad_to=4096 (collate_padded) 0.229   0.116
+    num_workers=0, items + collate_varlen                      0.196   0.100
+    num_workers=0, items, pad_to=4096                          0.189   0.096
+    per-item make_item (reference)                             0.024   0.012
+    num_workers=2, items / batches                             0.011 / 0.011 (IPC floor 0.005)
+    return_attention_mask                                      0.0004
+Earlier runs of the batch case: 0.26-0.29. Where a batch-path pass goes (~21 ms, line profiler
+shares): int64 input_ids and labels, gathered and widened by np.concatenate, 28%; position ids
+(one cumsum) 21%; batch views and cu_seqlens 21%; block layout 13%; epoch permutation 5%. The
+item path adds 4 tensor views, a dict and a generator step per item (~5 us) and DataLoader's
+per-batch fetch and collate (~30 us a batch). Three int64 fields are 24 bytes written per token
+where the raw read writes 8, which bounds any loader of this item format near 1/3 of it.
 """
 
 from __future__ import annotations

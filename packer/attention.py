@@ -331,7 +331,8 @@ def _document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
     real = hi >= 0
     whole = (lo == hi) & (blocks[:, -1] >= 0)  # one document, no padding
     i, j = torch.arange(n_blocks, device=device)[:, None], torch.arange(n_blocks, device=device)[None, :]
-    any_ = (torch.maximum(lo[:, None], lo[None, :]) <= torch.minimum(hi[:, None], hi[None, :])) & real[:, None] & real[None, :]
+    shared = torch.maximum(lo[:, None], lo[None, :]) <= torch.minimum(hi[:, None], hi[None, :])  # a document
+    any_ = shared & real[:, None] & real[None, :]
     full = whole[:, None] & whole[None, :] & (lo[:, None] == lo[None, :])
     if causal:
         any_, full = any_ & (j <= i), full & (j < i)
