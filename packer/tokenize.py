@@ -24,12 +24,13 @@ import json
 import os
 import re
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from packer import atomic
+from packer import atomic, fs
 from packer.config import BuildConfig
 from packer.readers import FileError, SkipLog, Unit, read_unit
 
@@ -115,21 +116,27 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     return TokenizerInfo(path, digest, tok.get_vocab_size(with_added_tokens=True), eos_id, bos_id)
 
 
-def unit_paths(work_dir: Path, index: int) -> dict[str, Path]:
-    stem = work_dir / f"unit-{index:06d}"
-    return {k: Path(f"{stem}.{k}") for k in ("tokens.npy", "lengths.npy", "json")}
+def unit_paths(work_dir, index: int) -> dict:
+    """The unit's three files in `work_dir` (a local path, or a URI: see packer/fs.py)."""
+    work_dir = fs.location(work_dir)
+    return {k: work_dir / f"unit-{index:06d}.{k}" for k in ("tokens.npy", "lengths.npy", "json")}
 
 
 class _NpyAppender:
     """A 1-D .npy file written in pieces: a fixed 128-byte header first, rewritten with the final
-    length on commit, so a unit of any size streams to disk instead of gathering in memory."""
+    length on commit, so a unit of any size streams to disk instead of gathering in memory.
+    A remote file (no seek, no rename) is spooled in the local temp directory, then uploaded."""
 
     HEADER_BYTES = 128
 
-    def __init__(self, path: Path, dtype):
+    def __init__(self, path, dtype):
         self.path, self.dtype, self.n = path, np.dtype(dtype), 0
-        self.tmp = atomic.tmp_path(path)
-        self.f = open(self.tmp, "wb")
+        if isinstance(path, fs.RemotePath):
+            fd, name = tempfile.mkstemp(prefix=f"packer-{path.name}.", suffix=".tmp")
+            self.tmp, self.f = Path(name), os.fdopen(fd, "wb")
+        else:
+            self.tmp = atomic.tmp_path(path)
+            self.f = open(self.tmp, "wb")
         self.f.write(self._header())
 
     def _header(self) -> bytes:
@@ -145,7 +152,13 @@ class _NpyAppender:
         self.f.seek(0)
         self.f.write(self._header())
         self.f.close()
-        os.replace(self.tmp, self.path)
+        if isinstance(self.path, fs.RemotePath):
+            try:
+                fs.upload(self.tmp, self.path)
+            finally:
+                self.tmp.unlink(missing_ok=True)
+        else:
+            os.replace(self.tmp, self.path)
 
     def abort(self):
         self.f.close()
@@ -212,7 +225,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
 
     A FileError fails the unit, or with on_file_error="skip" leaves it empty and named in
     its counters ("file_error")."""
-    paths = unit_paths(Path(work_dir), unit.index)
+    paths = unit_paths(work_dir, unit.index)
     if paths["json"].exists():
         return json.loads(paths["json"].read_text(encoding="utf-8"))
     skips = SkipLog.empty(strict=config.strict)
