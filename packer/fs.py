@@ -29,7 +29,7 @@ def is_uri(loc) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _resolve(uri: str):
+def resolve(uri: str):
     """(filesystem, path) of a URI: pyarrow's own schemes, else an fsspec protocol."""
     from pyarrow import fs as pafs
 
@@ -59,7 +59,7 @@ def location(loc):
         return Path(loc)
     from pyarrow import fs as pafs
 
-    filesystem, path = _resolve(loc)
+    filesystem, path = resolve(loc)
     if isinstance(filesystem, pafs.LocalFileSystem):
         return Path(path)
     return RemotePath(loc, filesystem, path)
