@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -20,7 +21,9 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():  # a warning is one line too: "warning: ..."
+                warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {message}", err=True)
+                return super().invoke(ctx)
         except EXPECTED_ERRORS as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:

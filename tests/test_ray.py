@@ -124,6 +124,11 @@ def test_ray_build_is_byte_identical_to_local(ray_session, tmp_path, local_files
     assert _files(tmp_path / "ray") == local_files
 
 
+def test_ray_build_into_a_file_uri_is_byte_identical_to_local(ray_session, tmp_path, local_files):
+    _build(f"file://{tmp_path / 'ray'}", "ray")
+    assert _files(tmp_path / "ray") == local_files
+
+
 def test_killed_workers_are_retried_and_output_is_identical(ray_session, tmp_path, local_files, monkeypatch):
     markers = tmp_path / "markers"
     markers.mkdir()
