@@ -65,7 +65,7 @@ def save_npz(path, **arrays):
 
 
 def copy_file(src, dst):
-    write_bytes(dst, Path(src).read_bytes())
+    write_bytes(dst, fs.location(src).read_bytes())
 
 
 def publish(staged, final):

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import sys
 import warnings
-from pathlib import Path
 
 import click
 
@@ -193,7 +192,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
 
 
 @main.command("show-mask")
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.argument("dataset")
 @click.option("--seq", type=int, default=0, show_default=True, help="Index of the packed sequence.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
 def show_mask(dataset, seq, out_path):
@@ -232,12 +231,7 @@ def inspect(dataset, seq, raw):
     if not raw:
         from packer.tokenize import load_tokenizer
 
-        if isinstance(ds.path, Path):
-            tok = load_tokenizer(str(ds.path / "tokenizer.json"))
-        else:  # a remote dataset's copy of its tokenizer
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_str((ds.path / "tokenizer.json").read_text())
+        tok = load_tokenizer(str(ds.path / "tokenizer.json"))
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         piece = tokens[a:b]
         click.secho(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan")

@@ -57,8 +57,15 @@ class TokenizerInfo:
 
 
 def resolve_tokenizer(name_or_path: str) -> str:
-    """A tokenizer.json path, a directory holding one, or a hub name already in the local HF
+    """A tokenizer.json path or URI, a directory holding one, or a hub name already in the local HF
     cache ("gpt2", "org/name"; looked up offline, never downloaded) -> the tokenizer.json path."""
+    if fs.is_remote(name_or_path):  # s3://, gs://, ... (packer/fs.py): read, never downloaded to disk
+        loc = fs.location(name_or_path)
+        for candidate in (loc, loc / "tokenizer.json"):
+            if candidate.is_file():
+                return str(candidate)
+        raise FileNotFoundError(f"tokenizer not found: {name_or_path} (neither a tokenizer.json nor a directory holding one)")
+    name_or_path = str(fs.location(name_or_path))  # file:// -> its path
     if os.path.isfile(name_or_path):
         return name_or_path
     if os.path.isfile(os.path.join(name_or_path, "tokenizer.json")):
@@ -88,6 +95,8 @@ def load_tokenizer(path: str):
 
     path = resolve_tokenizer(path)
     try:
+        if fs.is_remote(path):
+            return Tokenizer.from_str(fs.location(path).read_text())
         return Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON
         raise ValueError(f"{path}: not a valid tokenizer.json ({e})") from None
@@ -110,7 +119,7 @@ def _special_id(tok, explicit: str | None, candidates, what: str, flag: str) -> 
 def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     path = resolve_tokenizer(path)
     tok = load_tokenizer(path)
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    digest = hashlib.sha256(fs.location(path).read_bytes()).hexdigest()
     eos_id = _special_id(tok, config.eos_token, EOS_CANDIDATES, "end-of-text", "--eos-token") if config.eos else None
     bos_id = _special_id(tok, config.bos_token, BOS_CANDIDATES, "begin-of-text", "--bos-token") if config.bos else None
     return TokenizerInfo(path, digest, tok.get_vocab_size(with_added_tokens=True), eos_id, bos_id)

@@ -197,3 +197,24 @@ def test_process_local_output_refuses_worker_processes(memory_uri):
     with pytest.raises(ValueError, match="worker processes do not share; use --workers 1"):
         build(job)
     assert not Path("memory:").exists()
+
+
+def test_inputs_tokenizer_and_output_all_remote(memory_uri, sample_dataset):
+    """No shared mount at all: every path of the job is a URI; the shards are the local ones."""
+    src = fs.location(memory_uri).parent / "src"
+    for path in (*SAMPLE_INPUTS, TOKENIZER):
+        (src / Path(path).name).write_bytes(Path(path).read_bytes())
+    job = Job(inputs=tuple(f"{src}/{Path(p).name}" for p in SAMPLE_INPUTS), tokenizer=str(src),  # a directory
+              output=memory_uri, workers=1, config=BuildConfig(context_length=1024, **SAMPLE))
+    with pytest.warns(UnlockedOutputWarning):
+        manifest = build(job)
+    assert manifest["tokenizer"]["path"] == f"{src}/tokenizer.json"
+    assert manifest["inputs"][0]["path"].startswith("memory://")
+    local, remote = _files(sample_dataset), _files(memory_uri)
+    assert sorted(local) == sorted(remote)
+    for name in local:
+        if name.startswith("shard-") or name == "tokenizer.json":
+            assert remote[name] == local[name], name
+    ref = json.loads(local["manifest.json"])
+    got = json.loads(remote["manifest.json"])
+    assert (got["shards"], got["totals"], got["tokenizer"]["sha256"]) == (ref["shards"], ref["totals"], ref["tokenizer"]["sha256"])
