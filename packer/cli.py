@@ -70,7 +70,7 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", required=True, help="Path of a tokenizer.json (HF tokenizers format).")
 @click.option("--context-length", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per packed sequence.")
-@click.option("--output", "-o", required=True, help="Output directory for shards and manifest.")
+@click.option("--output", "-o", required=True, help="Output directory for shards and manifest, or a URI (s3://, gs://, ...).")
 @click.option("--workers", type=click.IntRange(min=0), default=0, help="Worker processes (default: all cores).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bin shuffle.")
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the document text.")

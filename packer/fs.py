@@ -99,6 +99,9 @@ class RemotePath:
     def __hash__(self) -> int:
         return hash(self.uri)
 
+    def __lt__(self, other: "RemotePath") -> bool:
+        return self.uri < other.uri
+
     def __reduce__(self):
         return location, (self.uri,)  # re-resolved where it is unpickled
 

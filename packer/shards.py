@@ -25,11 +25,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from packer import fs, memmap

@@ -190,6 +190,22 @@ def test_cli_build_verify_inspect_stats_on_a_uri(memory_uri):
     shard.write_bytes(shard.read_bytes()[:-100])
     result = runner.invoke(main, ["verify", memory_uri])
     assert result.exit_code == 1 and "shard-00002.arrow: sha256 does not match" in result.output
+    rebuild = ["build", SAMPLE_INPUTS[0], "--tokenizer", TOKENIZER, "--output", memory_uri, "--workers", "1"]
+    result = runner.invoke(main, rebuild)
+    assert result.exit_code == 1 and "already holds a complete dataset built differently" in result.output
+    result = runner.invoke(main, [*rebuild, "--overwrite"])
+    assert result.exit_code == 0 and "shards:    1 in memory://" in result.output, result.output
+    assert sorted(p.name for p in fs.location(memory_uri).iterdir()) == [
+        "manifest.json", "shard-00000.arrow", "stats.json", "tokenizer.json"]  # the old shards are gone
+    assert runner.invoke(main, ["verify", memory_uri]).exit_code == 0
+
+
+def test_remote_output_with_foreign_files_is_refused(memory_uri):
+    (fs.location(memory_uri) / "notes.txt").write_bytes(b"mine")
+    job = Job(inputs=SAMPLE_INPUTS, tokenizer=TOKENIZER, output=memory_uri, workers=1)
+    with pytest.warns(UnlockedOutputWarning), pytest.raises(ValueError, match=r"holds files packer did not write \(notes.txt\)"):
+        build(job)
+    assert [p.name for p in fs.location(memory_uri).iterdir()] == ["notes.txt"]
 
 
 def test_process_local_output_refuses_worker_processes(memory_uri):
