@@ -184,7 +184,8 @@ def _arrow_batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray) -> pa.Rec
 
 
 def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str) -> dict:
-    """Write one shard's files atomically (temporary names, then renames); return its entry.
+    """Write one shard's files atomically (temporary names, then renames; in place on a remote
+    filesystem, where the caller's marker says complete); return its entry.
 
     `tokens_of(r0, r1)` gives the tokens of rows r0..r1 (a new array each call, in the
     stored dtype): rows go out in chunks of ROWS_PER_BATCH, gathered while the previous
