@@ -1,5 +1,5 @@
-"""Builds into S3 (a local moto server, pyarrow's real S3 client): worker processes write in
-place with no rename, a SIGKILLed build resumes from its markers, and the bytes equal local."""
+"""Builds into S3 (conftest's local moto server, pyarrow's real S3 client): worker processes
+write in place with no rename, a SIGKILLed build resumes from its markers, the bytes equal local."""
 
 from __future__ import annotations
 
@@ -12,36 +12,15 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+from pyarrow.fs import S3FileSystem
 
-from moto.server import ThreadedMotoServer  # noqa: E402
-from pyarrow.fs import S3FileSystem  # noqa: E402
-
-from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample  # noqa: E402
-from packer import fs  # noqa: E402
-from packer.shards import open_dataset  # noqa: E402
-from packer.verify import verify_dataset  # noqa: E402
+from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample
+from packer import fs
+from packer.shards import open_dataset
+from packer.verify import verify_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-BUCKET = "packer-test"
 SAMPLE_ARGS = ["--context-length", "1024", "--shard-size", "200000"]  # as conftest's sample_dataset
-
-
-@pytest.fixture(scope="module")
-def s3_uri():
-    """uri(name) -> an s3:// URI on a moto server this module starts. The credentials travel in
-    the URI, so worker processes (started before this fixture, with another environment) have them."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
-    # allow_delayed_open: objects under pyarrow's part size go up in one PutObject (moto does not
-    # accept pyarrow's CompleteMultipartUpload response handling); every file here is that small.
-    query = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1&allow_delayed_open=true"
-    yield lambda name: f"s3://testing:testing@{BUCKET}/{name}?{query}"
-    server.stop()
 
 
 def _files(loc) -> dict[str, bytes]:
