@@ -28,24 +28,29 @@ def is_uri(loc) -> bool:
     return isinstance(loc, str) and "://" in loc
 
 
+PYARROW_SCHEMES = ("file", "local", "mock", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+
+
 @functools.lru_cache(maxsize=64)
 def resolve(uri: str):
     """(filesystem, path) of a URI: pyarrow's own schemes, else an fsspec protocol."""
     from pyarrow import fs as pafs
 
+    protocol = uri.split("://", 1)[0].lower()
     try:
         return pafs.FileSystem.from_uri(uri)
     except Exception as e:  # ArrowInvalid for a scheme pyarrow does not know, OSError for a bad host
+        if protocol in PYARROW_SCHEMES:
+            raise ValueError(f"cannot open {uri}: {e}") from None
         first = e
-    protocol = uri.split("://", 1)[0]
     try:
         import fsspec
 
         filesystem = fsspec.filesystem(protocol)
     except Exception:
         raise ValueError(
-            f"cannot open {uri}: {first} (give a local path, a URI pyarrow.fs supports, "
-            f"or one of an installed fsspec protocol)"
+            f"cannot open {uri}: {first} (give a local path, a URI pyarrow.fs opens, "
+            f"or one an installed fsspec implementation opens)"
         ) from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), filesystem._strip_protocol(uri)
 
