@@ -6,6 +6,8 @@
 
 Reads run in a few threads (pyarrow releases the GIL), so an object store's per-request
 latency overlaps; each unit file is opened once per shard (`files` is the caller's cache).
+GAP_BYTES and THREADS are guesses, not yet measured against a real object store (none is
+reachable from the machine this was written on; the tests use moto and fsspec's memory://).
 """
 
 from __future__ import annotations
