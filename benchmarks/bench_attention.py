@@ -4,6 +4,11 @@
     python benchmarks/bench_attention.py --quick    # context 4096 only, no flex
     python benchmarks/bench_attention.py --device cuda --dtype bf16   # GPU (gpu_check.sh)
 
+On CUDA the rows of a context go through one call (dense: one SDPA over [B, H, L, D] with a
+[B, 1, L, L] mask; varlen: one call over all rows, cu_seqlens merged), 128K tokens a context,
+best of 10 rounds of every case: GPU kernels take microseconds, so per-row Python calls and a
+single round would time the launch overhead and the first-call autotuning instead.
+
 Rows are packed (FFD, then shuffled as the pipeline does) from web-like document lengths:
 lognormal, median 300, mean 600, split at the context. 8 heads x 64 dims. For each backend:
 forward time, forward+backward time (where it can train), peak memory growth, and each as a
@@ -14,6 +19,11 @@ skips half of each document's square on top, so a ratio above it is possible).
 Measured 2026-11-29, busy 2-core CPU, --threads 1, context 4096 (3 rows, flop ratio 2.9x):
 bucketed fwd 8.0x, fwd+bwd 5.0x, peak memory 6.7x lower; flex fwd 6.1x (no CPU backward);
 sdpa per document fwd+bwd 3.7x. Context 8192 (1 row, flop ratio 14.8x): bucketed fwd+bwd 56x.
+
+Measured 2026-11-29 on an NVIDIA H200 (benchmarks/gpu_check.sh: torch 2.11.0+cu130, bf16, no
+flash-attn), fwd+bwd against one batched dense-mask SDPA call: context 4096 (32 rows, flop ratio
+2.5x) torch_varlen 3.10x (peak memory 2.1x lower), flex 1.63x, bucketed 0.20x, sdpa 0.07x;
+context 8192 (16 rows, 4.4x) torch_varlen 5.71x, flex 2.99x, bucketed 0.43x, sdpa 0.19x.
 """
 
 from __future__ import annotations
@@ -94,7 +104,7 @@ class PeakMemory:
             self.bytes = max(self.bytes, now)
 
 
-def measure(cases: dict, device) -> dict:
+def measure(cases: dict, device, repeats: int = REPEATS) -> dict:
     """{name: fn} -> {name: (best seconds, peak bytes)}. "X bwd" runs once under the memory probe
     (also its warm-up), then the cases take turns, REPEATS rounds, so load drift on a shared machine
     hits all of them alike. The dense baseline, slowest by far, runs once per case: its
@@ -116,9 +126,9 @@ def measure(cases: dict, device) -> dict:
         with PeakMemory(device) as mem:
             seconds = wall(fn)
         out[name] = [seconds if name.startswith("dense") else float("inf"), mem.bytes]
-    for rnd in range(REPEATS):
+    for rnd in range(repeats):
         for name, fn in cases.items():
-            if not name.startswith("dense") or (name == "dense fwd" and rnd == 0):
+            if not name.startswith("dense") or (name == "dense fwd" and rnd == 0) or device == "cuda":
                 out[name][0] = min(out[name][0], wall(fn))
     return {name: tuple(v) for name, v in out.items()}
 
@@ -148,10 +158,18 @@ def dense_case(rows, device, dtype):
     def run(backward):
         for t in (q, k, v):
             t.requires_grad_(backward)
+        if batched:  # equal rows: one [B, H, L, D] call with a [B, 1, L, L] mask
+            qb, kb, vb = (t.view(len(rows), -1, HEADS, HEAD_DIM).transpose(1, 2) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=stacked)
+            if backward:
+                o.backward(grad.view(len(rows), -1, HEADS, HEAD_DIM).transpose(1, 2))
+            return
         for (a, b), mask in zip(zip(starts[:-1], starts[1:]), mask_of):
             o = F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), attn_mask=mask)
             if backward:
                 o.backward(grad[a:b].transpose(0, 1))
+    batched = torch.device(device).type == "cuda" and len({sum(r) for r in rows}) == 1
+    stacked = torch.stack(mask_of)[:, None] if batched else None
     return run
 
 
@@ -160,6 +178,10 @@ def varlen_case(rows, backend, device, dtype):
     lengths, q, k, v, grad = inputs(rows, device, dtype)
     starts = np.cumsum([0] + [sum(r) for r in rows])
     cus = [torch.tensor(np.concatenate([[0], np.cumsum(r)]), dtype=torch.int32, device=device) for r in rows]
+
+    if torch.device(device).type == "cuda":  # one call over all rows, as a step over a flattened batch
+        starts, cus, rows = starts[[0, -1]], [torch.tensor(np.concatenate([[0], np.cumsum(lengths)]),
+                                                          dtype=torch.int32, device=device)], [lengths]
 
     def run(backward):
         for t in (q, k, v):
@@ -173,12 +195,14 @@ def varlen_case(rows, backend, device, dtype):
 
 
 def bench_context(context, args):
-    rows = packed_rows(context, max(1, TOKENS // context))
+    rows = packed_rows(context, max(1, args.tokens // context))
+    if args.device == "cuda":  # equal rows, so the dense baseline is one batched call: pad each to the context
+        rows = [r + [context - sum(r)] if sum(r) < context else r for r in rows]
     lengths = [n for r in rows for n in r]
     flop_ratio = len(rows) * context ** 2 / sum(n * n for n in lengths)
     print(f"\ncontext {context}: {len(rows)} rows, {len(lengths)} documents, fill "
           f"{sum(lengths) / (len(rows) * context):.3f}, longest {max(lengths)}, flop ratio L^2/sum(l^2) {flop_ratio:.1f}x")
-    print(f"{'backend':<12} {'fwd s':>8} {'fwd x':>7} {'fwd+bwd s':>10} {'fwd+bwd x':>10} {'peak MB':>8} {'mem x':>6}")
+    print(f"{'backend':<12} {'fwd ms':>9} {'fwd x':>7} {'fwd+bwd ms':>11} {'fwd+bwd x':>10} {'peak MB':>8} {'mem x':>6}")
     dense = dense_case(rows, args.device, args.dtype)
     cases = {"dense fwd": lambda: dense(False), "dense bwd": lambda: dense(True)}
     backends = {}
@@ -191,19 +215,19 @@ def bench_context(context, args):
         cases[f"{name} fwd"] = functools.partial(run, False)
         if info["backward"]:
             cases[f"{name} bwd"] = functools.partial(run, True)
-    m = measure(cases, args.device)
+    m = measure(cases, args.device, args.repeats)
     (base_f, _), (base_b, base_mem) = m["dense fwd"], m["dense bwd"]
     results = {}
     for name in ["dense"] + list(backends):
         f, mem = m[f"{name} fwd"]
         if f"{name} bwd" in m:
             b, mem = m[f"{name} bwd"]
-            bcol, bx = f"{b:10.3f}", f"{base_b / b:10.2f}"
+            bcol, bx = f"{b * 1e3:11.3f}", f"{base_b / b:10.2f}"
             results[name] = base_b / b
         else:
-            bcol, bx = f"{'-':>10}", f"{'no bwd':>10}"
+            bcol, bx = f"{'-':>11}", f"{'no bwd':>10}"
         label = "dense mask" if name == "dense" else name
-        print(f"{label:<12} {f:8.3f} {base_f / f:7.2f} {bcol} {bx} {mem / 2**20:8.0f} {base_mem / max(mem, 1):6.2f}")
+        print(f"{label:<12} {f * 1e3:9.3f} {base_f / f:7.2f} {bcol} {bx} {mem / 2**20:8.0f} {base_mem / max(mem, 1):6.2f}")
     results.pop("dense")
     best = max(results, key=results.get)
     print(f"best trainable: {best}, {results[best]:.2f}x dense (flop ratio {flop_ratio:.1f}x)")
@@ -217,6 +241,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="context 4096 only, no flex")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: on a shared 2-core machine 2 threads oversubscribe and run ~3x slower)")
+    parser.add_argument("--tokens", type=int, help=f"tokens a context (default {TOKENS}; 131072 on CUDA)")
+    parser.add_argument("--repeats", type=int, help=f"timed rounds, best kept (default {REPEATS}; 10 on CUDA)")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its CPU compile takes ~30 s a shape)")
     args = parser.parse_args()
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -224,9 +250,12 @@ def main():
         torch.set_num_threads(args.threads)
     if args.quick:
         args.contexts, args.no_flex = [4096], True
+    cuda = args.device == "cuda"
+    args.tokens = args.tokens or (131_072 if cuda else TOKENS)
+    args.repeats = args.repeats or (10 if cuda else REPEATS)
     print(machine_line())
-    print(f"# heads {HEADS} x head_dim {HEAD_DIM}, {args.dtype}, {args.device}, seed {SEED}, {TOKENS} tokens a context, "
-          f"best of {REPEATS}; lengths lognormal median 300 mean 600")
+    print(f"# heads {HEADS} x head_dim {HEAD_DIM}, {args.dtype}, {args.device}, seed {SEED}, {args.tokens} tokens a "
+          f"context, best of {args.repeats}; lengths lognormal median 300 mean 600")
     for context in args.contexts:
         bench_context(context, args)
 

@@ -189,23 +189,33 @@ def main():
             items = n_seq if limit is None else min(n_seq, limit * BATCH)
             return name, lambda: loader_pass(loader, limit), slow, int(lengths[:items].sum())
 
+        def batched(workers=0, **kw):  # the dataset yields batches: DataLoader(batch_size=None)
+            return DataLoader(dataset(batch_size=BATCH, **kw), batch_size=None, num_workers=workers,
+                              persistent_workers=workers > 0)
+
+        plain, starts_list, order_list = tokens.view(np.ndarray), starts.tolist(), order.tolist()
         cases = [("raw memmap (baseline)", lambda: raw_pass(tokens, starts, order), False, n_tok),
+                 ("raw, tight (ndarray view, int indices)", lambda: raw_pass(plain, starts_list, order_list), False, n_tok),
                  case("num_workers=0, collate_varlen", dl(dataset())),
-                 case(f"num_workers=0, pad_to={context}", dl(dataset(pad_to=context)))]
+                 case(f"num_workers=0, pad_to={context}", dl(dataset(pad_to=context))),
+                 case("num_workers=0, batch_size=8 (batches)", batched()),
+                 case(f"num_workers=0, batch_size=8, pad_to={context}",
+                      batched(pad_to=context, collate_fn=collate_padded))]
         if not args.only_varlen:
             cases += [
                 case("num_workers=2, collate_varlen", dl(dataset(), 2)),
+                case("num_workers=2, batch_size=8 (batches)", batched(2)),
                 case("num_workers=0, return_attention_mask",
                      dl(dataset(pad_to=context, return_attention_mask=True), collate=collate_padded), slow=True),
                 case("per-item make_item (reference)", dl(PerItem(path, order)), slow=True),
                 case("num_workers=2, prebuilt batches (IPC floor)", dl(Prebuilt(n_seq), 2, prebuilt_collate)),
             ]
         best = interleaved([(name, run, slow) for name, run, slow, _ in cases], rounds, passes)
-        print(f"{'case':44s} {'s/pass':>9s} {'Mtok/s':>9s} {'ratio':>7s}")
-        base = n_tok / best[cases[0][0]]
+        print(f"{'case':46s} {'s/pass':>9s} {'Mtok/s':>9s} {'ratio':>7s} {'vs tight':>9s}")
+        base, tight = (n_tok / best[cases[k][0]] for k in (0, 1))
         for name, _, _, delivered in cases:
             rate = delivered / best[name]
-            print(f"{name:44s} {best[name]:9.4f} {rate / 1e6:9.1f} {rate / base:7.4f}", flush=True)
+            print(f"{name:46s} {best[name]:9.4f} {rate / 1e6:9.1f} {rate / base:7.4f} {rate / tight:9.4f}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -2,16 +2,18 @@
 # GPU check for packer.attention (not part of CI): the CUDA equivalence tests against the flash_attn and
 # torch_varlen backends (skipped, with the reason printed, where flash-attn is absent), then the attention
 # benchmark in bf16. Runs in well under 5 minutes on one GPU.
-#   bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh            (PYTHON=... to pick the interpreter that has CUDA torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python - <<'PY'
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+"$PY" - <<'PY'
 import torch
 from packer.attention import available_backends
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA")
 for name, info in available_backends("cuda").items():
     print(f"  {name:<13} forward={info['forward']} backward={info['backward']}  {info['note']}")
 PY
-timeout 100 python -m pytest tests/test_attention.py -k cuda -q -rs -p no:cacheprovider
-timeout 180 python benchmarks/bench_attention.py --device cuda --dtype bf16
+timeout 150 "$PY" -m pytest tests/test_attention.py -k cuda -q -rs -p no:cacheprovider
+timeout 240 "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16

@@ -33,6 +33,7 @@ np.memmap baseline, a per-item loader at 1.8%.
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 import threading
 
@@ -63,65 +64,44 @@ def make_item(tokens, offsets, *, pad_to=None, pad_id=0, return_attention_mask=F
 
 def make_items(tokens_list, offsets_list, *, pad_to=None, pad_id=0, return_attention_mask=False,
                return_document_ids=False) -> list[dict]:
-    """`make_item` for many rows at once: one vectorized pass over all their tokens.
+    """`make_item` for many rows at once (row k: tokens_list[k], offsets_list[k], e.g. the views
+    `ds.views(indices)` gives): one vectorized pass over all their tokens.
 
     The items' tensors are views into one block tensor per field (cheap to build, and
     `collate_varlen` joins consecutive items of a block without copying); clone one to keep it
     alone.
     """
-    if not tokens_list:
+    if not len(tokens_list):
         return []
-    tokens, token_starts, offsets, offset_starts = _csr(tokens_list, offsets_list)
-    return items_from_rows(tokens, token_starts, offsets, offset_starts,
-                           pad_to=pad_to, pad_id=pad_id, return_attention_mask=return_attention_mask,
-                           return_document_ids=return_document_ids)
+    block = _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids)
+    return _block_items(block, return_attention_mask)
 
 
-def _csr(tokens_list, offsets_list):
-    """Lists of rows -> (tokens, token_starts, offsets, offset_starts)."""
-    token_starts = np.cumsum([0] + [len(t) for t in tokens_list])
-    offset_starts = np.cumsum([0] + [len(o) for o in offsets_list])
-    return np.concatenate(tokens_list), token_starts, np.concatenate(offsets_list), offset_starts
-
-
-def read_rows(ds, indices):
-    """Rows `indices` of an opened dataset in CSR form: its `get_many` where it has one (one
-    gather), else `ds[i]` row by row."""
-    if hasattr(ds, "get_many"):
-        rows = ds.get_many(indices)
-        return rows.tokens, rows.token_starts, rows.offsets, rows.offset_starts
-    pairs = [ds[i] for i in indices.tolist()]
-    return _csr([p[0] for p in pairs], [p[1] for p in pairs])
-
-
-def items_from_rows(tokens, token_starts, offsets, offset_starts, *, pad_to=None, pad_id=0,
-                    return_attention_mask=False, return_document_ids=False) -> list[dict]:
-    """`make_items` from rows in CSR form (what `ds.get_many` returns): row k is
-    tokens[token_starts[k]:token_starts[k+1]] with offsets offsets[offset_starts[k]:offset_starts[k+1]]."""
-    if len(token_starts) < 2:
-        return []
-    rows = _Layout(token_starts, offset_starts, offsets, pad_to)
-    tokens = tokens[int(token_starts[0]):int(token_starts[-1])]  # rows lie back to back in CSR
+def _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids) -> _Block:
+    """The token fields of many rows, in one buffer, with their layout."""
+    rows = _Layout(tokens_list, offsets_list, pad_to)
     # One pooled allocation for all token fields: fresh arrays page-faulted in again on every
     # block (12.6 ms against 1.0 ms a block of 32 rows of 4096; measured 2026-11-29).
     n_fields = 4 if return_document_ids else 3
     buffer = _POOL.take(n_fields * rows.total).reshape(n_fields, rows.total)
     input_ids, labels, position_ids = buffer[0], buffer[1], buffer[2]
-    _write_tokens(input_ids, labels, tokens, rows, pad_id)
+    _write_tokens(input_ids, labels, tokens_list, rows, pad_id)
     labels[rows.seg_start[:-1]] = masks.IGNORE_INDEX
-    _running_count(position_ids, rows.seg_start, 1, 1 - rows.seg_len[:-1])  # 0, 1, 2, ... in each segment
+    _position_ids(position_ids, rows)
     fields = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
-    if return_document_ids:  # 0 at each row start, +1 at each later segment start
-        steps = np.ones(len(rows.seg_len) - 1, np.int64)
-        steps[rows.first_seg[1:-1] - 1] = 1 - rows.n_segs[:-1]
-        fields["document_ids"] = _running_count(buffer[3], rows.seg_start, 0, steps)  # 0 0 1 1 1 2 ...
-    max_seqlen = np.maximum.reduceat(rows.seg_len, rows.first_seg[:-1]).tolist()
-    block = _Block({name: torch.from_numpy(array) for name, array in fields.items()}, rows.row_start,
-                   rows.seg_start, rows.first_seg, max_seqlen)
+    if return_document_ids:  # 0 at each row start, +1 at each later segment start: 0 0 1 1 1 2 ...
+        fields["document_ids"] = _document_ids(buffer[3], rows)
+    return _Block({name: torch.from_numpy(array) for name, array in fields.items()}, rows)
+
+
+def _block_items(block: _Block, return_attention_mask: bool) -> list[dict]:
+    """One item per row of a block: views of its tensors."""
+    rows = block.rows
     row_len = rows.row_len.tolist()
-    columns = {name: t.split(row_len) for name, t in block.fields.items()}  # all views at once
-    columns["cu_seqlens"] = torch.from_numpy(rows.offsets.astype(np.int32)).split(rows.n_offsets.tolist())
-    columns["max_seqlen"] = max_seqlen
+    columns = {name: torch.split_with_sizes(t, row_len) for name, t in block.fields.items()}  # views, at once
+    cu_seqlens = torch.from_numpy(rows.offsets.astype(np.int32))
+    columns["cu_seqlens"] = torch.split_with_sizes(cu_seqlens, rows.n_offsets.tolist())
+    columns["max_seqlen"] = block.max_seqlen
     names = tuple(columns)
     items = [_Item(zip(names, values)) for values in zip(*columns.values())]
     for k, item in enumerate(items):
@@ -133,6 +113,33 @@ def items_from_rows(tokens, token_starts, offsets, offset_starts, *, pad_to=None
     return items
 
 
+def _block_batch(block: _Block, r0: int, r1: int, padded: bool) -> dict:
+    """`collate_varlen` (or with `padded`, `collate_padded`) of rows r0..r1 of a block, without
+    their items: views of the block's tensors, cu_seqlens from its segment starts."""
+    a, b = block.row_start_list[r0], block.row_start_list[r1]
+    n_rows = r1 - r0 if padded else 1
+    lengths = block.rows.row_len[r0:r1]
+    if padded and lengths.min() != lengths.max():
+        raise ValueError(f"collate_padded: item lengths differ ({lengths.min()}..{lengths.max()}); "
+                         "set pad_to on the dataset (e.g. its context length), or use collate_varlen")
+    batch = {key: _rows_view(t, a, b, n_rows) for key, t in block.fields.items() if padded or key != "document_ids"}
+    s0, s1 = block.first_seg_list[r0], block.first_seg_list[r1]
+    batch["cu_seqlens"] = torch.from_numpy((block.rows.seg_start[s0:s1 + 1] - a).astype(np.int32))
+    batch["max_seqlen"] = max(block.max_seqlen[r0:r1])
+    if "document_ids" in block.fields and not padded:  # numbered across the flattened row
+        batch["document_ids"] = masks.document_ids(batch["cu_seqlens"])[None]
+    return batch
+
+
+def read_rows(ds, indices) -> tuple[list, list]:
+    """Rows `indices` of an opened dataset as (token views, offset views): its `views` where it
+    has one (one vectorized lookup), else `ds[i]` row by row."""
+    if hasattr(ds, "views"):
+        return ds.views(indices)
+    pairs = [ds[i] for i in np.asarray(indices).tolist()]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 class _Layout:
     """Where rows and segments lie in the flat block, padding segments included.
 
@@ -141,55 +148,86 @@ class _Layout:
     first_seg [0, 3, 5] (row k's segments: first_seg[k]..first_seg[k+1]).
     """
 
-    def __init__(self, token_starts, offset_starts, offsets, pad_to):
-        token_starts = np.asarray(token_starts, np.int64)
-        offset_starts = np.asarray(offset_starts, np.int64)
-        self.n_tokens = np.diff(token_starts)
+    def __init__(self, tokens_list, offsets_list, pad_to):
+        n_rows = len(tokens_list)
+        self.n_tokens = np.fromiter(map(len, tokens_list), np.int64, n_rows)
         if pad_to is not None and self.n_tokens.max() > pad_to:
             raise ValueError(f"pad_to={pad_to} is shorter than a row of {int(self.n_tokens.max())} tokens; "
                              "use pad_to >= the dataset's context length, or None")
-        self.row_len = self.n_tokens if pad_to is None else np.full(len(self.n_tokens), pad_to, np.int64)
-        self.row_start = np.concatenate([[0], np.cumsum(self.row_len)])
+        self.row_len = self.n_tokens if pad_to is None else np.full(n_rows, pad_to, np.int64)
+        self.row_start = np.zeros(n_rows + 1, np.int64)
+        np.cumsum(self.row_len, out=self.row_start[1:])
         self.total = int(self.row_start[-1])
         self.padded = self.n_tokens < self.row_len
-        offsets = np.asarray(offsets[int(offset_starts[0]):int(offset_starts[-1])], np.int64)
-        n_offsets = np.diff(offset_starts)
+        offsets = np.concatenate(offsets_list, dtype=np.int64)
+        n_offsets = np.fromiter(map(len, offsets_list), np.int64, n_rows)
+        self.bounds = np.zeros(n_rows + 1, np.int64)  # row k: offsets[bounds[k]:bounds[k+1]]
+        np.cumsum(n_offsets, out=self.bounds[1:])
         if self.padded.any():  # a padded row gets one more boundary: its padding segment's end
-            offsets = np.insert(offsets, (offset_starts - offset_starts[0])[1:][self.padded], self.row_len[self.padded])
+            offsets = np.insert(offsets, self.bounds[1:][self.padded], self.row_len[self.padded])
             n_offsets = n_offsets + self.padded
+            np.cumsum(n_offsets, out=self.bounds[1:])
         self.offsets, self.n_offsets = offsets, n_offsets
-        self.bounds = np.concatenate([[0], np.cumsum(n_offsets)])  # row k: offsets[bounds[k]:bounds[k+1]]
         is_start = np.ones(len(offsets), bool)
         is_start[self.bounds[1:] - 1] = False  # a row's last offset ends it, it starts nothing
         self.n_segs = n_offsets - 1
-        seg_start = offsets[is_start] + np.repeat(self.row_start[:-1], self.n_segs)
-        self.seg_start = np.append(seg_start, self.total)
-        self.seg_len = np.diff(offsets)[is_start[:-1]]
-        self.first_seg = np.concatenate([[0], np.cumsum(self.n_segs)])
+        self.seg_start = np.empty(int(self.bounds[-1]) - n_rows + 1, np.int64)
+        np.add(offsets[is_start], np.repeat(self.row_start[:-1], self.n_segs), out=self.seg_start[:-1])
+        self.seg_start[-1] = self.total
+        self.seg_len = np.diff(self.seg_start)
+        self.first_seg = np.zeros(n_rows + 1, np.int64)
+        np.cumsum(self.n_segs, out=self.first_seg[1:])
 
 
-def _write_tokens(input_ids, labels, tokens, rows: _Layout, pad_id: int):
-    """Each row's tokens (as int64) into input_ids and labels; padding gets pad_id and -100."""
+def _write_tokens(input_ids, labels, tokens_list, rows: _Layout, pad_id: int):
+    """Each row's tokens (as int64) into input_ids and labels; padding gets pad_id and -100.
+    One np.concatenate per field gathers and widens in one pass (2x a copy then a cast)."""
     if not rows.padded.any():
-        input_ids[:] = tokens
-        labels[:] = tokens  # from the small stored dtype: less to read than input_ids
+        np.concatenate(tokens_list, out=input_ids)
+        np.concatenate(tokens_list, out=labels)  # from the small stored dtype: less to read than input_ids
         return
-    input_ids.fill(pad_id)
-    labels.fill(masks.IGNORE_INDEX)
-    token_start = np.concatenate([[0], np.cumsum(rows.n_tokens)]).tolist()
-    for start, t0, t1 in zip(rows.row_start.tolist(), token_start[:-1], token_start[1:]):  # rows, not tokens
-        input_ids[start:start + t1 - t0] = tokens[t0:t1]
-        labels[start:start + t1 - t0] = tokens[t0:t1]
+    n_pad = (rows.row_len - rows.n_tokens).tolist()
+    pads, ignore = np.full(max(n_pad), pad_id, np.int64), np.full(max(n_pad), masks.IGNORE_INDEX, np.int64)
+    ids, labs = [], []
+    for tokens, n in zip(tokens_list, n_pad):  # rows, not tokens
+        ids += (tokens, pads[:n])
+        labs += (tokens, ignore[:n])
+    np.concatenate(ids, out=input_ids)
+    np.concatenate(labs, out=labels)
 
 
-def _running_count(out, seg_start, per_token, steps):
-    """out = the running sum from 0 of `per_token` at each token, except `steps` (one per
-    segment after the first) at each segment's first token: two passes, no temporaries."""
-    out.fill(per_token)
-    out[seg_start[1:-1]] = steps
-    out[:1] = 0
-    flat = torch.from_numpy(out)
-    torch.cumsum(flat, 0, out=flat)  # torch's int64 cumsum: 1.3x numpy's (2026-11-29, 262K tokens)
+_SCRATCH = threading.local()  # per thread: an int64 array of ones, restored after each use
+
+
+def _ones(n: int) -> np.ndarray:
+    ones = getattr(_SCRATCH, "ones", None)
+    if ones is None or len(ones) < n:
+        ones = _SCRATCH.ones = np.ones(-(-n // 2**16) * 2**16, np.int64)
+    return ones
+
+
+def _position_ids(out, rows: _Layout):
+    """0, 1, 2, ... in each segment: a cumulative sum of ones with a step back at each segment
+    start, taken from a kept array of ones (no fill pass over the block) into `out`."""
+    steps = _ones(rows.total)
+    starts = rows.seg_start[1:-1]
+    try:
+        steps[starts] = 1 - rows.seg_len[:-1]
+        steps[0] = 0
+        torch.cumsum(torch.from_numpy(steps[:rows.total]), 0, out=torch.from_numpy(out))  # 1.3x numpy's
+    finally:
+        steps[starts] = 1
+        steps[0] = 1
+    return out
+
+
+def _document_ids(out, rows: _Layout):
+    """0 at each row start, +1 at each later segment start: segment index within its row."""
+    out.fill(0)
+    steps = np.ones(len(rows.seg_len) - 1, np.int64)
+    steps[rows.first_seg[1:-1] - 1] = 1 - rows.n_segs[:-1]
+    out[rows.seg_start[1:-1]] = steps
+    torch.cumsum(torch.from_numpy(out), 0, out=torch.from_numpy(out))
     return out
 
 
@@ -220,14 +258,14 @@ _POOL = _BufferPool()
 
 
 class _Block:
-    """The tensors a block of items are views of, and where each row and segment starts in them."""
+    """The tensors a block of items are views of, and its layout (where rows and segments start)."""
 
-    __slots__ = ("fields", "row_start", "seg_start", "first_seg", "max_seqlen", "row_start_list", "first_seg_list")
+    __slots__ = ("fields", "rows", "max_seqlen", "row_start_list", "first_seg_list")
 
-    def __init__(self, fields, row_start, seg_start, first_seg, max_seqlen):
-        self.fields, self.row_start, self.seg_start, self.first_seg = fields, row_start, seg_start, first_seg
-        self.max_seqlen = max_seqlen  # per row, a list
-        self.row_start_list, self.first_seg_list = row_start.tolist(), first_seg.tolist()  # plain ints for collates
+    def __init__(self, fields: dict, rows: _Layout):
+        self.fields, self.rows = fields, rows
+        self.max_seqlen = np.maximum.reduceat(rows.seg_len, rows.first_seg[:-1]).tolist()  # per row
+        self.row_start_list, self.first_seg_list = rows.row_start.tolist(), rows.first_seg.tolist()  # plain ints
 
 
 class _Item(dict):
@@ -286,19 +324,11 @@ def collate_varlen(items: list[dict]) -> dict:
                          "too large; use collate_padded, or masks.block_causal_mask(batch['cu_seqlens'])")
     run = _block_run(items)
     if run:  # consecutive rows of one block: slices of its tensors, no copy
-        block, r0, r1 = run
-        a, b = block.row_start_list[r0], block.row_start_list[r1]
-        fields = block.fields
-        batch = {"input_ids": _rows_view(fields["input_ids"], a, b, 1), "labels": _rows_view(fields["labels"], a, b, 1),
-                 "position_ids": _rows_view(fields["position_ids"], a, b, 1)}
-        s0, s1 = block.first_seg_list[r0], block.first_seg_list[r1]
-        batch["cu_seqlens"] = torch.from_numpy((block.seg_start[s0:s1 + 1] - a).astype(np.int32))
-        batch["max_seqlen"] = max(block.max_seqlen[r0:r1])
-    else:
-        batch = {key: _join([it[key] for it in items])[None] for key in ("input_ids", "labels", "position_ids")}
-        lengths = [it["input_ids"].shape[0] for it in items]
-        batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], lengths)
-        batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
+        return _block_batch(*run, padded=False)
+    batch = {key: _join([it[key] for it in items])[None] for key in ("input_ids", "labels", "position_ids")}
+    lengths = [it["input_ids"].shape[0] for it in items]
+    batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], lengths)
+    batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
     if "document_ids" in items[0]:  # numbered across the flattened row: the segments of its cu_seqlens
         batch["document_ids"] = masks.document_ids(batch["cu_seqlens"])[None]
     return batch
@@ -313,16 +343,13 @@ def collate_padded(items: list[dict]) -> dict:
         raise ValueError(f"collate_padded: item lengths differ ({min(lengths)}..{max(lengths)}); "
                          "set pad_to on the dataset (e.g. its context length), or use collate_varlen")
     run = _block_run(items)
-    batch = {}
-    if run:  # consecutive rows of one block: views of its tensors, no copy
-        block, r0, r1 = run
-        a, b = int(block.row_start[r0]), int(block.row_start[r1])
-        batch = {key: _rows_view(t, a, b, len(items)) for key, t in block.fields.items()}
+    batch = _block_batch(*run, padded=True) if run else {}  # consecutive rows of one block: views, no copy
     for key in items[0]:
         if key not in batch and key not in ("cu_seqlens", "max_seqlen"):
             batch[key] = _join([it[key] for it in items]).view(len(items), *items[0][key].shape)
-    batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], [lengths.pop()] * len(items))
-    batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
+    if not run:
+        batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], [lengths.pop()] * len(items))
+        batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
     return batch
 
 
@@ -410,11 +437,20 @@ class PackedDataset(IterableDataset):
     the process iterating (with num_workers > 0, each worker's own copy, which StatefulDataLoader
     saves and restores per worker), and loading it makes the next iteration yield exactly the
     rest of that epoch, in the same order.
+
+    batch_size=B makes it yield batches instead of items: `collate_fn` (collate_varlen or
+    collate_padded, or any function of a list of items) of each B consecutive items of this
+    process's order, the last batch of an epoch shorter. Use it with DataLoader(batch_size=None):
+    the batches equal those of DataLoader(batch_size=B, collate_fn=...) over the item form, but the
+    two built-in collates are cut straight from each block of rows, with no per-item tensors or
+    dicts (several times faster; benchmarks/bench_loader.py). `len()` then counts batches as one
+    process forms them; each DataLoader worker ends its share with its own shorter batch.
     """
 
     def __init__(self, path, *, shuffle: bool = True, seed: int = 0, epoch: int = 0, pad_to: int | None = None,
                  rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
-                 return_attention_mask: bool = False, return_document_ids: bool = False):
+                 return_attention_mask: bool = False, return_document_ids: bool = False,
+                 batch_size: int | None = None, collate_fn=None):
         manifest = open_dataset(path).manifest
         self.path, self.manifest = path, manifest
         self.n_sequences = int(manifest["totals"]["sequences"])
@@ -429,9 +465,16 @@ class PackedDataset(IterableDataset):
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.shuffle, self.seed, self.epoch, self.pad_to, self.drop_last = shuffle, seed, epoch, pad_to, drop_last
         self.rank, self.world_size = rank, world_size
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be at least 1 (or None to yield items)")
+        if collate_fn is not None and batch_size is None:
+            raise ValueError("collate_fn is used only with batch_size: pass batch_size=B too, or give collate_fn "
+                             "to the DataLoader")
+        self.batch_size, self.collate_fn = batch_size, collate_fn or collate_varlen
         self.return_attention_mask, self.return_document_ids = return_attention_mask, return_document_ids
         self._ds = None
-        self._yielded = 0  # items this process yielded in the current epoch
+        self._yielded = 0  # items this process yielded in the current epoch before the current block
+        self._block_iter = None  # (iterator over the block's items or batches, their count, items, items per one)
         self._resume: dict | None = None  # a loaded state, applied by the next __iter__
         self._iter_split: dict | None = None  # the split of the iteration in progress
 
@@ -462,14 +505,18 @@ class PackedDataset(IterableDataset):
         return len(range(rank, n, world))
 
     def __len__(self) -> int:
-        """Sequences this rank yields per epoch (over all its workers)."""
-        return self._rank_count(*self._rank_world())
+        """Sequences this rank yields per epoch (over all its workers); with batch_size, batches."""
+        n = self._rank_count(*self._rank_world())
+        return n if self.batch_size is None else -(-n // self.batch_size)
 
     def state_dict(self) -> dict:
         """{seed, shuffle, epoch, yielded, rank, world_size, worker, num_workers}: where this process
         is in the epoch (`yielded` items so far, as its split sees them)."""
         split = self._iter_split or self._split()
         yielded = self._yielded if self._resume is None else self._resume["yielded"]
+        if self._resume is None and self._block_iter is not None:  # items taken from the current block
+            block_iter, n_units, n_items, per_unit = self._block_iter
+            yielded += min(n_items, (n_units - operator.length_hint(block_iter)) * per_unit)
         return {"seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch, "yielded": yielded, **split}
 
     def load_state_dict(self, state: dict):
@@ -507,17 +554,34 @@ class PackedDataset(IterableDataset):
         block = max(1, BLOCK_TOKENS // length)
         if self.return_attention_mask:  # a block's dense masks within 64 MiB (4 rows of 4096)
             block = min(block, max(1, 2**26 // length**2))
-        self._yielded = skip
-        for c in range(0, len(positions), ORDER_CHUNK):
-            chunk = positions[c:c + ORDER_CHUNK]
-            indices = permute(chunk, self.n_sequences, self.seed, self.epoch) if self.shuffle else chunk
+        per_unit = self.batch_size or 1
+        block = -(-block // per_unit) * per_unit  # whole batches in a block
+        chunk = block * max(1, ORDER_CHUNK // block)  # whole blocks in a chunk
+        self._yielded, self._block_iter = skip, None
+        for c in range(0, len(positions), chunk):
+            indices = positions[c:c + chunk]
+            if self.shuffle:
+                indices = permute(indices, self.n_sequences, self.seed, self.epoch)
             for b in range(0, len(indices), block):
-                items = items_from_rows(*read_rows(self._ds, indices[b:b + block]), pad_to=self.pad_to,
-                                        pad_id=self.pad_id, return_attention_mask=self.return_attention_mask,
-                                        return_document_ids=self.return_document_ids)
-                for item in items:
-                    self._yielded += 1
-                    yield item
+                units = self._block_units(read_rows(self._ds, indices[b:b + block]))
+                n_items = len(indices[b:b + block])
+                self._block_iter = (iter(units), len(units), n_items, per_unit)
+                del units  # only the iterator holds them: once it ends, the block's buffer is free for the next
+                yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
+                self._yielded += n_items
+                self._block_iter = None
+
+    def _block_units(self, rows) -> list:
+        """What one block of rows yields: its items, or with batch_size its batches."""
+        block = _make_block(*rows, self.pad_to, self.pad_id, self.return_document_ids)
+        n, size = len(block.row_start_list) - 1, self.batch_size
+        if size is None:
+            return _block_items(block, self.return_attention_mask)
+        fast = {collate_varlen: False, collate_padded: True}.get(self.collate_fn)
+        if fast is not None and not self.return_attention_mask:
+            return [_block_batch(block, r, min(r + size, n), fast) for r in range(0, n, size)]
+        items = _block_items(block, self.return_attention_mask)
+        return [self.collate_fn(items[r:r + size]) for r in range(0, n, size)]
 
 
 # The other two ways to feed the same loop (README: "Offline, online or bucketed?").

@@ -172,6 +172,56 @@ def test_flex_forward_on_cpu_and_its_reported_backward():
         varlen_attention(q, k, v, cu, max(lengths), backend="flex").sum().backward()
 
 
+def _block_sets(block_mask):
+    """(partial, full) [n, n] bool from a BlockMask's kv block lists."""
+    out = []
+    for num, idx in ((block_mask.kv_num_blocks, block_mask.kv_indices),
+                     (block_mask.full_kv_num_blocks, block_mask.full_kv_indices)):
+        num, idx = num[0, 0], idx[0, 0]
+        dense = torch.zeros(len(num), idx.shape[-1], dtype=torch.bool)
+        for r in range(len(num)):
+            dense[r, idx[r, :num[r]].long()] = True
+        out.append(dense)
+    return out
+
+
+def test_flex_block_mask_from_ranges_equals_the_dense_classification():
+    """The O(T + blocks^2) builder against the classification of each 128 x 128 block of the dense
+    token mask: full blocks exactly; partial blocks exactly without a window, and with one a
+    superset of the blocks with a visible pair (mask_mod decides inside them)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    B, rng, seen = attention._FLEX_BLOCK, np.random.default_rng(4), set()
+    for trial in range(40):
+        lengths = rng.choice([1, 5, 60, 127, 128, 129, 300, 700], size=int(rng.integers(1, 9)))
+        if trial % 7 == 0:
+            lengths = np.append(lengths, 0)  # an empty segment
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+        T = int(cu[-1])
+        causal, window = trial % 2 == 0, [None, 1, 127, 200, None][trial % 5]
+        if T == 0:
+            continue
+        partial, full = _block_sets(attention._document_block_mask(cu, T, causal, window, "cpu"))
+        doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        n = -(-T // B)
+        doc = torch.cat([doc, torch.full((n * B - T,), -1)])
+        pos = torch.arange(n * B)
+        q, kv = pos[:, None], pos[None, :]
+        ok = (doc[q] == doc[kv]) & (doc[q] >= 0)
+        if causal:
+            ok &= kv <= q
+        if window is not None:
+            ok &= (q - kv <= window) & (kv - q <= (0 if causal else window))
+        blocks = ok.view(n, B, n, B)
+        exact_full, exact_any = blocks.all(3).all(1), blocks.any(3).any(1)
+        assert torch.equal(full, exact_full)
+        if window is None:
+            assert torch.equal(partial, exact_any & ~exact_full)
+        else:
+            assert not (partial & full).any() and ((partial | full) >= exact_any).all()
+        seen.add((causal, window is None, bool(full.any()), bool(partial.any())))
+    assert len(seen) >= 6  # causal and not, windows, full and partial blocks all exercised
+
+
 def test_auto_picks_a_trainable_backend_and_bad_calls_fail_clearly():
     assert attention.pick_backend("cpu", torch.float32, True) == CPU_TRAINABLE[0]
     (q, k, v), cu, lengths = random_case(0, [5, 3])

@@ -3,6 +3,8 @@ worker partitions, drop_last, and mid-epoch resume (plain, per-worker, StatefulD
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -263,23 +265,26 @@ def test_set_epoch_drops_a_state_of_another_epoch(sample_dataset):
     assert len(_keys_of(resumed)) == len(ds)
 
 
-def test_get_many_path_equals_row_by_row(sample_dataset):
+def test_views_path_equals_row_by_row(sample_dataset):
+    """read_rows uses `ds.views` where the dataset has it, `ds[i]` otherwise: the same items."""
     raw = open_dataset(sample_dataset)
 
-    class Rows:
-        def __init__(self, tokens, token_starts, offsets, offset_starts):
-            self.tokens, self.token_starts, self.offsets, self.offset_starts = tokens, token_starts, offsets, offset_starts
-
-    class WithGetMany:
+    class WithViews:
         def __getitem__(self, i):
-            raise AssertionError("get_many should be used")
+            raise AssertionError("views should be used")
 
-        def get_many(self, indices):
-            return Rows(*data._csr([raw[i][0] for i in indices], [raw[i][1] for i in indices]))
+        def views(self, indices):
+            return raw.views(indices)
+
+    class RowByRow:
+        def __getitem__(self, i):
+            return raw[i]
 
     picks = np.array([5, 0, 700, 5, 13])
-    got = data.items_from_rows(*data.read_rows(WithGetMany(), picks), pad_to=1024)
-    assert [_as_lists(it) for it in got] == [_as_lists(make_item(*raw[i], pad_to=1024)) for i in picks]
+    expected = [_as_lists(make_item(*raw[i], pad_to=1024)) for i in picks]
+    for ds in (WithViews(), RowByRow()):
+        got = data.make_items(*data.read_rows(ds, picks), pad_to=1024)
+        assert [_as_lists(it) for it in got] == expected
 
 
 def test_bad_arguments_say_what_to_do(sample_dataset):
@@ -322,3 +327,75 @@ def test_batches_cross_worker_processes_intact(sample_dataset):
 
     local, remote = batches(0), batches(2)
     assert len(local) == len(PackedDataset(sample_dataset)) and sorted(local) == sorted(remote)
+
+
+def _same_batches(got, expected):
+    assert len(got) == len(expected) and len(got) > 0
+    for g, e in zip(got, expected):
+        assert g.keys() == e.keys()
+        for key in e:
+            if isinstance(e[key], torch.Tensor):
+                assert g[key].dtype == e[key].dtype and torch.equal(g[key], e[key]), key
+            else:
+                assert g[key] == e[key], key
+
+
+class _FromPlainDicts:
+    """`collate` of the items as plain dicts: its item-by-item path (torch.cat, merged cu_seqlens),
+    independent of the block slicing that PackedDataset(batch_size=...) uses."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, items):
+        return self.collate([dict(it) for it in items])
+
+
+def _by_a_function(items):  # not one of the two built-in collates: the items path
+    return {"n": len(items), "ids": collate_varlen(items)["input_ids"]}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batch_size_yields_the_dataloaders_batches(sample_dataset, num_workers):
+    """PackedDataset(batch_size=B) through DataLoader(batch_size=None) gives the batches that
+    DataLoader(batch_size=B, collate_fn=...) makes of the items: for both built-in collates (cut
+    from blocks), another collate (built from items), document ids, padding and the short last batch."""
+    cases = [(3, collate_varlen, {}), (8, collate_varlen, {"return_document_ids": True}),
+             (5, collate_padded, {"pad_to": 1024, "return_document_ids": True}), (4, _by_a_function, {}),
+             (2, collate_padded, {"pad_to": 1024, "return_attention_mask": True, "shuffle": False})]
+    if num_workers:
+        cases = cases[:2]
+    for size, collate, kw in cases:
+        items = PackedDataset(sample_dataset, seed=7, **kw)
+        batched = PackedDataset(sample_dataset, seed=7, batch_size=size, collate_fn=collate, **kw)
+        n = 3 if kw.get("return_attention_mask") else None  # dense masks: a prefix is enough
+        expected = list(itertools.islice(DataLoader(items, batch_size=size, collate_fn=_FromPlainDicts(collate),
+                                                    num_workers=num_workers), n))
+        got = list(itertools.islice(DataLoader(batched, batch_size=None, num_workers=num_workers), n))
+        _same_batches(got, expected)
+        if num_workers == 0 and n is None:
+            assert len(batched) == len(got)
+    assert len(items) % 8 != 0  # the last batch was short
+
+
+def test_batch_size_padded_needs_equal_rows(sample_dataset):
+    ds = PackedDataset(sample_dataset, batch_size=4, collate_fn=collate_padded)
+    with pytest.raises(ValueError, match="item lengths differ .* set pad_to"):
+        list(ds)
+    with pytest.raises(ValueError, match="batch_size=0 must be at least 1"):
+        PackedDataset(sample_dataset, batch_size=0)
+    with pytest.raises(ValueError, match="collate_fn is used only with batch_size"):
+        PackedDataset(sample_dataset, collate_fn=collate_padded)
+
+
+def test_batch_size_resumes_after_k_batches(sample_dataset):
+    full = list(PackedDataset(sample_dataset, seed=5, batch_size=6))
+    for k in (0, 1, 17, len(full) - 1, len(full)):
+        ds = PackedDataset(sample_dataset, seed=5, batch_size=6)
+        it = iter(ds)
+        head = [next(it) for _ in range(k)]
+        state = ds.state_dict()
+        assert state["yielded"] == min(6 * k, len(PackedDataset(sample_dataset)))
+        resumed = PackedDataset(sample_dataset, seed=5, batch_size=6)
+        resumed.load_state_dict(state)
+        _same_batches(head + list(resumed), full)

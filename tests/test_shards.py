@@ -106,10 +106,13 @@ def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300
 def test_random_datasets_read_back_exactly(tmp_path, fmt):
     rng = np.random.default_rng(5)
     n_multi = n_shards_seen = 0
+    n_blocks_seen = set()
     for trial in range(12):
         dtype = (np.uint16, np.uint32)[trial % 2]
         reference_doc_ids = []
-        reference = _random_dataset(tmp_path / str(trial), rng, fmt, dtype, doc_ids_out=reference_doc_ids)
+        shard_size = 10**6 if trial % 4 == 0 else 300  # one shard (one block to read) now and then
+        reference = _random_dataset(tmp_path / str(trial), rng, fmt, dtype, shard_size=shard_size,
+                                    doc_ids_out=reference_doc_ids)
         ds = open_dataset(tmp_path / str(trial))
         assert len(ds) == len(reference)
         assert [(t.tolist(), o.tolist()) for t, o in ds] == reference  # iteration, stored order
@@ -125,10 +128,14 @@ def test_random_datasets_read_back_exactly(tmp_path, fmt):
             assert len(batch) == 20 and batch.token_starts[0] == 0 and batch.tokens.dtype == dtype
             for k, i in enumerate(picks):
                 assert tuple(x.tolist() for x in batch.row(k)) == reference[i]
+            tokens, offsets = ds.views(picks)
+            assert [(t.tolist(), o.tolist()) for t, o in zip(tokens, offsets)] == [reference[i] for i in picks]
+            n_blocks_seen.add(min(len(ds._blocks), 2))
         assert verify_dataset(tmp_path / str(trial))["sequences"] == len(reference)
         assert ds.doc_ids().tolist() == reference_doc_ids
         n_shards_seen = max(n_shards_seen, len(ds.manifest["shards"]))
     assert n_multi > 0 and n_shards_seen > 2  # multi-document rows and several shards were exercised
+    assert n_blocks_seen == {1, 2}  # views: its one-block path and its block lookup
 
 
 def test_out_of_range_and_empty_batch(tmp_path):
