@@ -2,13 +2,15 @@
 
 A file that exists under its final name is therefore complete. Temporary names end in
 `.tmp<pid>` (`shard-00003.arrow.tmp4711`), so a killed run's leftovers are easy to find
-and remove (`remove_leftovers`).
+and remove (`remove_leftovers`). A remote location (packer/fs.py) has no rename: there each
+file is written straight to its final name, and a marker written after it says it is complete.
 
 Also here: `kill_point`, the test-only hook that makes crash tests deterministic.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,6 +18,8 @@ import signal
 from pathlib import Path
 
 import numpy as np
+
+from packer import fs
 
 KILL_ENV = "PACKER_TEST_KILL_AT"
 _TMP_RE = re.compile(r"\.tmp\d+$")
@@ -25,34 +29,49 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp{os.getpid()}")
 
 
-def write_json(path, obj):
-    path = Path(path)
+def write_bytes(path, data: bytes):
+    path = fs.location(path)
+    if isinstance(path, fs.RemotePath):
+        path.write_bytes(data)
+        return
     tmp = _tmp(path)
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_json(path, obj):
+    write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
+
+
+def _save(path, save):
+    path = fs.location(path)
+    if isinstance(path, fs.RemotePath):
+        buf = io.BytesIO()
+        save(buf)
+        path.write_bytes(buf.getvalue())
+        return
+    tmp = _tmp(path)
+    with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+        save(f)
     os.replace(tmp, path)
 
 
 def save_npy(path, array: np.ndarray):
-    path = Path(path)
-    tmp = _tmp(path)
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
+    _save(path, lambda f: np.save(f, array))
 
 
 def save_npz(path, **arrays):
-    path = Path(path)
-    tmp = _tmp(path)
-    with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    _save(path, lambda f: np.savez(f, **arrays))
 
 
 def copy_file(src, dst):
-    dst = Path(dst)
-    tmp = _tmp(dst)
-    tmp.write_bytes(Path(src).read_bytes())
-    os.replace(tmp, dst)
+    write_bytes(dst, fs.location(src).read_bytes())
+
+
+def publish(staged, final):
+    """Rename a staged temporary file into place; None (written in place, remote) does nothing."""
+    if staged is not None:
+        os.replace(staged, final)
 
 
 def tmp_path(path) -> Path:
@@ -66,6 +85,8 @@ def is_tmp(path) -> bool:
 
 def remove_leftovers(directory) -> int:
     """Delete temporary files a killed run left in `directory` (not recursive); return how many."""
+    if fs.is_remote(directory):
+        return 0  # nothing is written under a temporary name there
     n = 0
     for p in Path(directory).iterdir() if Path(directory).is_dir() else ():
         if p.is_file() and is_tmp(p):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 
 import click
 
@@ -19,7 +20,9 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():  # a warning is one line too: "warning: ..."
+                warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {message}", err=True)
+                return super().invoke(ctx)
         except EXPECTED_ERRORS as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
@@ -67,7 +70,7 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", required=True, help="Path of a tokenizer.json (HF tokenizers format).")
 @click.option("--context-length", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per packed sequence.")
-@click.option("--output", "-o", required=True, help="Output directory for shards and manifest.")
+@click.option("--output", "-o", required=True, help="Output directory for shards and manifest, or a URI (s3://, gs://, ...).")
 @click.option("--workers", type=click.IntRange(min=0), default=0, help="Worker processes (default: all cores).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bin shuffle.")
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the document text.")
@@ -116,18 +119,24 @@ def run(pipeline, workers, keep_work, overwrite, executor, ray_address):
 
 def _write_report(output: str):
     """OUTPUT/report.html from the build's stats.json (charts when matplotlib is installed)."""
-    from pathlib import Path
+    import tempfile
 
-    from packer import report
+    from packer import fs, report
     from packer.stats import SCHEMA_ID
 
-    stats_path = Path(output) / "stats.json"
+    stats_path = fs.location(output) / "stats.json"
     if not stats_path.is_file():
         return
     figures = json.loads(stats_path.read_text(encoding="utf-8"))
     if figures.get("schema") == SCHEMA_ID:  # a dataset built by an older version has no such stats
-        report.write_html(figures, Path(output) / "report.html")
-        click.echo(f"report:    {Path(output) / 'report.html'} (packer stats {output} prints the table)")
+        page = fs.location(output) / "report.html"
+        if isinstance(page, fs.RemotePath):
+            with tempfile.TemporaryDirectory() as d:
+                report.write_html(figures, f"{d}/report.html")
+                fs.upload(f"{d}/report.html", page)
+        else:
+            report.write_html(figures, page)
+        click.echo(f"report:    {page} (packer stats {output} prints the table)")
 
 
 @main.command()
@@ -149,12 +158,10 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
           json_path, plot_path, html_path):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
     (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR)."""
-    import os
-
-    from packer import report
+    from packer import fs, report
     from packer import stats as st
 
-    if len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], "manifest.json")):
+    if len(inputs) == 1 and (fs.location(inputs[0]) / "manifest.json").is_file():
         if tokenizer or context_length or sample or online:
             raise ValueError(f"{inputs[0]} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample/--online")
         from packer.shards import open_dataset
@@ -185,7 +192,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
 
 
 @main.command("show-mask")
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.argument("dataset")
 @click.option("--seq", type=int, default=0, show_default=True, help="Index of the packed sequence.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
 def show_mask(dataset, seq, out_path):
@@ -203,11 +210,11 @@ def show_mask(dataset, seq, out_path):
 
 
 @main.command()
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.argument("dataset")
 @click.option("--seq", type=int, default=None, help="Show this packed sequence, decoded, with document boundaries marked.")
 @click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
 def inspect(dataset, seq, raw):
-    """Show a dataset's manifest summary, or one packed sequence."""
+    """Show a dataset's manifest summary, or one packed sequence (DATASET: a directory or a URI)."""
     from packer.shards import open_dataset
 
     ds = open_dataset(dataset)
@@ -232,10 +239,11 @@ def inspect(dataset, seq, raw):
 
 
 @main.command()
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+@click.argument("dataset")
 @click.option("--quick", is_flag=True, help="Skip checksums.")
 def verify(dataset, quick):
-    """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem."""
+    """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
+    DATASET is a directory or a URI (s3://, gs://, file://, ...)."""
     from packer.verify import verify_dataset
 
     totals = verify_dataset(dataset, checksums=not quick)

@@ -5,6 +5,8 @@
 The kernel holds the lock (fcntl.flock), not the file's existence, so a lock left by a
 killed build is stale the moment its process dies: the next build locks the same file,
 writes its own pid and goes on. A second live build fails at once, naming the owner.
+A remote output (s3://, gs://, ...; packer/fs.py) cannot be flock'ed: there nothing stops a
+second build, so one build at a time per output is the user's rule, and a warning says so.
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ import contextlib
 import fcntl
 import os
 import socket
+import warnings
 from pathlib import Path
 
+from packer import fs
+
 LOCK_NAME = ".packer.lock"
+
+
+class UnlockedOutputWarning(UserWarning):
+    """The output is on a filesystem without locks: concurrent builds into it are not refused."""
 
 
 def _owner(path: Path) -> str:
@@ -54,7 +63,17 @@ def _acquire(directory: Path) -> int:
 @contextlib.contextmanager
 def hold(directory):
     """Hold the build lock of `directory` (created if missing) for the `with` block."""
-    directory = Path(directory)
+    directory = fs.location(directory)
+    if isinstance(directory, fs.RemotePath):
+        directory.mkdir(parents=True, exist_ok=True)
+        warnings.warn(
+            f"{directory} is on a filesystem without locks: nothing stops a second build into it, "
+            "so run one build at a time per output",
+            UnlockedOutputWarning,
+            stacklevel=3,
+        )
+        yield
+        return
     directory.mkdir(parents=True, exist_ok=True)
     fd = _acquire(directory)
     try:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from packer import fs
+
 MAGIC = b"PACKIDX1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
@@ -50,9 +52,14 @@ def index_bytes(token_starts, offset_starts, doc_ids, offsets, itemsize: int) ->
 
 def read_header(path) -> tuple[int, int, int]:
     """(token itemsize, S rows, D segments) of an .idx file; ValueError if it is not one."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        head = f.read(HEADER.size)
+    path = fs.location(path)
+    if isinstance(path, fs.RemotePath):
+        with path.open_input() as f:
+            head, size = f.read_at(HEADER.size, 0), f.size()
+    else:
+        with open(path, "rb") as f:
+            head = f.read(HEADER.size)
+        size = path.stat().st_size
     if len(head) < HEADER.size:
         raise ValueError(f"{path}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
     magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head)
@@ -63,17 +70,25 @@ def read_header(path) -> tuple[int, int, int]:
     if itemsize not in TOKEN_DTYPES:
         raise ValueError(f"{path}: token itemsize {itemsize}, expected 2 or 4")
     want = HEADER.size + 8 * (2 * (n_rows + 1) + n_segments) + 4 * (n_segments + n_rows)
-    size = path.stat().st_size
     if size != want:
         raise ValueError(f"{path}: {size} bytes, its header implies {want} (truncated or corrupt)")
     return itemsize, n_rows, n_segments
 
 
 def open_shard(bin_path, idx_path):
-    """Memory-map one shard: (tokens, token_starts, offsets, offset_starts, doc_ids), no data read."""
+    """Memory-map one shard: (tokens, token_starts, offsets, offset_starts, doc_ids), no data read.
+    A remote shard (packer/fs.py) cannot be mapped: both files are read into memory."""
+    bin_path, idx_path = fs.location(bin_path), fs.location(idx_path)
     itemsize, n_rows, n_segments = read_header(idx_path)
-    # One mapping per file; plain ndarray views of it (slicing a np.memmap subclass costs more).
-    raw = np.memmap(idx_path, dtype=np.uint8, mode="r").view(np.ndarray)
+    dtype = TOKEN_DTYPES[itemsize]
+    if isinstance(idx_path, fs.RemotePath):
+        raw = np.frombuffer(idx_path.read_bytes(), dtype=np.uint8)
+        data = bin_path.read_bytes()
+        size, tokens = len(data), lambda: np.frombuffer(data, dtype=dtype)
+    else:
+        # One mapping per file; plain ndarray views of it (slicing a np.memmap subclass costs more).
+        raw = np.memmap(idx_path, dtype=np.uint8, mode="r").view(np.ndarray)
+        size, tokens = None, lambda: np.memmap(bin_path, dtype=dtype, mode="r").view(np.ndarray)
     pos = HEADER.size
 
     def section(dtype, count):
@@ -88,9 +103,7 @@ def open_shard(bin_path, idx_path):
     doc_ids = section("<i8", n_segments)
     offsets = section("<i4", n_segments + n_rows)
     n_tokens = int(token_starts[-1])
-    size = Path(bin_path).stat().st_size
+    size = Path(bin_path).stat().st_size if size is None else size
     if size != n_tokens * itemsize:
         raise ValueError(f"{bin_path}: {size} bytes, its index says {n_tokens} tokens of {itemsize} bytes (truncated?)")
-    dtype = TOKEN_DTYPES[itemsize]
-    tokens = np.memmap(bin_path, dtype=dtype, mode="r").view(np.ndarray) if n_tokens else np.zeros(0, dtype)
-    return tokens, token_starts, offsets, offset_starts, doc_ids
+    return (tokens() if n_tokens else np.zeros(0, dtype)), token_starts, offsets, offset_starts, doc_ids

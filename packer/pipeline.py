@@ -9,19 +9,19 @@
 
 Every file is written under a temporary name and renamed into place; each stage reads
 only what the one before wrote and skips work whose output exists, so re-running the
-same command after a crash at any point resumes it and gives the same bytes.
+same command after a crash at any point resumes it and gives the same bytes. OUTPUT may
+also be a URI (packer/fs.py): there files go straight to their final names, a unit's or
+shard's .json and the manifest, written after them, say what is complete, and no lock is held.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from packer import __version__, atomic, lock, readers, resume, shards, writer
+from packer import __version__, atomic, fs, lock, readers, resume, shards, writer
 from packer.config import Job
 from packer.executors import make_executor
 from packer.plan import Plan, plan_bins
@@ -31,7 +31,7 @@ from packer.tokenize import tokenize_unit, tokenizer_info, unit_paths
 WORK = "_work"
 
 
-def _tokenize_stage(units, info, config, units_dir: Path, executor):
+def _tokenize_stage(units, info, config, units_dir, executor):
     total = sum(max(u.size, 0) for u in units)
     n_done = [0]
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", leave=False) as bar:
@@ -55,11 +55,11 @@ def _tokenize_task(unit, info, config, units_dir: str) -> dict:
     return tokenize_unit(unit, info, config, units_dir)
 
 
-def _plan_stage(n_units: int, config, work: Path) -> Plan:
+def _plan_stage(n_units: int, config, work) -> Plan:
     path = work / "plan.npz"
     if path.exists():
-        return Plan.load(path)
-    unit_lengths = [np.load(unit_paths(work / "units", u)["lengths.npy"]) for u in range(n_units)]
+        return Plan.load(fs.for_numpy(path))
+    unit_lengths = [np.load(fs.for_numpy(unit_paths(work / "units", u)["lengths.npy"])) for u in range(n_units)]
     plan = plan_bins(
         unit_lengths,
         context_length=config.context_length,
@@ -74,7 +74,7 @@ def _plan_stage(n_units: int, config, work: Path) -> Plan:
     return plan
 
 
-def _write_stage(plan: Plan, info, config, work: Path, out: Path, executor):
+def _write_stage(plan: Plan, info, config, work, out, executor):
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
     with tqdm(total=int(plan.piece_len.sum()), unit="tok", unit_scale=True, desc="write", leave=False) as bar:
@@ -119,11 +119,12 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
     }
 
 
-def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out: Path, work: Path,
+def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, work,
               skipped_files=()) -> dict:
     config = job.config
     doc_lengths = np.concatenate(
-        [np.load(unit_paths(work / "units", u.index)["lengths.npy"]) for u in units] or [np.zeros(0, np.int64)]
+        [np.load(fs.for_numpy(unit_paths(work / "units", u.index)["lengths.npy"])) for u in units]
+        or [np.zeros(0, np.int64)]
     )
     if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
         figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
@@ -155,9 +156,11 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
     (`already_complete`); one from another command, or a `_work/` from another config or
     other inputs, is refused unless `overwrite`, which deletes packer's files and starts over."""
     config = job.config
-    out = Path(job.output)
+    out = fs.location(job.output)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out} is a file; give a directory (new, or one packer wrote)")
+    if fs.is_process_local(out) and (job.executor == "ray" or job.n_workers > 1):
+        raise ValueError(f"--output {out} is in this process's memory, which worker processes do not share; use --workers 1")
     files = readers.expand_inputs(job.inputs)
     info = tokenizer_info(job.tokenizer, config)
     with lock.hold(out):
@@ -169,7 +172,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
             manifest = shards.read_manifest(out)
             resume.require_same_dataset(manifest, config, info, files, out)
             if work.exists() and not keep_work:
-                shutil.rmtree(work)  # a run killed after its manifest, before this
+                fs.rmtree(work)  # a run killed after its manifest, before this
             return {**manifest, "already_complete": True}
         resume.start_or_resume(work, resume.fingerprint(config, info, files))
         for d in (out, work, work / "units", work / "shards"):
@@ -193,5 +196,5 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         manifest["build_seconds"] = round(time.time() - started, 3)
         atomic.write_json(out / shards.MANIFEST, manifest)  # last: its presence means complete
         if not keep_work:
-            shutil.rmtree(work)
+            fs.rmtree(work)
     return manifest

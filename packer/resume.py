@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
-from packer import atomic, lock, sources
+from packer import atomic, fs, lock, sources
 from packer.shards import MANIFEST, STATS
 
 FINGERPRINT = "fingerprint.json"
@@ -114,6 +113,6 @@ def clear(out: Path):
         if p.name == lock.LOCK_NAME or not _OWNED.match(p.name):
             continue
         if p.is_dir():
-            shutil.rmtree(p)
+            fs.rmtree(p)
         else:
             p.unlink()

@@ -15,7 +15,9 @@ Arrow shard (`shard-00000.arrow`), one row per packed sequence:
     doc_ids:   list<int64>           global document index of each segment (audits)
 
 Memmap shard (`shard-00000.bin` + `.idx`): see packer/memmap.py for the byte layout.
-Writing is packer/writer.py; checking, packer/verify.py.
+Writing is packer/writer.py; checking, packer/verify.py. A dataset at a remote URI
+(packer/fs.py) is read into memory when opened: Arrow record batches by ranged reads,
+memmap shards whole (nothing remote can be memory-mapped).
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer import memmap
+from packer import fs, memmap
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -67,14 +67,15 @@ def shard_files(entry: dict) -> list[str]:
 
 def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    path = fs.location(path)
+    with path.fs.open_input_stream(path.path) if isinstance(path, fs.RemotePath) else open(path, "rb") as f:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
 
 
 def read_manifest(path) -> dict:
-    path = Path(path)
+    path = fs.location(path)
     file = path / MANIFEST if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
@@ -84,9 +85,9 @@ def read_manifest(path) -> dict:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
-def _arrow_blocks(file: Path):
-    """One (Rows, doc_ids) per record batch, zero-copy over a memory map."""
-    reader = ipc.open_file(pa.memory_map(str(file), "r"))
+def _arrow_blocks(file):
+    """One (Rows, doc_ids) per record batch, zero-copy over a memory map (read, if remote)."""
+    reader = ipc.open_file(fs.open_arrow(file))
     for b in range(reader.num_record_batches):
         batch = reader.get_batch(b)
         ids, offs = batch.column("input_ids"), batch.column("offsets")
@@ -99,7 +100,7 @@ def _arrow_blocks(file: Path):
         yield rows, batch.column("doc_ids").flatten().to_numpy(zero_copy_only=True)
 
 
-def shard_blocks(directory: Path, entry: dict, fmt: str):
+def shard_blocks(directory, entry: dict, fmt: str):
     """Yield (Rows, doc_ids) for the blocks of one shard: its record batches, or the whole memmap."""
     file = directory / entry["file"]
     if fmt == "arrow":
@@ -117,7 +118,7 @@ class ShardDataset:
     copied into one CSR batch. Iteration yields ds[0], ds[1], ... in stored order."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = fs.location(path)  # a Path, or a RemotePath for a URI
         self.manifest = read_manifest(self.path)
         self.format = self.manifest["config"].get("format", "arrow")
         self._blocks: list[Rows] = []
@@ -201,5 +202,5 @@ ArrowDataset = ShardDataset  # the name before the memmap format existed
 
 
 def open_dataset(path) -> ShardDataset:
-    """Open a dataset directory written by `packer build` (Arrow or memmap shards)."""
+    """Open a dataset directory written by `packer build` (Arrow or memmap shards), or its URI."""
     return ShardDataset(path)

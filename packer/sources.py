@@ -7,7 +7,8 @@ Directories are walked in sorted order, hidden entries (a name starting with "."
 skipped, symlinked directories are followed and a link that leads back to one of its own
 ancestors is an error (a loop would list the same files forever). A directory written by
 HF `datasets.save_to_disk` (it holds `state.json`) contributes only its `*.arrow` data files.
-Anything with "://" is a URI and goes through `pyarrow.fs` (file://, s3://, gs://, hdfs://, ...).
+Anything with "://" is a URI and goes through `pyarrow.fs` (file://, s3://, gs://, hdfs://, ...),
+or fsspec for a scheme pyarrow does not know (packer/fs.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,9 @@ def is_uri(path: str) -> bool:
 
 
 def _filesystem(uri: str):
-    from pyarrow import fs
+    from packer import fs
 
-    try:
-        return fs.FileSystem.from_uri(uri)
-    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for unknown schemes or hosts
-        raise ValueError(f"cannot open {uri}: {e} (give a local path or a URI pyarrow.fs supports)") from None
+    return fs.resolve(uri)  # pyarrow.fs, else an fsspec protocol; ValueError naming the URI
 
 
 def _join(parent: str, name: str) -> str:

@@ -294,15 +294,16 @@ def _stored_doc_ids(ds) -> np.ndarray | None:
     """Global document index of every stored segment, from Arrow shards' doc_ids column; None
     when the shards have none (then each segment counts as a document)."""
     path = getattr(ds, "path", None)
-    files = [Path(path) / e.get("file", "") for e in ds.manifest.get("shards", [])] if path else []
+    from packer import fs
+
+    files = [fs.location(path) / e.get("file", "") for e in ds.manifest.get("shards", [])] if path else []
     if not files or any(f.suffix != ".arrow" for f in files):
         return None
-    import pyarrow as pa
     import pyarrow.ipc as ipc
 
     parts = []
     for f in files:
-        table = ipc.open_file(pa.memory_map(str(f), "r")).read_all()
+        table = ipc.open_file(fs.open_arrow(f)).read_all()
         if "doc_ids" not in table.column_names:
             return None
         parts.append(table.column("doc_ids").combine_chunks().flatten().to_numpy())

@@ -24,12 +24,13 @@ import json
 import os
 import re
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from packer import atomic
+from packer import atomic, fs
 from packer.config import BuildConfig
 from packer.readers import FileError, SkipLog, Unit, read_unit
 
@@ -56,8 +57,16 @@ class TokenizerInfo:
 
 
 def resolve_tokenizer(name_or_path: str) -> str:
-    """A tokenizer.json path, a directory holding one, or a hub name already in the local HF
+    """A tokenizer.json path or URI, a directory holding one, or a hub name already in the local HF
     cache ("gpt2", "org/name"; looked up offline, never downloaded) -> the tokenizer.json path."""
+    if fs.is_uri(name_or_path):  # s3://, gs://, ... (packer/fs.py): read, never downloaded to disk
+        loc = fs.location(name_or_path)
+        if isinstance(loc, fs.RemotePath):
+            for candidate in (loc, loc / "tokenizer.json"):
+                if candidate.is_file():
+                    return str(candidate)
+            raise FileNotFoundError(f"tokenizer not found: {name_or_path} (neither a tokenizer.json nor a directory holding one)")
+        name_or_path = str(loc)  # file:// -> its path
     if os.path.isfile(name_or_path):
         return name_or_path
     if os.path.isfile(os.path.join(name_or_path, "tokenizer.json")):
@@ -87,6 +96,8 @@ def load_tokenizer(path: str):
 
     path = resolve_tokenizer(path)
     try:
+        if fs.is_remote(path):
+            return Tokenizer.from_str(fs.location(path).read_text())
         return Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON
         raise ValueError(f"{path}: not a valid tokenizer.json ({e})") from None
@@ -109,27 +120,33 @@ def _special_id(tok, explicit: str | None, candidates, what: str, flag: str) -> 
 def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     path = resolve_tokenizer(path)
     tok = load_tokenizer(path)
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    digest = hashlib.sha256(fs.location(path).read_bytes()).hexdigest()
     eos_id = _special_id(tok, config.eos_token, EOS_CANDIDATES, "end-of-text", "--eos-token") if config.eos else None
     bos_id = _special_id(tok, config.bos_token, BOS_CANDIDATES, "begin-of-text", "--bos-token") if config.bos else None
     return TokenizerInfo(path, digest, tok.get_vocab_size(with_added_tokens=True), eos_id, bos_id)
 
 
-def unit_paths(work_dir: Path, index: int) -> dict[str, Path]:
-    stem = work_dir / f"unit-{index:06d}"
-    return {k: Path(f"{stem}.{k}") for k in ("tokens.npy", "lengths.npy", "json")}
+def unit_paths(work_dir, index: int) -> dict:
+    """The unit's three files in `work_dir` (a local path, or a URI: see packer/fs.py)."""
+    work_dir = fs.location(work_dir)
+    return {k: work_dir / f"unit-{index:06d}.{k}" for k in ("tokens.npy", "lengths.npy", "json")}
 
 
 class _NpyAppender:
     """A 1-D .npy file written in pieces: a fixed 128-byte header first, rewritten with the final
-    length on commit, so a unit of any size streams to disk instead of gathering in memory."""
+    length on commit, so a unit of any size streams to disk instead of gathering in memory.
+    A remote file (no seek, no rename) is spooled in the local temp directory, then uploaded."""
 
     HEADER_BYTES = 128
 
-    def __init__(self, path: Path, dtype):
+    def __init__(self, path, dtype):
         self.path, self.dtype, self.n = path, np.dtype(dtype), 0
-        self.tmp = atomic.tmp_path(path)
-        self.f = open(self.tmp, "wb")
+        if isinstance(path, fs.RemotePath):
+            fd, name = tempfile.mkstemp(prefix=f"packer-{path.name}.", suffix=".tmp")
+            self.tmp, self.f = Path(name), os.fdopen(fd, "wb")
+        else:
+            self.tmp = atomic.tmp_path(path)
+            self.f = open(self.tmp, "wb")
         self.f.write(self._header())
 
     def _header(self) -> bytes:
@@ -145,7 +162,13 @@ class _NpyAppender:
         self.f.seek(0)
         self.f.write(self._header())
         self.f.close()
-        os.replace(self.tmp, self.path)
+        if isinstance(self.path, fs.RemotePath):
+            try:
+                fs.upload(self.tmp, self.path)
+            finally:
+                self.tmp.unlink(missing_ok=True)
+        else:
+            os.replace(self.tmp, self.path)
 
     def abort(self):
         self.f.close()
@@ -212,7 +235,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
 
     A FileError fails the unit, or with on_file_error="skip" leaves it empty and named in
     its counters ("file_error")."""
-    paths = unit_paths(Path(work_dir), unit.index)
+    paths = unit_paths(work_dir, unit.index)
     if paths["json"].exists():
         return json.loads(paths["json"].read_text(encoding="utf-8"))
     skips = SkipLog.empty(strict=config.strict)

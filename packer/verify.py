@@ -9,11 +9,10 @@ only); sequence, token and document counts equal the manifest's, per shard and i
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 
+from packer import fs
 from packer.shards import Rows, read_manifest, sha256_file, shard_blocks, shard_files
 
 _HASH_KEYS = ("sha256", "index_sha256")
@@ -65,7 +64,7 @@ def _check_token_ids(rows: Rows, where: str, dtype: np.dtype, vocab_size: int):
 
 def verify_dataset(path, *, checksums: bool = True) -> dict:
     """Check a dataset; return its totals (sequences, tokens, documents) or raise ValueError."""
-    path = Path(path)
+    path = fs.location(path)  # a directory, or a URI (packer/fs.py)
     manifest = read_manifest(path)
     config = manifest["config"]
     fmt = config.get("format", "arrow")

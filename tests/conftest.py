@@ -37,3 +37,21 @@ def sample_dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("sample") / "ds"
     build_sample(out, workers=2, shard_size=200_000)
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_uri():
+    """uri(name) -> an s3:// URI on a local moto S3 server (skipped without moto[server]). The
+    credentials travel in the URI, so worker processes started earlier, or by Ray, have them."""
+    server_module = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="packer-test")
+    # allow_delayed_open: objects under pyarrow's part size go up in one PutObject (moto does not
+    # accept pyarrow's CompleteMultipartUpload response handling); every test file is that small.
+    query = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1&allow_delayed_open=true"
+    yield lambda name: f"s3://testing:testing@packer-test/{name}?{query}"
+    server.stop()

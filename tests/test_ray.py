@@ -124,6 +124,16 @@ def test_ray_build_is_byte_identical_to_local(ray_session, tmp_path, local_files
     assert _files(tmp_path / "ray") == local_files
 
 
+def test_ray_build_into_s3_is_byte_identical_to_local(ray_session, s3_uri, local_files):
+    """Tasks resolve the URI themselves, write in place (no rename) and gather by ranged reads."""
+    from packer import fs
+
+    uri = s3_uri("ray")
+    with pytest.warns(UserWarning, match="without locks"):
+        _build(uri, "ray")
+    assert _files(fs.location(uri)) == local_files  # no _work, no lock, no temporary file left
+
+
 def test_killed_workers_are_retried_and_output_is_identical(ray_session, tmp_path, local_files, monkeypatch):
     markers = tmp_path / "markers"
     markers.mkdir()

@@ -1,0 +1,224 @@
+"""Where a build's work directory and output live: a local path, or any pyarrow.fs / fsspec URI.
+
+    location("out/ds")              -> Path("out/ds")               local: renames, memory maps, flock
+    location("file:///data/ds")     -> Path("/data/ds")             (any pyarrow LocalFileSystem URI)
+    location("s3://bucket/ds")      -> RemotePath(S3FileSystem, "bucket/ds")
+    location("memory://ds")         -> RemotePath(PyFileSystem(FSSpecHandler(memory)), "/ds")
+
+A URI is resolved by `pyarrow.fs.FileSystem.from_uri` first; a scheme pyarrow does not know
+goes to fsspec when fsspec has it (gcsfs, adlfs, memory, ...). `RemotePath` answers the few
+pathlib calls packer makes (`/`, name, exists, is_dir, iterdir, mkdir, unlink, read/write).
+A remote filesystem has no rename: files are written straight to their final names, and a
+marker written after them (a unit's .json, a shard's _work/shards/*.json, the manifest) is what
+says they are complete.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import shutil
+from pathlib import Path
+
+COPY_CHUNK = 8 * 2**20
+
+
+def is_uri(loc) -> bool:
+    return isinstance(loc, str) and "://" in loc
+
+
+PYARROW_SCHEMES = ("file", "local", "mock", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+
+
+@functools.lru_cache(maxsize=64)
+def resolve(uri: str):
+    """(filesystem, path) of a URI: pyarrow's own schemes, else an fsspec protocol."""
+    from pyarrow import fs as pafs
+
+    protocol = uri.split("://", 1)[0].lower()
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as e:  # ArrowInvalid for a scheme pyarrow does not know, OSError for a bad host
+        if protocol in PYARROW_SCHEMES:
+            raise ValueError(f"cannot open {uri}: {e}") from None
+        first = e
+    try:
+        import fsspec
+
+        filesystem = fsspec.filesystem(protocol)
+    except Exception:
+        raise ValueError(
+            f"cannot open {uri}: {first} (give a local path, a URI pyarrow.fs opens, "
+            f"or one an installed fsspec implementation opens)"
+        ) from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), filesystem._strip_protocol(uri)
+
+
+def location(loc):
+    """A local path or URI -> a `Path` (local filesystems) or a `RemotePath` (all others)."""
+    if isinstance(loc, (Path, RemotePath)):
+        return loc
+    loc = os.fspath(loc)
+    if not is_uri(loc):
+        return Path(loc)
+    from pyarrow import fs as pafs
+
+    filesystem, path = resolve(loc)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return Path(path)
+    return RemotePath(loc, filesystem, path)
+
+
+def is_remote(loc) -> bool:
+    return isinstance(location(loc), RemotePath)
+
+
+def is_process_local(loc) -> bool:
+    """True for fsspec's memory:// store, which worker processes do not share."""
+    loc = location(loc)
+    handler = getattr(getattr(loc, "fs", None), "handler", None)
+    protocol = getattr(getattr(handler, "fs", None), "protocol", None)
+    return protocol == "memory" or (isinstance(protocol, tuple) and "memory" in protocol)
+
+
+class RemotePath:
+    """A file or directory on a non-local pyarrow filesystem (`uri` as given, `path` inside `fs`)."""
+
+    def __init__(self, uri: str, filesystem, path: str):
+        self.uri, self.fs, self.path = uri, filesystem, path
+
+    def __truediv__(self, name: str) -> "RemotePath":
+        base, sep, query = self.uri.partition("?")  # s3://b/ds?region=x / "a" -> s3://b/ds/a?region=x
+        return RemotePath(f"{base.rstrip('/')}/{name}{sep}{query}", self.fs, f"{self.path.rstrip('/')}/{name}")
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:
+        return f"RemotePath({self.uri!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RemotePath) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self.uri)
+
+    def __lt__(self, other: "RemotePath") -> bool:
+        return self.uri < other.uri
+
+    def __reduce__(self):
+        return location, (self.uri,)  # re-resolved where it is unpickled
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> "RemotePath":
+        base, sep, query = self.uri.partition("?")
+        return RemotePath(base.rstrip("/").rsplit("/", 1)[0] + sep + query, self.fs, self.path.rstrip("/").rsplit("/", 1)[0])
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix
+
+    def _info(self):
+        return self.fs.get_file_info(self.path)
+
+    def exists(self) -> bool:
+        from pyarrow.fs import FileType
+
+        return self._info().type != FileType.NotFound
+
+    def is_dir(self) -> bool:
+        from pyarrow.fs import FileType
+
+        return self._info().type == FileType.Directory
+
+    def is_file(self) -> bool:
+        from pyarrow.fs import FileType
+
+        return self._info().type == FileType.File
+
+    def size(self) -> int:
+        return self._info().size
+
+    def stamp(self) -> tuple:
+        info = self._info()
+        return info.size, info.mtime_ns
+
+    def iterdir(self):
+        from pyarrow.fs import FileSelector
+
+        infos = self.fs.get_file_info(FileSelector(self.path, allow_not_found=True))
+        return [self / i.base_name for i in sorted(infos, key=lambda i: i.base_name)]
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False):
+        if self.exists() and not exist_ok:
+            raise FileExistsError(f"{self.uri} already exists")
+        self.fs.create_dir(self.path, recursive=parents)
+
+    def unlink(self, missing_ok: bool = False):
+        if missing_ok and not self.exists():
+            return
+        self.fs.delete_file(self.path)
+
+    def read_bytes(self) -> bytes:
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read()
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, data):
+        with self.fs.open_output_stream(self.path) as f:
+            f.write(data)
+
+    def write_text(self, text: str, encoding: str = "utf-8"):
+        self.write_bytes(text.encode(encoding))
+
+    def open_input(self):
+        """A pyarrow RandomAccessFile: read_at(nbytes, offset), seek, read."""
+        return self.fs.open_input_file(self.path)
+
+    def open_output(self):
+        """A pyarrow output stream; on object stores the object appears when it is closed."""
+        return self.fs.open_output_stream(self.path)
+
+
+def rmtree(loc):
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        loc.fs.delete_dir(loc.path)
+    else:
+        shutil.rmtree(loc)
+
+
+def upload(local_file, dst: RemotePath):
+    """Copy a local file to `dst` (streamed, not read whole)."""
+    with open(local_file, "rb") as src, dst.open_output() as out:
+        shutil.copyfileobj(src, out, COPY_CHUNK)
+
+
+def for_numpy(loc):
+    """What np.load takes: the path itself locally, the file's bytes for a remote one."""
+    loc = location(loc)
+    return io.BytesIO(loc.read_bytes()) if isinstance(loc, RemotePath) else loc
+
+
+def stamp(loc) -> tuple:
+    """(size, mtime_ns), to tell one version of a file from the next."""
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        return loc.stamp()
+    st = os.stat(loc)
+    return st.st_size, st.st_mtime_ns
+
+
+def open_arrow(loc):
+    """A pyarrow RandomAccessFile: a memory map locally, the remote file otherwise (read on demand)."""
+    import pyarrow as pa
+
+    loc = location(loc)
+    return loc.open_input() if isinstance(loc, RemotePath) else pa.memory_map(str(loc), "r")

@@ -1,0 +1,69 @@
+"""Pieces of remote unit token files by ranged reads: the writer's stand-in for memory maps.
+
+    pieces (unit, byte range):  (3, 800-1600) (0, 0-400) (3, 1700-2000)
+    reads:  unit 0 [0, 400)   unit 3 [800, 2000)      (gaps up to GAP_BYTES merged)
+    result: the pieces' bytes joined in the order asked for
+
+Reads run in a few threads (pyarrow releases the GIL), so an object store's per-request
+latency overlaps; each unit file is opened once per shard (`files` is the caller's cache).
+Simulated 10 ms requests (benchmarks/bench_fs.py, 2026-11-29, 16,412 pieces from 16 units):
+16 threads 6x faster than 1, 1 MiB gaps 1.55x faster than 64 KiB; not yet measured against a
+real object store (none is reachable from the machine this was written on).
+"""
+
+from __future__ import annotations
+
+import struct
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+# Read through a hole this small rather than issue another request: about time-to-first-byte x
+# bandwidth of one connection (20 ms x 50 MiB/s), the rule pyarrow's CacheOptions.from_network_metrics uses.
+GAP_BYTES = 1 << 20
+MAX_READ_BYTES = 64 << 20
+THREADS = 16
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _open(units_dir, u: int):
+    """(RandomAccessFile, byte offset of the data) of unit u's tokens.npy: one open, one 12-byte read."""
+    f = (units_dir / f"unit-{u:06d}.tokens.npy").open_input()
+    head = f.read_at(12, 0)
+    if head[:6] != b"\x93NUMPY":
+        raise ValueError(f"{units_dir}/unit-{u:06d}.tokens.npy: not a .npy file (magic {head[:6]!r})")
+    if head[6] == 1:  # version 1.0: uint16 header length; 2.0 and 3.0: uint32
+        return f, 10 + struct.unpack("<H", head[8:10])[0]
+    return f, 12 + struct.unpack("<I", head[8:12])[0]
+
+
+def spans(piece_unit, begin, end) -> tuple[list, list]:
+    """Merged reads [unit, start, stop] and, per piece, the index of the read that holds it."""
+    unit_l, begin_l, end_l = piece_unit.tolist(), begin.tolist(), end.tolist()
+    reads, where = [], [0] * len(unit_l)
+    for i in np.lexsort((begin, piece_unit)).tolist():
+        last = reads[-1] if reads else None
+        if (last and last[0] == unit_l[i] and begin_l[i] - last[2] <= GAP_BYTES
+                and end_l[i] - last[1] <= MAX_READ_BYTES):
+            last[2] = max(last[2], end_l[i])
+        else:
+            reads.append([unit_l[i], begin_l[i], end_l[i]])
+        where[i] = len(reads) - 1
+    return reads, where
+
+
+def gather(units_dir, piece_unit, begin, end, files: dict) -> bytes:
+    """The bytes of every piece (unit piece_unit[i], token bytes begin[i]..end[i]), joined in order."""
+    reads, where = spans(piece_unit, begin, end)
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="packer-read"))
+    new = [u for u in dict.fromkeys(r[0] for r in reads) if u not in files]
+    files.update(zip(new, _POOL[0].map(lambda u: _open(units_dir, u), new)))  # opens overlap too
+
+    def read(r):
+        f, data_offset = files[r[0]]
+        return memoryview(f.read_at(r[2] - r[1], data_offset + r[1]))
+
+    bufs = list(_POOL[0].map(read, reads)) if len(reads) > 1 else [read(r) for r in reads]
+    begin_l, end_l = begin.tolist(), end.tolist()
+    return b"".join([bufs[w][b - reads[w][1] : e - reads[w][1]] for w, b, e in zip(where, begin_l, end_l)])

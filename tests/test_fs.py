@@ -1,0 +1,208 @@
+"""Builds whose output is a URI: file:// takes the local path; a filesystem that is not local
+(fsspec's memory://, no rename) gives the same bytes, resumes from its markers, and reads back."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("fsspec")
+
+from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample  # noqa: E402
+from packer import atomic, fs  # noqa: E402
+from packer.cli import main  # noqa: E402
+from packer.config import BuildConfig, Job  # noqa: E402
+from packer.lock import UnlockedOutputWarning  # noqa: E402
+from packer.pipeline import build  # noqa: E402
+from packer.shards import open_dataset  # noqa: E402
+from packer.verify import verify_dataset  # noqa: E402
+
+TIMESTAMPS = ("created_unix", "build_seconds")
+SAMPLE = {"shard_size": 200_000}  # as conftest's sample_dataset: 2 units, 4 shards
+
+
+def _files(loc) -> dict[str, bytes]:
+    """Every file of a dataset directory (local or remote, not recursive); manifest without timestamps."""
+    files = {p.name: p.read_bytes() for p in fs.location(loc).iterdir()}
+    manifest = json.loads(files.pop("manifest.json"))
+    for key in TIMESTAMPS:
+        manifest.pop(key)
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.fixture
+def memory_uri():
+    """A fresh memory:// directory, deleted afterwards (the store lives as long as the process)."""
+    uri = f"memory://packer-test-{uuid.uuid4().hex}/ds"
+    yield uri
+    root = fs.location(uri).parent
+    if root.exists():
+        fs.rmtree(root)
+
+
+@pytest.fixture(scope="module")
+def local_memmap(tmp_path_factory):
+    out = tmp_path_factory.mktemp("memmap") / "ds"
+    build_sample(out, workers=1, format="memmap", **SAMPLE)
+    return _files(out)
+
+
+def _build_remote(uri, fmt: str, keep_work: bool = False) -> dict:
+    job = Job(inputs=SAMPLE_INPUTS, tokenizer=TOKENIZER, output=uri, workers=1,
+              config=BuildConfig(context_length=1024, format=fmt, **SAMPLE))
+    with pytest.warns(UnlockedOutputWarning, match="without locks.*one build at a time"):
+        return build(job, keep_work=keep_work)
+
+
+def test_location_resolves_paths_and_uris(tmp_path):
+    assert fs.location(str(tmp_path)) == tmp_path
+    assert fs.location(f"file://{tmp_path}") == tmp_path  # a local filesystem: the fast path
+    remote = fs.location("memory://bucket/ds")
+    assert isinstance(remote, fs.RemotePath) and remote.path == "/bucket/ds"
+    child = remote / "_work" / "units"
+    assert (str(child), child.path, child.name, str(child.parent)) == (
+        "memory://bucket/ds/_work/units", "/bucket/ds/_work/units", "units", "memory://bucket/ds/_work")
+    # a query stays at the end when joining
+    s3 = fs.RemotePath("s3://b/ds?region=eu-west-1", None, "b/ds")
+    assert (str(s3 / "a.json"), (s3 / "a.json").path) == ("s3://b/ds/a.json?region=eu-west-1", "b/ds/a.json")
+    assert (str((s3 / "a.json").parent), (s3 / "a.json").suffix) == ("s3://b/ds?region=eu-west-1", ".json")
+    assert pickle.loads(pickle.dumps(child)) == child
+    with pytest.raises(ValueError, match=r"^cannot open nosuchscheme://x: .*give a local path"):
+        fs.location("nosuchscheme://x")
+
+
+def test_remote_path_calls(memory_uri):
+    d = fs.location(memory_uri)
+    assert not d.exists()
+    (d / "sub").mkdir(parents=True)
+    atomic.write_json(d / "a.json", {"x": 1})
+    atomic.save_npz(d / "p.npz", a=np.arange(3))
+    assert [p.name for p in d.iterdir()] == ["a.json", "p.npz", "sub"]
+    assert d.is_dir() and (d / "a.json").is_file() and not (d / "sub").is_file()
+    assert json.loads((d / "a.json").read_text()) == {"x": 1}
+    with np.load(fs.for_numpy(d / "p.npz")) as z:
+        assert z["a"].tolist() == [0, 1, 2]
+    assert atomic.remove_leftovers(d) == 0
+    (d / "a.json").unlink()
+    (d / "a.json").unlink(missing_ok=True)
+    with pytest.raises(FileExistsError):
+        (d / "sub").mkdir()
+    fs.rmtree(d / "sub")
+    assert [p.name for p in d.iterdir()] == ["p.npz"]
+
+
+def test_file_uri_output_equals_local(tmp_path, sample_dataset):
+    out = tmp_path / "ds"
+    build_sample(f"file://{out}", workers=2, **SAMPLE)
+    assert (out / "manifest.json").is_file()
+    assert _files(out) == _files(sample_dataset)
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "memmap"])
+def test_remote_build_is_byte_identical_to_local(memory_uri, fmt, sample_dataset, local_memmap):
+    manifest = _build_remote(memory_uri, fmt)
+    assert len(manifest["shards"]) == 4
+    local = _files(sample_dataset) if fmt == "arrow" else local_memmap
+    assert _files(memory_uri) == local  # no _work, no lock file, no temporary file left
+    ds, ref = open_dataset(memory_uri), open_dataset(sample_dataset)
+    assert len(ds) == len(ref) == manifest["totals"]["sequences"]
+    for i in (0, 1, len(ds) // 2, len(ds) - 1):
+        assert np.array_equal(ds[i][0], ref[i][0]) and np.array_equal(ds[i][1], ref[i][1])
+    assert verify_dataset(memory_uri)["tokens"] == manifest["totals"]["tokens_out"]
+
+
+def test_remote_build_resumes_from_its_markers(memory_uri, local_memmap, monkeypatch):
+    """Killed after 2 of 4 shards, with what an in-place write cut short leaves behind: a unit
+    and a shard file without their markers. The rerun redoes exactly those and matches local."""
+
+    def killed(stage, n):
+        if (stage, n) == ("write", 2):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "kill_point", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _build_remote(memory_uri, "memmap")
+    monkeypatch.undo()
+    out = fs.location(memory_uri)
+    work = out / "_work"
+    assert not (out / "manifest.json").exists()
+    assert sorted(p.name for p in (work / "shards").iterdir()) == ["shard-00000.json", "shard-00001.json"]
+    (work / "units" / "unit-000001.json").unlink()  # its data files stay, now without a marker
+    (work / "units" / "unit-000001.tokens.npy").write_bytes(b"\x93NUMPY cut short")
+    (out / "shard-00002.bin").write_bytes(b"half a shard")  # written in place, never marked done
+    (work / "shards" / "shard-00001.json").unlink()  # shard 1's files stay, its marker is gone
+    manifest = _build_remote(memory_uri, "memmap")
+    assert "already_complete" not in manifest
+    assert _files(memory_uri) == local_memmap
+
+
+def test_cli_build_verify_inspect_stats_on_a_uri(memory_uri):
+    runner = CliRunner()
+    result = runner.invoke(main, ["build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", memory_uri,
+                                  "--context-length", "1024", "--shard-size", "200000", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {memory_uri} is on a filesystem without locks" in result.output  # one line, no traceback
+    result = runner.invoke(main, ["verify", memory_uri])
+    assert result.exit_code == 0 and result.output.startswith("ok: 740 sequences"), result.output
+    result = runner.invoke(main, ["inspect", memory_uri, "--seq", "0"])
+    assert result.exit_code == 0 and "──── document 0" in result.output, result.output
+    assert "\ufffd" not in result.output  # decoded with the dataset's own tokenizer copy
+    result = runner.invoke(main, ["inspect", memory_uri])
+    assert result.exit_code == 0 and '"context_length": 1024' in result.output
+    result = runner.invoke(main, ["stats", memory_uri])
+    assert result.exit_code == 0 and "packed" in result.output.lower(), result.output
+    shard = fs.location(memory_uri) / "shard-00002.arrow"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    result = runner.invoke(main, ["verify", memory_uri])
+    assert result.exit_code == 1 and "shard-00002.arrow: sha256 does not match" in result.output
+    rebuild = ["build", SAMPLE_INPUTS[0], "--tokenizer", TOKENIZER, "--output", memory_uri, "--workers", "1"]
+    result = runner.invoke(main, rebuild)
+    assert result.exit_code == 1 and "already holds a complete dataset built differently" in result.output
+    result = runner.invoke(main, [*rebuild, "--overwrite"])
+    assert result.exit_code == 0 and "shards:    1 in memory://" in result.output, result.output
+    assert sorted(p.name for p in fs.location(memory_uri).iterdir()) == [
+        "manifest.json", "shard-00000.arrow", "stats.json", "tokenizer.json"]  # the old shards are gone
+    assert runner.invoke(main, ["verify", memory_uri]).exit_code == 0
+
+
+def test_remote_output_with_foreign_files_is_refused(memory_uri):
+    (fs.location(memory_uri) / "notes.txt").write_bytes(b"mine")
+    job = Job(inputs=SAMPLE_INPUTS, tokenizer=TOKENIZER, output=memory_uri, workers=1)
+    with pytest.warns(UnlockedOutputWarning), pytest.raises(ValueError, match=r"holds files packer did not write \(notes.txt\)"):
+        build(job)
+    assert [p.name for p in fs.location(memory_uri).iterdir()] == ["notes.txt"]
+
+
+def test_process_local_output_refuses_worker_processes(memory_uri):
+    job = Job(inputs=SAMPLE_INPUTS, tokenizer=TOKENIZER, output=memory_uri, workers=2)
+    with pytest.raises(ValueError, match="worker processes do not share; use --workers 1"):
+        build(job)
+    assert not Path("memory:").exists()
+
+
+def test_inputs_tokenizer_and_output_all_remote(memory_uri, sample_dataset):
+    """No shared mount at all: every path of the job is a URI; the shards are the local ones."""
+    src = fs.location(memory_uri).parent / "src"
+    for path in (*SAMPLE_INPUTS, TOKENIZER):
+        (src / Path(path).name).write_bytes(Path(path).read_bytes())
+    job = Job(inputs=tuple(f"{src}/{Path(p).name}" for p in SAMPLE_INPUTS), tokenizer=str(src),  # a directory
+              output=memory_uri, workers=1, config=BuildConfig(context_length=1024, **SAMPLE))
+    with pytest.warns(UnlockedOutputWarning):
+        manifest = build(job)
+    assert manifest["tokenizer"]["path"] == f"{src}/tokenizer.json"
+    assert manifest["inputs"][0]["path"].startswith("memory://")
+    local, remote = _files(sample_dataset), _files(memory_uri)
+    assert sorted(local) == sorted(remote)
+    for name in local:
+        if name.startswith("shard-") or name == "tokenizer.json":
+            assert remote[name] == local[name], name
+    ref = json.loads(local["manifest.json"])
+    got = json.loads(remote["manifest.json"])
+    assert (got["shards"], got["totals"], got["tokenizer"]["sha256"]) == (ref["shards"], ref["totals"], ref["tokenizer"]["sha256"])
