@@ -235,18 +235,24 @@ def test_resume_per_worker_state(sample_dataset, monkeypatch):
         next(iter(resumed))
 
 
-def test_stateful_dataloader_resumes_with_workers(sample_dataset):
+@pytest.mark.parametrize("batched", [False, True], ids=["items", "batch_size"])
+def test_stateful_dataloader_resumes_with_workers(sample_dataset, batched):
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
     def loader(ds):
+        if batched:  # the dataset makes the batches (of its own items' keys, so they compare)
+            return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
         return stateful.StatefulDataLoader(ds, batch_size=8, num_workers=2, collate_fn=_keys_of)
 
-    full = [b for b in loader(PackedDataset(sample_dataset, seed=2))]
-    it = iter(first := loader(PackedDataset(sample_dataset, seed=2)))
+    def dataset():
+        return PackedDataset(sample_dataset, seed=2, **({"batch_size": 8, "collate_fn": _keys_of} if batched else {}))
+
+    full = [b for b in loader(dataset())]
+    it = iter(first := loader(dataset()))
     head = [next(it) for _ in range(7)]
     state = first.state_dict()
     del it
-    second = loader(PackedDataset(sample_dataset, seed=2))
+    second = loader(dataset())
     second.load_state_dict(state)
     assert head + list(second) == full
 
