@@ -11,8 +11,9 @@ import click
 
 from packer import __version__
 from packer.config import BuildConfig, Job, load_job
+from packer.executors import WorkerDied
 
-EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError)
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, WorkerDied)
 
 
 class _Group(click.Group):

@@ -15,6 +15,7 @@ import inspect
 import multiprocessing as mp
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
@@ -43,6 +44,10 @@ def describe_call(fn, item, index: int) -> str:
     if "shard" in args:
         return f"{fn.__name__}, shard {args['shard']}"
     return f"{getattr(fn, '__name__', fn)}, item {index}"
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended abruptly (killed, out of memory) while running a task."""
 
 
 def _labelled(exc: BaseException, label: str) -> BaseException:
@@ -93,6 +98,12 @@ class LocalExecutor:
                     i = futures[fut]
                     try:
                         results[i] = fut.result()
+                    except BrokenProcessPool as e:  # which task's worker died is not known: every pending one fails
+                        raise WorkerDied(
+                            f"{fn.__name__}: a worker process died (killed, or out of memory?) with tasks in flight; "
+                            "finished work is kept: run the same command again to resume (with fewer --workers "
+                            "if memory ran out)"
+                        ) from e
                     except Exception as e:
                         raise _labelled(e, describe_call(fn, items[i], i)) from e
                     if on_done:
