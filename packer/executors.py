@@ -11,9 +11,11 @@ moves only through files, so where a call runs never changes the bytes it writes
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import multiprocessing as mp
 import os
+import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
@@ -62,6 +64,23 @@ def _labelled(exc: BaseException, label: str) -> BaseException:
     return RuntimeError(f"{label}: {type(exc).__name__}: {exc}")
 
 
+@contextlib.contextmanager
+def _main_without_a_missing_file():
+    """forkserver and spawn workers re-run the parent's __main__ from its __file__; when that is no
+    file (a script piped in: `python - < build.py`, __file__ '<stdin>') each new worker would die
+    trying. Hide such a __file__ while workers start: the stage functions live in packer, not __main__."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 class InlineExecutor:
     """Runs each call in this process: one worker, no pickling, easiest to debug."""
 
@@ -88,7 +107,8 @@ class LocalExecutor:
 
     def map(self, fn, items, on_done=None):
         items = list(items)
-        futures = {self._pool.submit(fn, *item): i for i, item in enumerate(items)}
+        with _main_without_a_missing_file():  # the pool starts its processes inside submit
+            futures = {self._pool.submit(fn, *item): i for i, item in enumerate(items)}
         results = [None] * len(futures)
         pending = set(futures)
         try:

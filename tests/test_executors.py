@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 
@@ -116,3 +118,15 @@ def test_ray_executor_without_ray_says_how_to_install(monkeypatch, tmp_path):
     )
     assert result.exit_code == 1, result.output
     assert 'pip install "packer[ray]"' in result.output and "Traceback" not in result.output
+
+
+def test_local_pool_runs_from_a_script_piped_to_python(tmp_path):
+    """`python - < build.py` has __main__.__file__ '<stdin>', which forkserver workers cannot re-run."""
+    script = (f"from packer.config import Job\nfrom packer.pipeline import build\n"
+              f"build(Job(inputs=({SAMPLE_INPUTS[0]!r},), tokenizer={TOKENIZER!r}, output={str(tmp_path / 'ds')!r}, "
+              f"workers=2))\nprint('built')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=180)
+    assert result.returncode == 0 and "built" in result.stdout, result.stderr[-2000:]
+    assert (tmp_path / "ds" / "manifest.json").is_file()
