@@ -89,6 +89,8 @@ class SkipLog:
 
 def file_format(path: str) -> tuple[str, str | None]:
     """'a.jsonl.zst' -> ('jsonl', 'zstd'); unsupported names raise ValueError."""
+    if sources.is_uri(path):
+        path = path.split("?", 1)[0]  # s3://b/a.jsonl?region=x: the name ends before the query
     name = path.rsplit("/", 1)[-1].lower()
     compression = None
     for suffix, codec in COMPRESSION.items():

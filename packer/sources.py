@@ -38,7 +38,10 @@ def _filesystem(uri: str):
 
 
 def _join(parent: str, name: str) -> str:
-    return parent.rstrip("/") + "/" + name if is_uri(parent) else os.path.join(parent, name)
+    if not is_uri(parent):
+        return os.path.join(parent, name)
+    base, sep, query = parent.partition("?")  # s3://b/dir?region=x + a -> s3://b/dir/a?region=x
+    return base.rstrip("/") + "/" + name + sep + query
 
 
 def _list_local(path: str):
