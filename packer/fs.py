@@ -35,7 +35,7 @@ COPY_CHUNK = 8 * 2**20
 # abfs, and passes any unknown hdfs parameter on as Hadoop configuration (fs.s3a.secret.key,
 # ...password, ...token); gs takes none. fsspec URLs may carry tokens too: match by name.
 _SECRET_PARAM = re.compile(r"secret|passw|token|key|credential|^sig$|signature", re.IGNORECASE)
-_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>),.;:\]]")  # not its closing ")" or ","
 
 
 def redact(loc) -> str:
