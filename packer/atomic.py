@@ -40,7 +40,8 @@ def write_bytes(path, data: bytes):
 
 
 def write_json(path, obj):
-    write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
+    """`obj` as indented JSON, with credentials in any URI it names redacted (packer/fs.py)."""
+    write_bytes(path, (json.dumps(fs.redact_json(obj), indent=2) + "\n").encode("utf-8"))
 
 
 def _save(path, save):

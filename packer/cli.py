@@ -12,6 +12,7 @@ import click
 from packer import __version__
 from packer.config import BuildConfig, Job, load_job
 from packer.executors import WorkerDied
+from packer.fs import redact, redact_text
 
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, WorkerDied)
 
@@ -22,10 +23,10 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             with warnings.catch_warnings():  # a warning is one line too: "warning: ..."
-                warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {message}", err=True)
+                warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {redact_text(message)}", err=True)
                 return super().invoke(ctx)
-        except EXPECTED_ERRORS as e:
-            raise click.ClickException(str(e)) from None
+        except EXPECTED_ERRORS as e:  # credentials in a URI are never printed (packer/fs.py)
+            raise click.ClickException(redact_text(e)) from None
         except KeyboardInterrupt:
             click.echo("interrupted: finished work units are kept; run the same command again to resume", err=True)
             ctx.exit(130)
@@ -42,7 +43,7 @@ def main():
 
 
 def _print_summary(manifest: dict, output: str):
-    t = manifest["totals"]
+    t, output = manifest["totals"], redact(output)
     if manifest.get("already_complete"):
         click.echo(f"{output}: dataset already complete; nothing to do (use --overwrite to rebuild)")
     skipped = sum(t["docs_skipped"].values())
@@ -137,7 +138,7 @@ def _write_report(output: str):
                 fs.upload(f"{d}/report.html", page)
         else:
             report.write_html(figures, page)
-        click.echo(f"report:    {page} (packer stats {output} prints the table)")
+        click.echo(f"report:    {redact(page)} (packer stats {redact(output)} prints the table)")
 
 
 @main.command()
@@ -164,7 +165,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
 
     if len(inputs) == 1 and (fs.location(inputs[0]) / "manifest.json").is_file():
         if tokenizer or context_length or sample or online:
-            raise ValueError(f"{inputs[0]} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample/--online")
+            raise ValueError(f"{redact(inputs[0])} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample/--online")
         from packer.shards import open_dataset
 
         figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
@@ -206,7 +207,7 @@ def show_mask(dataset, seq, out_path):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
     _, offsets = ds[seq]
     write_mask_png(offsets, int(ds.manifest["config"]["context_length"]), out_path,
-                   title=f"{dataset} sequence {seq}: {len(offsets) - 1} documents, {int(offsets[-1])} tokens")
+                   title=f"{redact(dataset)} sequence {seq}: {len(offsets) - 1} documents, {int(offsets[-1])} tokens")
     click.echo(f"wrote {out_path}")
 
 

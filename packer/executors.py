@@ -19,6 +19,8 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from packer.fs import redact, redact_text
+
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
 RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
@@ -42,7 +44,7 @@ def describe_call(fn, item, index: int) -> str:
         args = {}
     unit = args.get("unit")
     if unit is not None and hasattr(unit, "index"):
-        return f"{fn.__name__}, unit {unit.index} ({unit.path} bytes {unit.start}-{unit.end})"
+        return f"{fn.__name__}, unit {unit.index} ({redact(unit.path)} bytes {unit.start}-{unit.end})"
     if "shard" in args:
         return f"{fn.__name__}, shard {args['shard']}"
     return f"{getattr(fn, '__name__', fn)}, item {index}"
@@ -58,10 +60,10 @@ def _labelled(exc: BaseException, label: str) -> BaseException:
     for cls in type(exc).__mro__:  # the exception's own type, else its nearest built-in base
         if cls is type(exc) or cls.__module__ == "builtins":
             try:
-                return cls(f"{label}: {exc}")
+                return cls(redact_text(f"{label}: {exc}"))
             except Exception:
                 continue
-    return RuntimeError(f"{label}: {type(exc).__name__}: {exc}")
+    return RuntimeError(redact_text(f"{label}: {type(exc).__name__}: {exc}"))
 
 
 @contextlib.contextmanager
@@ -255,7 +257,7 @@ class RayExecutor:
             cause = getattr(e, "cause", None) or e
             raise _labelled(cause, label) from e
         except ray.exceptions.RayError as e:  # worker or node died more than max_retries times
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first_line = redact_text(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
             raise RuntimeError(
                 f"{label}: the Ray task failed on all {self.max_retries + 1} attempts "
                 f"(max_retries={self.max_retries}) because its worker died: {type(e).__name__}: {first_line}"

@@ -11,6 +11,12 @@ pathlib calls packer makes (`/`, name, exists, is_dir, iterdir, mkdir, unlink, r
 A remote filesystem has no rename: files are written straight to their final names, and a
 marker written after them (a unit's .json, a shard's _work/shards/*.json, the manifest) is what
 says they are complete.
+
+Credentials a user puts in a URI are used to open it and nothing else: what packer writes
+(manifest, stats, fingerprint, unit markers) and prints or raises goes through `redact`:
+
+    redact("s3://AKIA:SECRET@bucket/ds?region=x")           -> "s3://***@bucket/ds?region=x"
+    redact("abfs://acct.dfs.core.windows.net/c?sig=S&sv=1") -> "abfs://acct.dfs.core.windows.net/c?sig=***&sv=1"
 """
 
 from __future__ import annotations
@@ -18,10 +24,58 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 import shutil
 from pathlib import Path
 
 COPY_CHUNK = 8 * 2**20
+
+# Query parameters whose value is a credential. pyarrow's from_uri takes credentials only as
+# userinfo for s3 (ACCESS:SECRET@), as client_secret or a SAS token (its secret part: sig) for
+# abfs, and passes any unknown hdfs parameter on as Hadoop configuration (fs.s3a.secret.key,
+# ...password, ...token); gs takes none. fsspec URLs may carry tokens too: match by name.
+_SECRET_PARAM = re.compile(r"secret|passw|token|key|credential|^sig$|signature", re.IGNORECASE)
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>),.;:\]]")  # not its closing ")" or ","
+
+
+def redact(loc) -> str:
+    """`loc` as text with its credentials replaced by ***: userinfo (user:password@; a bare
+    name@ is kept only on abfs/abfss, where it names the container) and the values of
+    secret-bearing query parameters. Plain paths, and URIs without secrets, come back unchanged."""
+    text = loc.uri if isinstance(loc, RemotePath) else os.fspath(loc) if not isinstance(loc, str) else loc
+    if "://" not in text:
+        return text
+    scheme, rest = text.split("://", 1)
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" in authority:
+        userinfo, host = authority.rsplit("@", 1)
+        if ":" in userinfo or scheme.lower() not in ("abfs", "abfss"):
+            authority = f"***@{host}"
+    path, sep, query = tail.partition("?")
+    if sep:
+        query, hash_, fragment = query.partition("#")
+        params = [p.split("=", 1) for p in query.split("&")]
+        query = "&".join(
+            f"{kv[0]}=***" if len(kv) == 2 and _SECRET_PARAM.search(kv[0]) else "=".join(kv) for kv in params
+        ) + hash_ + fragment
+    return f"{scheme}://{authority}{path}{sep}{query}"
+
+
+def redact_text(text: str) -> str:
+    """Every URI in a message (an error, a warning) redacted; the rest of the text as is."""
+    return _URI_IN_TEXT.sub(lambda m: redact(m.group(0)), str(text))
+
+
+def redact_json(obj):
+    """A JSON value with `redact_text` applied to every string in it (keys too)."""
+    if isinstance(obj, str):
+        return redact_text(obj) if "://" in obj else obj
+    if isinstance(obj, dict):
+        return {redact_json(k): redact_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_json(v) for v in obj]
+    return obj
 
 
 def is_uri(loc) -> bool:
@@ -41,7 +95,7 @@ def resolve(uri: str):
         return pafs.FileSystem.from_uri(uri)
     except Exception as e:  # ArrowInvalid for a scheme pyarrow does not know, OSError for a bad host
         if protocol in PYARROW_SCHEMES:
-            raise ValueError(f"cannot open {uri}: {e}") from None
+            raise ValueError(f"cannot open {redact(uri)}: {redact_text(e)}") from None
         first = e
     try:
         import fsspec
@@ -49,7 +103,7 @@ def resolve(uri: str):
         filesystem = fsspec.filesystem(protocol)
     except Exception:
         raise ValueError(
-            f"cannot open {uri}: {first} (give a local path, a URI pyarrow.fs opens, "
+            f"cannot open {redact(uri)}: {redact_text(first)} (give a local path, a URI pyarrow.fs opens, "
             f"or one an installed fsspec implementation opens)"
         ) from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), filesystem._strip_protocol(uri)
@@ -96,7 +150,7 @@ class RemotePath:
         return self.uri
 
     def __repr__(self) -> str:
-        return f"RemotePath({self.uri!r})"
+        return f"RemotePath({redact(self.uri)!r})"  # str() keeps the credentials: it re-opens the path
 
     def __eq__(self, other) -> bool:
         return isinstance(other, RemotePath) and other.uri == self.uri
@@ -156,7 +210,7 @@ class RemotePath:
 
     def mkdir(self, parents: bool = False, exist_ok: bool = False):
         if self.exists() and not exist_ok:
-            raise FileExistsError(f"{self.uri} already exists")
+            raise FileExistsError(f"{redact(self.uri)} already exists")
         self.fs.create_dir(self.path, recursive=parents)
 
     def unlink(self, missing_ok: bool = False):

@@ -67,7 +67,7 @@ def hold(directory):
     if isinstance(directory, fs.RemotePath):
         directory.mkdir(parents=True, exist_ok=True)
         warnings.warn(
-            f"{directory} is on a filesystem without locks: nothing stops a second build into it, "
+            f"{fs.redact(directory)} is on a filesystem without locks: nothing stops a second build into it, "
             "so run one build at a time per output",
             UnlockedOutputWarning,
             stacklevel=3,

@@ -140,13 +140,13 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
             "pad_id": info.eos_id if info.eos_id is not None else 0,
             "token_dtype": info.dtype.name,
         },
-        "tokenizer": {"path": info.path, "sha256": info.sha256, "vocab_size": info.vocab_size},
+        "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
         "totals": _totals(counters, plan, config, skipped_files),
     }
     atomic.kill_point("finalize", 0)
-    return manifest
+    return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 
 
 def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict:
@@ -158,9 +158,9 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
     config = job.config
     out = fs.location(job.output)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--output {out} is a file; give a directory (new, or one packer wrote)")
+        raise ValueError(f"--output {fs.redact(out)} is a file; give a directory (new, or one packer wrote)")
     if fs.is_process_local(out) and (job.executor == "ray" or job.n_workers > 1):
-        raise ValueError(f"--output {out} is in this process's memory, which worker processes do not share; use --workers 1")
+        raise ValueError(f"--output {fs.redact(out)} is in this process's memory, which worker processes do not share; use --workers 1")
     files = readers.expand_inputs(job.inputs)
     info = tokenizer_info(job.tokenizer, config)
     with lock.hold(out):

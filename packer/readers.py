@@ -24,7 +24,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
-from packer import sources
+from packer import fs, sources
 from packer.lines import first_line_start, iter_lines, line_blocks, previous_line_blank
 from packer.sources import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
 
@@ -60,7 +60,7 @@ class FileError(ValueError):
         self.path, self.cause = path, cause
 
     def __str__(self):
-        return f"{self.path}: {self.cause}"
+        return f"{fs.redact(self.path)}: {fs.redact_text(self.cause)}"
 
 
 @dataclass
@@ -78,6 +78,7 @@ class SkipLog:
         return cls(Counter(), [], strict)
 
     def add(self, reason: str, where: str):
+        where = fs.redact_text(where)  # names the file: no credentials from its URI
         if self.strict:
             raise ValueError(f"{where}: {reason} (--strict stops at the first bad record; "
                              "without it bad records are skipped and counted)")
@@ -88,6 +89,8 @@ class SkipLog:
 
 def file_format(path: str) -> tuple[str, str | None]:
     """'a.jsonl.zst' -> ('jsonl', 'zstd'); unsupported names raise ValueError."""
+    if sources.is_uri(path):
+        path = path.split("?", 1)[0]  # s3://b/a.jsonl?region=x: the name ends before the query
     name = path.rsplit("/", 1)[-1].lower()
     compression = None
     for suffix, codec in COMPRESSION.items():
@@ -98,7 +101,7 @@ def file_format(path: str) -> tuple[str, str | None]:
         if name.endswith(suffix) and not (compression and fmt in ("parquet", "arrow")):
             return fmt, compression
     raise ValueError(
-        f"unsupported input format: {path} (supported: .jsonl/.json/.ndjson, .txt, each optionally "
+        f"unsupported input format: {fs.redact(path)} (supported: .jsonl/.json/.ndjson, .txt, each optionally "
         ".gz/.zst, .parquet, .arrow, HF save_to_disk directories; select files with a glob)"
     )
 
@@ -127,7 +130,7 @@ def _cause(e: BaseException) -> str:
         return "permission denied (cannot read the file)"
     if isinstance(e, (FileNotFoundError, IsADirectoryError)):
         return "cannot open the file (it is missing or not a regular file)"
-    return f"{type(e).__name__}: {e}".replace("\n", " ")
+    return fs.redact_text(f"{type(e).__name__}: {e}".replace("\n", " "))
 
 
 def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_files: list | None = None) -> list[Unit]:
@@ -441,7 +444,7 @@ def read_jsonl_unit(unit: Unit, text_field: str, skips: SkipLog):
 
 
 def input_descriptions(files) -> list[dict]:
-    return [{"path": str(f), "bytes": _size_or_none(f)} for f in files]
+    return [{"path": fs.redact(str(f)), "bytes": _size_or_none(f)} for f in files]  # no credentials
 
 
 def _size_or_none(path: str) -> int | None:

@@ -27,7 +27,8 @@ RUN_ONLY_KEYS = ("strict", "on_file_error")
 
 
 def fingerprint(config, info, files) -> dict:
-    inputs = [{"path": str(f), **sources.file_stamp(str(f))} for f in files]
+    # redacted: new credentials for the same data resume it, and none are written to disk
+    inputs = [{"path": fs.redact(str(f)), **sources.file_stamp(str(f))} for f in files]
     # strict / on_file_error only decide whether a bad input stops the run; a failed unit leaves no
     # unit file, so resuming with the other choice (the usual fix for a corrupt file) is safe.
     settings = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}
@@ -52,7 +53,7 @@ def _first_difference(old, new, where: str = ""):
 
 
 def _short(value) -> str:
-    text = repr(value)
+    text = fs.redact_text(repr(value))
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -64,13 +65,13 @@ def start_or_resume(work: Path, expected: dict):
         if found:
             where, old, new = found
             raise ValueError(
-                f"{work} belongs to an unfinished build with other settings or inputs ({where}: "
+                f"{fs.redact(work)} belongs to an unfinished build with other settings or inputs ({where}: "
                 f"{_short(old)} there, {_short(new)} now); rerun the original command to resume it, "
                 f"or pass --overwrite to discard it and start over"
             )
         return
     if work.exists() and any(p.name != "units" or any(p.iterdir()) for p in work.iterdir()):
-        raise ValueError(f"{work} has no {FINGERPRINT}, so it cannot be resumed safely; pass --overwrite to start over")
+        raise ValueError(f"{fs.redact(work)} has no {FINGERPRINT}, so it cannot be resumed safely; pass --overwrite to start over")
     work.mkdir(parents=True, exist_ok=True)
     atomic.write_json(path, expected)
 
@@ -89,7 +90,7 @@ def require_same_dataset(manifest: dict, config, info, files, out: Path):
     if found:
         where, a, b = found
         raise ValueError(
-            f"{out} already holds a complete dataset built differently ({where}: {_short(a)} there, "
+            f"{fs.redact(out)} already holds a complete dataset built differently ({where}: {_short(a)} there, "
             f"{_short(b)} now); pass --overwrite to replace it, or choose another --output"
         )
 
@@ -99,7 +100,7 @@ def refuse_foreign(out: Path):
     foreign = sorted(p.name for p in out.iterdir() if not _OWNED.match(p.name))
     if foreign:
         raise ValueError(
-            f"{out} holds files packer did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            f"{fs.redact(out)} holds files packer did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
             f"choose a new or empty --output"
         )
 

@@ -79,7 +79,7 @@ def read_manifest(path) -> dict:
     file = path / MANIFEST if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
-            f"no {MANIFEST} in {path}: not a packer dataset, or its build did not finish "
+            f"no {MANIFEST} in {fs.redact(path)}: not a packer dataset, or its build did not finish "
             "(run the same `packer build` command again to resume it)"
         )
     return json.loads(file.read_text(encoding="utf-8"))

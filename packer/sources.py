@@ -25,6 +25,12 @@ def is_uri(path: str) -> bool:
     return "://" in path
 
 
+def _redact(path: str) -> str:
+    from packer import fs
+
+    return fs.redact(path)  # the URI without its credentials, for messages
+
+
 def _filesystem(uri: str):
     from packer import fs
 
@@ -32,7 +38,10 @@ def _filesystem(uri: str):
 
 
 def _join(parent: str, name: str) -> str:
-    return parent.rstrip("/") + "/" + name if is_uri(parent) else os.path.join(parent, name)
+    if not is_uri(parent):
+        return os.path.join(parent, name)
+    base, sep, query = parent.partition("?")  # s3://b/dir?region=x + a -> s3://b/dir/a?region=x
+    return base.rstrip("/") + "/" + name + sep + query
 
 
 def _list_local(path: str):
@@ -82,7 +91,7 @@ def _walk(directory: str, ancestors: dict, lister) -> list[str]:
             continue
         if identity in ancestors:
             raise ValueError(
-                f"symlink loop: {child} leads back to {ancestors[identity]} "
+                f"symlink loop: {_redact(child)} leads back to {_redact(ancestors[identity])} "
                 "(remove the link, or list the inputs without it)"
             )
         files.extend(_walk(child, {**ancestors, identity: child}, lister))
@@ -99,7 +108,7 @@ def _expand_one(item: str) -> list[str]:
             return sorted(_walk(item, {item: item}, _list_uri))
         if info.type == fs.FileType.File:
             return [item]
-        raise FileNotFoundError(f"input not found: {item}")
+        raise FileNotFoundError(f"input not found: {_redact(item)}")
     if any(ch in item for ch in "*?["):
         matches = sorted(glob.glob(item, recursive=True))
         if not matches:
@@ -117,7 +126,7 @@ def expand_inputs(inputs) -> list[str]:
     """Files, directories, globs and URIs -> the list of input files, in build order."""
     files = [f for item in inputs for f in _expand_one(str(item))]
     if not files:
-        raise FileNotFoundError(f"no input files found in {list(map(str, inputs))}")
+        raise FileNotFoundError(f"no input files found in {[_redact(str(i)) for i in inputs]}")
     return files
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packer import fs
 from packer.binpack import lower_bound, pack
 from packer.plan import split_documents
 
@@ -230,7 +231,7 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
                  inputs=()) -> dict:
     """All figures for documents of these lengths, packed the way `packer build` would
     (long documents split, `algorithm`, bins shuffled with `seed`). algorithms=() skips packing."""
-    out = _header("corpus", context_length, batch_size, seed, inputs=list(map(str, inputs)),
+    out = _header("corpus", context_length, batch_size, seed, inputs=[fs.redact(str(i)) for i in inputs],
                   documents_from="tokenized", sample=sample)
     lengths = _check_lengths(doc_lengths)
     piece_doc, _, piece_len = split_documents(lengths, context_length) if algorithms else (None, None, None)
@@ -329,7 +330,7 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
         seg_split = seg_len == L
     algorithm = config.get("algorithm", "ffd")
     out = corpus_stats(lengths, L, batch_size=batch_size, seed=int(config.get("seed", 0)), algorithm=None)
-    out["source"] = {"kind": "dataset", "inputs": [str(getattr(ds, "path", ""))], "sample": None,
+    out["source"] = {"kind": "dataset", "inputs": [fs.redact(str(getattr(ds, "path", "")))], "sample": None,
                      "documents_from": documents_from}
     starts = np.concatenate([[0], np.cumsum(seq_docs)[:-1]]).astype(np.int64)
     split_count = np.add.reduceat(seg_split.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)

@@ -65,7 +65,7 @@ def resolve_tokenizer(name_or_path: str) -> str:
             for candidate in (loc, loc / "tokenizer.json"):
                 if candidate.is_file():
                     return str(candidate)
-            raise FileNotFoundError(f"tokenizer not found: {name_or_path} (neither a tokenizer.json nor a directory holding one)")
+            raise FileNotFoundError(f"tokenizer not found: {fs.redact(name_or_path)} (neither a tokenizer.json nor a directory holding one)")
         name_or_path = str(loc)  # file:// -> its path
     if os.path.isfile(name_or_path):
         return name_or_path
@@ -100,7 +100,7 @@ def load_tokenizer(path: str):
             return Tokenizer.from_str(fs.location(path).read_text())
         return Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON
-        raise ValueError(f"{path}: not a valid tokenizer.json ({e})") from None
+        raise ValueError(f"{fs.redact(path)}: not a valid tokenizer.json ({fs.redact_text(e)})") from None
 
 
 def _special_id(tok, explicit: str | None, candidates, what: str, flag: str) -> int:

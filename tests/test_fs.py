@@ -206,3 +206,42 @@ def test_inputs_tokenizer_and_output_all_remote(memory_uri, sample_dataset):
     ref = json.loads(local["manifest.json"])
     got = json.loads(remote["manifest.json"])
     assert (got["shards"], got["totals"], got["tokenizer"]["sha256"]) == (ref["shards"], ref["totals"], ref["tokenizer"]["sha256"])
+
+
+@pytest.mark.parametrize("given, shown", [
+    ("s3://AKIAX:s3cr3t@bucket/ds?region=us-east-1", "s3://***@bucket/ds?region=us-east-1"),
+    ("s3://AKIAX@bucket/ds", "s3://***@bucket/ds"),  # an access key alone is still a credential
+    ("s3://bucket/ds?endpoint_override=127.0.0.1:9000&scheme=http", None),  # nothing secret
+    ("abfs://acct:k3y@container/dir/f.jsonl", "abfs://***@container/dir/f.jsonl"),
+    ("abfs://container@acct.dfs.core.windows.net/dir", None),  # a bare name there is the container
+    ("abfss://acct.blob.core.windows.net/c/x?sv=2024-01-01&sig=aB%2Fc%3D&se=2030",
+     "abfss://acct.blob.core.windows.net/c/x?sv=2024-01-01&sig=***&se=2030"),  # the SAS token's secret
+    ("abfs://c@acct.dfs.core.windows.net/x?tenant_id=t&client_id=i&client_secret=s3cr3t",
+     "abfs://c@acct.dfs.core.windows.net/x?tenant_id=t&client_id=i&client_secret=***"),
+    ("hdfs://nn:8020/data?user=me&fs.s3a.secret.key=s3cr3t&hadoop.ssl.keystore.password=pw&replication=2",
+     "hdfs://nn:8020/data?user=me&fs.s3a.secret.key=***&hadoop.ssl.keystore.password=***&replication=2"),
+    ("https://host/f.jsonl?token=s3cr3t#part", "https://host/f.jsonl?token=***#part"),
+    ("ftp://me:pw@host:21/dir/f.txt", "ftp://***@host:21/dir/f.txt"),
+    ("gs://bucket/ds", None),
+    ("memory://bucket/ds", None),
+    ("file:///data/ds", None),
+    ("out/ds", None),
+    ("/abs/path with spaces/a@b:c.jsonl", None),  # a local path is never rewritten, even with @ and :
+])
+def test_redact(given, shown):
+    shown = shown or given
+    assert fs.redact(given) == shown
+    assert fs.redact(shown) == shown  # idempotent: a redacted form is its own redaction
+    assert fs.redact(Path("out/ds")) == "out/ds"
+
+
+def test_redact_text_and_remote_paths_keep_credentials_only_where_they_open_things(memory_uri):
+    text = "error: 's3://AK:s3cr3t@b/x?region=r' and (hdfs://nn/p?password=pw), then a/local:path"
+    assert fs.redact_text(text) == "error: 's3://***@b/x?region=r' and (hdfs://nn/p?password=***), then a/local:path"
+    assert fs.redact_json({"path": "s3://AK:s3cr3t@b/x", "n": [1, "abfs://h/c?sig=S"]}) == {
+        "path": "s3://***@b/x", "n": [1, "abfs://h/c?sig=***"]}
+    loc = fs.location(memory_uri)
+    assert str(loc) == memory_uri and pickle.loads(pickle.dumps(loc)) == loc  # the real URI re-opens it
+    remote = fs.RemotePath("s3://AK:s3cr3t@b/ds?region=r", None, "b/ds")
+    assert str(remote / "x") == "s3://AK:s3cr3t@b/ds/x?region=r"  # what workers re-resolve
+    assert repr(remote / "x") == "RemotePath('s3://***@b/ds/x?region=r')" and fs.redact(remote) == "s3://***@b/ds?region=r"
