@@ -192,9 +192,12 @@ def test_ctrl_c_stops_workers_and_leaves_only_complete_units(tmp_path):
     inputs = ", ".join(json.dumps(p) for p in SAMPLE_INPUTS)
     job.write_text(f'inputs = [{inputs}]\ntokenizer = "{TOKENIZER}"\noutput = "{out}"\nworkers = 2\n'
                    "[config]\ncontext_length = 512\nunit_bytes = 50000\n")
+    # SIGINT back to its default in the child: a test run started in the background (`cmd &` in a
+    # script) ignores SIGINT, and an ignored signal is inherited, so the build would never see it
     proc = subprocess.Popen([sys.executable, "-m", "packer", "run", str(job)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     units = out / "_work" / "units"
     deadline = time.time() + 120
     while time.time() < deadline and not (units.is_dir() and any(units.glob("*.json"))):
