@@ -23,16 +23,16 @@ Two raw baselines: `raw memmap` is the issue's (np.memmap slices, numpy-integer 
 `raw, tight` reads the same map through a plain ndarray view with Python-int indices, ~2x faster
 (np.memmap slicing builds a memmap subclass object per slice). Ratios are printed against both.
 
-Measured 2026-11-29 (2-core box, a helper's tests running beside it, load ~1.4), ratio to raw
-memmap (6.5 ms a pass) and to the tight read (3.3 ms):
-    num_workers=0, PackedDataset(batch_size=8) batches        0.264   0.134
-    num_workers=0, batch_size=8, pad_to=4096 (collate_padded) 0.229   0.116
-    num_workers=0, items + collate_varlen                      0.196   0.100
-    num_workers=0, items, pad_to=4096                          0.189   0.096
-    per-item make_item (reference)                             0.024   0.012
-    num_workers=2, items / batches                             0.011 / 0.011 (IPC floor 0.005)
+Measured 2026-11-29 on the 2-core box, quiet (load 0.7), ratio to raw memmap (6.5 ms a pass)
+and to the tight read (3.2 ms):
+    num_workers=0, PackedDataset(batch_size=8) batches        0.294   0.145
+    num_workers=0, batch_size=8, pad_to=4096 (collate_padded) 0.265   0.131
+    num_workers=0, items + collate_varlen                      0.212   0.105
+    num_workers=0, items, pad_to=4096                          0.203   0.100
+    per-item make_item (reference)                             0.023   0.011
+    num_workers=2, items / batches                             0.009 / 0.010 (IPC floor 0.006)
     return_attention_mask                                      0.0004
-Earlier runs of the batch case: 0.26-0.29. Where a batch-path pass goes (~21 ms, line profiler
+Beside a helper's test runs (load ~1.4) the batch case gave 0.26 and items 0.20. Where a batch-path pass goes (~21 ms, line profiler
 shares): int64 input_ids and labels, gathered and widened by np.concatenate, 28%; position ids
 (one cumsum) 21%; batch views and cu_seqlens 21%; block layout 13%; epoch permutation 5%. The
 item path adds 4 tensor views, a dict and a generator step per item (~5 us) and DataLoader's

@@ -28,7 +28,7 @@ per field into a buffer from a small pool; item tensors are views of the block's
 collates turn consecutive items of a block into slices of it. With `batch_size`, batches are cut
 from the block directly (no items). Measured 2026-11-29 (benchmarks/bench_loader.py, sample
 corpus x8, context 4096, batch 8, 2-core box), num_workers=0, share of the raw np.memmap
-baseline: batches 26-29%, items + collate_varlen 20%, a per-item loader 2.4%.
+baseline: batches 29% (26% on a busy box), items + collate_varlen 21%, a per-item loader 2.3%.
 """
 
 from __future__ import annotations
