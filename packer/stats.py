@@ -316,10 +316,16 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
     lengths, and the composition, fill, trend and attention cost of its stored sequences."""
     config = ds.manifest["config"]
     L = int(config["context_length"])
-    offsets = [np.asarray(ds[i][1], dtype=np.int64) for i in range(len(ds))]
-    seg_len = np.concatenate([np.diff(o) for o in offsets]) if offsets else np.zeros(0, np.int64)
-    seq_docs = np.fromiter((len(o) - 1 for o in offsets), dtype=np.int64, count=len(offsets))
-    seq_tokens = np.fromiter((o[-1] for o in offsets), dtype=np.int64, count=len(offsets))
+    n = len(ds)
+    rows = ds.views(np.arange(n))[1] if hasattr(ds, "views") else [ds[i][1] for i in range(n)]
+    ends = np.cumsum(np.fromiter(map(len, rows), np.int64, n))  # row k's offsets end at ends[k]
+    offsets = np.concatenate(rows, dtype=np.int64) if n else np.zeros(0, np.int64)
+    seq_docs = np.diff(ends, prepend=0) - 1
+    seq_tokens = offsets[ends - 1]
+    steps = np.diff(offsets)
+    keep = np.ones(len(steps), bool)
+    keep[ends[:-1] - 1] = False  # the step from one row's end to the next row's 0 is no segment
+    seg_len = steps[keep]
     doc_ids = _stored_doc_ids(ds)
     if doc_ids is not None and len(doc_ids) == len(seg_len):
         per_doc = np.bincount(doc_ids, weights=seg_len).astype(np.int64)
@@ -336,10 +342,10 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
     split_count = np.add.reduceat(seg_split.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
     out["packing"] = {
         "algorithm": algorithm, "source": "dataset",
-        **_pack_totals(len(offsets), int(seg_len.sum()), L),
+        **_pack_totals(n, int(seg_len.sum()), L),
         **composition(seq_docs, seq_tokens, (seq_docs == 1) & (split_count == 1), L),
     }
-    out["attention"] = attention_cost(seg_len, len(offsets), L)
+    out["attention"] = attention_cost(seg_len, n, L)
     return out
 
 
