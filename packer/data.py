@@ -577,9 +577,9 @@ class PackedDataset(IterableDataset):
         n, size = len(block.row_start_list) - 1, self.batch_size
         if size is None:
             return _block_items(block, self.return_attention_mask)
-        fast = {collate_varlen: False, collate_padded: True}.get(self.collate_fn)
-        if fast is not None and not self.return_attention_mask:
-            return [_block_batch(block, r, min(r + size, n), fast) for r in range(0, n, size)]
+        if self.collate_fn in (collate_varlen, collate_padded) and not self.return_attention_mask:
+            padded = self.collate_fn is collate_padded
+            return [_block_batch(block, r, min(r + size, n), padded) for r in range(0, n, size)]
         items = _block_items(block, self.return_attention_mask)
         return [self.collate_fn(items[r:r + size]) for r in range(0, n, size)]
 
