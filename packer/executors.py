@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import sys
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
@@ -33,6 +35,22 @@ def _init_worker():
     # One tokenizer thread per process: the pool already uses every core.
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _exit_with_driver()
+
+
+def _exit_with_driver():
+    """End this worker as soon as the driver process is gone (kill -9, OOM killer, preemption),
+    rather than let it finish a task nobody will collect. The pool does not: a busy worker of a
+    killed driver runs on to its task's end. The parent's sentinel becomes ready when it dies."""
+    parent = mp.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch():
+        mp_connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="packer-driver-watch", daemon=True).start()
 
 
 def describe_call(fn, item, index: int) -> str:

@@ -130,3 +130,41 @@ def test_local_pool_runs_from_a_script_piped_to_python(tmp_path):
                             env=env, timeout=180)
     assert result.returncode == 0 and "built" in result.stdout, result.stderr[-2000:]
     assert (tmp_path / "ds" / "manifest.json").is_file()
+
+
+def _process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return f.read().split("State:")[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_busy_worker_ends_when_its_driver_is_killed(tmp_path):
+    """A SIGKILLed driver (OOM killer, preemption) must not leave a worker running its task on."""
+    driver = tmp_path / "driver.py"
+    driver.write_text("import time\nfrom packer.executors import LocalExecutor\n"
+                      "if __name__ == '__main__':\n"
+                      "    ex = LocalExecutor(1)\n"
+                      "    future = ex._pool.submit(time.sleep, 60)\n"
+                      "    time.sleep(1)\n"
+                      "    print(*ex._pool._processes, flush=True)\n"
+                      "    future.result()\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    try:
+        assert workers and all(_process_state(pid) in "RS" for pid in workers)  # busy, sleeping in its task
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and any(_process_state(pid) not in ("Z", "gone") for pid in workers):
+            time.sleep(0.1)
+        assert all(_process_state(pid) in ("Z", "gone") for pid in workers)
+    finally:
+        for pid in workers:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

@@ -51,8 +51,8 @@ def _run(inputs, out, workers, fmt="arrow", kill_at=None):
         try:
             returncode = proc.wait(timeout=120)
         finally:
-            # A SIGKILLed driver leaves its pool workers (same process group) waiting forever on
-            # its queue: end them, as a batch scheduler ending the job would.
+            # Workers end with their driver (executors._exit_with_driver); the process group is
+            # killed anyway, as a batch scheduler ending the job would, so nothing outlives a test.
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
