@@ -2,6 +2,7 @@
 
     python benchmarks/bench_train.py              # ~2-3 min on a busy 2-core CPU
     python benchmarks/bench_train.py --tokens 8192 --threads 1
+    python benchmarks/bench_train.py --device cuda --dtype bf16 --dim 1024 --layers 8 --heads 16 --tokens 262144
 
 Same model, same documents (web-like lengths: lognormal, median 300, mean 600, split at the
 context 2048; random token ids), same number of real tokens, forward + backward + AdamW step:
@@ -19,6 +20,7 @@ step, and each ratio to (a). Measured 2026-11-29, busy 2-core CPU, --threads 1, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -95,27 +97,31 @@ def varlen_batches(rows):
 
 
 class Trainer:
-    """One mode's model, optimizer and running figures."""
+    """One mode's model, optimizer and running figures (batches moved to the device up front;
+    on CUDA with bf16 the forward runs under autocast, so varlen attention takes its bf16 kernels)."""
 
-    def __init__(self, batches):
+    def __init__(self, batches, model=MODEL, device="cpu", dtype=torch.float32):
         torch.manual_seed(SEED)
-        self.model = TinyGPT(MODEL)
+        self.device, self.dtype = torch.device(device), dtype
+        self.model = TinyGPT(model).to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.batches = list(batches)
+        self.batches = [(n, {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in b.items()})
+                        for n, b in batches]
         self.real = self.slots = 0
         self.seconds = 0.0
         self.losses = []
         self.step(self.batches[0][1])  # warm-up, untimed
-        with PeakMemory("cpu") as mem:
+        with PeakMemory(device) as mem:
             self.step(self.batches[0][1])
         self.peak = mem.bytes
 
     def step(self, batch):
-        _, loss = self.model(**batch)
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            _, loss = self.model(**batch)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        return loss.item()
+        return loss.item()  # waits for the device: the step is over when this returns
 
     def timed_step(self, i):
         n_real, batch = self.batches[i]
@@ -126,10 +132,10 @@ class Trainer:
         self.slots += batch["input_ids"].numel()
 
 
-def run_modes(modes: dict) -> dict:
+def run_modes(modes: dict, **trainer_kw) -> dict:
     """Train every mode over its batches (the first one untimed), the modes taking turns step by step
     so load drift on a shared machine hits them alike."""
-    trainers = {name: Trainer(batches) for name, batches in modes.items()}
+    trainers = {name: Trainer(batches, **trainer_kw) for name, batches in modes.items()}
     for i in range(1, max(len(t.batches) for t in trainers.values())):
         for t in trainers.values():
             if i < len(t.batches):
@@ -142,19 +148,27 @@ def main():
     parser.add_argument("--tokens", type=int, default=24_576, help="real tokens per mode (default %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: on a shared 2-core machine 2 threads oversubscribe and run ~3x slower)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast (CUDA)")
+    parser.add_argument("--dim", type=int, default=MODEL.dim)
+    parser.add_argument("--layers", type=int, default=MODEL.n_layers)
+    parser.add_argument("--heads", type=int, default=MODEL.n_heads)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model = dataclasses.replace(MODEL, dim=args.dim, n_layers=args.layers, n_heads=args.heads)
     docs = corpus(args.tokens)
     rows = packed_rows(docs)
     print(machine_line())
-    print(f"# TinyGPT {MODEL}, varlen backend {pick_backend('cpu', torch.float32, True)}; context {CONTEXT}, "
+    print(f"# TinyGPT {model}, {args.device} {args.dtype}, varlen backend {pick_backend(args.device, dtype, True)}; "
+          f"context {CONTEXT}, "
           f"{len(docs)} documents, {sum(len(d) for d in docs)} tokens, seed {SEED}; padded batch {PADDED_BATCH} docs, "
           f"packed batch {PACKED_BATCH} rows ({len(rows)} rows)")
     print(f"{'case':<10} {'real tok':>9} {'slots':>8} {'padding':>8} {'seconds':>8} {'eff tok/s':>10} {'x (a)':>6} "
           f"{'peak MB':>8} {'loss':>6}")
     trainers = run_modes({"(a) padded": padded_batches(docs), "(b) packed": unmasked_batches(rows),
-                          "(c) varlen": varlen_batches(rows)})
+                          "(c) varlen": varlen_batches(rows)}, model=model, device=args.device, dtype=dtype)
     base = None
     for name, r in trainers.items():
         speed = r.real / r.seconds

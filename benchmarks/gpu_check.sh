@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for packer.attention (not part of CI): the CUDA equivalence tests against the flash_attn and
 # torch_varlen backends (skipped, with the reason printed, where flash-attn is absent), then the attention
-# benchmark in bf16. Runs in well under 5 minutes on one GPU.
+# benchmark in bf16, and the training benchmark in bf16. Runs in well under 5 minutes on one GPU.
 #   bash benchmarks/gpu_check.sh            (PYTHON=... to pick the interpreter that has CUDA torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +17,5 @@ for name, info in available_backends("cuda").items():
 PY
 timeout 150 "$PY" -m pytest tests/test_attention.py -k cuda -q -rs -p no:cacheprovider
 timeout 240 "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16
+# training throughput, padded vs packed vs varlen (the seeds' table), a GPU-sized model in bf16
+timeout 240 "$PY" benchmarks/bench_train.py --device cuda --dtype bf16 --dim 1024 --layers 8 --heads 16 --tokens 262144 --threads 0
