@@ -18,4 +18,5 @@ PY
 timeout 150 "$PY" -m pytest tests/test_attention.py -k cuda -q -rs -p no:cacheprovider
 timeout 240 "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16
 # training throughput, padded vs packed vs varlen (the seeds' table), a GPU-sized model in bf16
+# (added after the 2026-11-29 H200 run, whose lease ended first: checked on CPU only, bf16 autocast)
 timeout 240 "$PY" benchmarks/bench_train.py --device cuda --dtype bf16 --dim 1024 --layers 8 --heads 16 --tokens 262144 --threads 0
