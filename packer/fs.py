@@ -21,6 +21,7 @@ Credentials a user puts in a URI are used to open it and nothing else: what pack
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -250,8 +251,11 @@ def rmtree(loc):
 
 
 def upload(local_file, dst: RemotePath):
-    """Copy a local file to `dst` (streamed, not read whole)."""
-    with open(local_file, "rb") as src, dst.open_output() as out:
+    """Copy a local file (a path, or a binary file object read from where it stands) to `dst`,
+    streamed, not read whole."""
+    with contextlib.ExitStack() as stack:
+        src = local_file if hasattr(local_file, "read") else stack.enter_context(open(local_file, "rb"))
+        out = stack.enter_context(dst.open_output())
         shutil.copyfileobj(src, out, COPY_CHUNK)
 
 

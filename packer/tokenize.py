@@ -26,7 +26,6 @@ import re
 import struct
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -135,15 +134,14 @@ def unit_paths(work_dir, index: int) -> dict:
 class _NpyAppender:
     """A 1-D .npy file written in pieces: a fixed 128-byte header first, rewritten with the final
     length on commit, so a unit of any size streams to disk instead of gathering in memory.
-    A remote file (no seek, no rename) is spooled in the local temp directory, then uploaded."""
+    A remote file (no seek, no rename) is spooled in a nameless local temporary file, then uploaded."""
 
     HEADER_BYTES = 128
 
     def __init__(self, path, dtype):
         self.path, self.dtype, self.n = path, np.dtype(dtype), 0
-        if isinstance(path, fs.RemotePath):
-            fd, name = tempfile.mkstemp(prefix=f"packer-{path.name}.", suffix=".tmp")
-            self.tmp, self.f = Path(name), os.fdopen(fd, "wb")
+        if isinstance(path, fs.RemotePath):  # nameless: nothing is left behind if this process is killed
+            self.tmp, self.f = None, tempfile.TemporaryFile(prefix="packer-unit-")
         else:
             self.tmp = atomic.tmp_path(path)
             self.f = open(self.tmp, "wb")
@@ -161,18 +159,18 @@ class _NpyAppender:
     def commit(self):
         self.f.seek(0)
         self.f.write(self._header())
-        self.f.close()
         if isinstance(self.path, fs.RemotePath):
-            try:
-                fs.upload(self.tmp, self.path)
-            finally:
-                self.tmp.unlink(missing_ok=True)
+            self.f.seek(0)
+            with self.f:
+                fs.upload(self.f, self.path)
         else:
+            self.f.close()
             os.replace(self.tmp, self.path)
 
     def abort(self):
         self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _pieces(text: str, piece_chars: int):

@@ -245,3 +245,25 @@ def test_redact_text_and_remote_paths_keep_credentials_only_where_they_open_thin
     remote = fs.RemotePath("s3://AK:s3cr3t@b/ds?region=r", None, "b/ds")
     assert str(remote / "x") == "s3://AK:s3cr3t@b/ds/x?region=r"  # what workers re-resolve
     assert repr(remote / "x") == "RemotePath('s3://***@b/ds/x?region=r')" and fs.redact(remote) == "s3://***@b/ds?region=r"
+
+
+def test_remote_unit_spool_leaves_nothing_when_its_process_dies(tmp_path):
+    """A unit bound for a remote location is spooled in a nameless temporary file: a worker killed
+    before the upload leaves nothing in the local temp directory."""
+    import os
+    import subprocess
+    import sys
+
+    spool_dir = tmp_path / "tmp"
+    spool_dir.mkdir()
+    code = ("import os, numpy as np\nfrom packer import fs\nfrom packer.tokenize import _NpyAppender\n"
+            f"f = _NpyAppender(fs.location('memory://{uuid.uuid4().hex}/unit.tokens.npy'), np.uint16)\n"
+            "f.append(np.arange(100000, dtype=np.uint16))\n"
+            "print(len(os.listdir(os.environ['TMPDIR'])), flush=True)\n"
+            "os._exit(9)  # killed before commit\n")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "TMPDIR": str(spool_dir), "PYTHONPATH": str(root)})
+    assert result.returncode == 9, result.stderr
+    assert result.stdout.strip() == "0"  # no name even while it was being written
+    assert list(spool_dir.iterdir()) == []
