@@ -61,17 +61,17 @@ def read_header(path) -> tuple[int, int, int]:
             head = f.read(HEADER.size)
         size = path.stat().st_size
     if len(head) < HEADER.size:
-        raise ValueError(f"{path}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
+        raise ValueError(f"{fs.redact(path)}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
     magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head)
     if magic != MAGIC:
-        raise ValueError(f"{path}: not a packer index file (magic {magic!r}, expected {MAGIC!r})")
+        raise ValueError(f"{fs.redact(path)}: not a packer index file (magic {magic!r}, expected {MAGIC!r})")
     if version != VERSION:
-        raise ValueError(f"{path}: index version {version}, this packer reads version {VERSION}; upgrade packer")
+        raise ValueError(f"{fs.redact(path)}: index version {version}, this packer reads version {VERSION}; upgrade packer")
     if itemsize not in TOKEN_DTYPES:
-        raise ValueError(f"{path}: token itemsize {itemsize}, expected 2 or 4")
+        raise ValueError(f"{fs.redact(path)}: token itemsize {itemsize}, expected 2 or 4")
     want = HEADER.size + 8 * (2 * (n_rows + 1) + n_segments) + 4 * (n_segments + n_rows)
     if size != want:
-        raise ValueError(f"{path}: {size} bytes, its header implies {want} (truncated or corrupt)")
+        raise ValueError(f"{fs.redact(path)}: {size} bytes, its header implies {want} (truncated or corrupt)")
     return itemsize, n_rows, n_segments
 
 
@@ -105,5 +105,5 @@ def open_shard(bin_path, idx_path):
     n_tokens = int(token_starts[-1])
     size = Path(bin_path).stat().st_size if size is None else size
     if size != n_tokens * itemsize:
-        raise ValueError(f"{bin_path}: {size} bytes, its index says {n_tokens} tokens of {itemsize} bytes (truncated?)")
+        raise ValueError(f"{fs.redact(bin_path)}: {size} bytes, its index says {n_tokens} tokens of {itemsize} bytes (truncated?)")
     return (tokens() if n_tokens else np.zeros(0, dtype)), token_starts, offsets, offset_starts, doc_ids

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from packer import fs
+
 # Read through a hole this small rather than issue another request: about time-to-first-byte x
 # bandwidth of one connection (20 ms x 50 MiB/s), the rule pyarrow's CacheOptions.from_network_metrics uses.
 GAP_BYTES = 1 << 20
@@ -31,7 +33,7 @@ def _open(units_dir, u: int):
     f = (units_dir / f"unit-{u:06d}.tokens.npy").open_input()
     head = f.read_at(12, 0)
     if head[:6] != b"\x93NUMPY":
-        raise ValueError(f"{units_dir}/unit-{u:06d}.tokens.npy: not a .npy file (magic {head[:6]!r})")
+        raise ValueError(f"{fs.redact(units_dir)}/unit-{u:06d}.tokens.npy: not a .npy file (magic {head[:6]!r})")
     if head[6] == 1:  # version 1.0: uint16 header length; 2.0 and 3.0: uint32
         return f, 10 + struct.unpack("<H", head[8:10])[0]
     return f, 12 + struct.unpack("<I", head[8:12])[0]

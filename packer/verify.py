@@ -74,10 +74,10 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
         for name, key in zip(shard_files(entry), _HASH_KEYS):
             file = path / name
             if not file.is_file():
-                raise ValueError(f"shard missing: {file} (listed in the manifest); restore it or rebuild")
+                raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
             if checksums and sha256_file(file) != entry[key]:
-                raise ValueError(f"{file}: sha256 does not match the manifest (the file changed or is corrupt)")
-        where = str(path / entry["file"])
+                raise ValueError(f"{fs.redact(file)}: sha256 does not match the manifest (the file changed or is corrupt)")
+        where = fs.redact(path / entry["file"])  # no credentials of a URI in messages
         counts = {"sequences": 0, "tokens": 0, "documents": 0}
         try:
             for rows, doc_ids in shard_blocks(path, entry, fmt):
