@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer import masks
-from packer.shards import open_dataset
+from packer.shards import open_dataset, read_rows
 
 # Rows built per vectorized step: about this many tokens (64 rows of 4096). Measured 2026-11-29
 # (busy 2-core box, context 4096, bench_loader): blocks of 8 / 32 / 64 / 128 rows gave 7 / 10 /
@@ -129,15 +129,6 @@ def _block_batch(block: _Block, r0: int, r1: int, padded: bool) -> dict:
     if "document_ids" in block.fields and not padded:  # numbered across the flattened row
         batch["document_ids"] = masks.document_ids(batch["cu_seqlens"])[None]
     return batch
-
-
-def read_rows(ds, indices) -> tuple[list, list]:
-    """Rows `indices` of an opened dataset as (token views, offset views): its `views` where it
-    has one (one vectorized lookup), else `ds[i]` row by row."""
-    if hasattr(ds, "views"):
-        return ds.views(indices)
-    pairs = [ds[i] for i in np.asarray(indices).tolist()]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 class _Layout:

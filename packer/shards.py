@@ -201,6 +201,15 @@ class ShardDataset:
 ArrowDataset = ShardDataset  # the name before the memmap format existed
 
 
+def read_rows(ds, indices) -> tuple[list, list]:
+    """Rows `indices` of an opened dataset as (token views, offset views): its `views` where it
+    has one (one vectorized lookup), else `ds[i]` row by row (any reader with __getitem__)."""
+    if hasattr(ds, "views"):
+        return ds.views(indices)
+    pairs = [ds[i] for i in np.asarray(indices).tolist()]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 def open_dataset(path) -> ShardDataset:
     """Open a dataset directory written by `packer build` (Arrow or memmap shards), or its URI."""
     return ShardDataset(path)

@@ -26,6 +26,7 @@ import numpy as np
 from packer import fs
 from packer.binpack import lower_bound, pack
 from packer.plan import split_documents
+from packer.shards import read_rows
 
 SCHEMA_ID = "packer.stats/1"
 SCHEMA = json.loads((Path(__file__).with_name("stats_schema.json")).read_text(encoding="utf-8"))
@@ -292,23 +293,11 @@ def _pack_totals(n_sequences: int, n_tokens: int, context_length: int) -> dict:
 
 
 def _stored_doc_ids(ds) -> np.ndarray | None:
-    """Global document index of every stored segment, from Arrow shards' doc_ids column; None
-    when the shards have none (then each segment counts as a document)."""
-    path = getattr(ds, "path", None)
-    from packer import fs
-
-    files = [fs.location(path) / e.get("file", "") for e in ds.manifest.get("shards", [])] if path else []
-    if not files or any(f.suffix != ".arrow" for f in files):
-        return None
-    import pyarrow.ipc as ipc
-
-    parts = []
-    for f in files:
-        table = ipc.open_file(fs.open_arrow(f)).read_all()
-        if "doc_ids" not in table.column_names:
-            return None
-        parts.append(table.column("doc_ids").combine_chunks().flatten().to_numpy())
-    return np.concatenate(parts).astype(np.int64)
+    """Global document index of every stored segment of an Arrow dataset, as its reader already
+    holds them (`ds.doc_ids()`); None for other readers and formats (then each segment counts as
+    a document)."""
+    arrow = ds.manifest["config"].get("format", "arrow") == "arrow" and ds.manifest.get("shards")
+    return ds.doc_ids() if arrow and hasattr(ds, "doc_ids") else None
 
 
 def dataset_stats(ds, *, batch_size: int = 8) -> dict:
@@ -317,7 +306,7 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
     config = ds.manifest["config"]
     L = int(config["context_length"])
     n = len(ds)
-    rows = ds.views(np.arange(n))[1] if hasattr(ds, "views") else [ds[i][1] for i in range(n)]
+    rows = read_rows(ds, np.arange(n))[1]
     ends = np.cumsum(np.fromiter(map(len, rows), np.int64, n))  # row k's offsets end at ends[k]
     offsets = np.concatenate(rows, dtype=np.int64) if n else np.zeros(0, np.int64)
     seq_docs = np.diff(ends, prepend=0) - 1
