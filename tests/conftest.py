@@ -55,3 +55,15 @@ def s3_uri():
     query = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1&allow_delayed_open=true"
     yield lambda name: f"s3://testing:testing@packer-test/{name}?{query}"
     server.stop()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny tensors: one thread is ~30x faster than two on a busy 2-core machine. (torch imported
+    here, not at the top: tests/test_no_torch.py runs without it.)"""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -14,13 +14,7 @@ CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["bac
 CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is ~30x faster than two on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def reference(q, k, v, lengths, causal=True, window=None, scale=None):

@@ -18,12 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def packed_batch(seed, n_rows=2, context=48, vocab=97):
