@@ -68,7 +68,7 @@ def shard_files(entry: dict) -> list[str]:
 def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
     h = hashlib.sha256()
     path = fs.location(path)
-    with path.fs.open_input_stream(path.path) if isinstance(path, fs.RemotePath) else open(path, "rb") as f:
+    with path.open_input() if isinstance(path, fs.RemotePath) else open(path, "rb") as f:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
