@@ -554,8 +554,8 @@ class PackedDataset(IterableDataset):
             if self.shuffle:
                 indices = permute(indices, self.n_sequences, self.seed, self.epoch)
             for b in range(0, len(indices), block):
-                units = self._block_units(read_rows(self._ds, indices[b:b + block]))
-                n_items = len(indices[b:b + block])
+                picked = indices[b:b + block]
+                units, n_items = self._block_units(read_rows(self._ds, picked)), len(picked)
                 self._block_iter = (iter(units), len(units), n_items, per_unit)
                 del units  # only the iterator holds them: once it ends, the block's buffer is free for the next
                 yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
