@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packer.binpack import pack, summarize  # noqa: E402
-from packer.plan import pack_groups, split_documents  # noqa: E402
+from packer.build.plan import pack_groups, split_documents  # noqa: E402
 
 SEED = 0
 N = 10_000_000  # pieces (documents split at the capacity), int64

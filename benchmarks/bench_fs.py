@@ -1,4 +1,4 @@
-"""The write stage on a remote filesystem: ranged reads of the unit files (packer/ranged.py)
+"""The write stage on a remote filesystem: ranged reads of the unit files (packer/io/ranged.py)
 instead of memory maps, with a simulated per-request latency, against the local fast path.
 
     python benchmarks/bench_fs.py                  # sample corpus x4, 10 ms a request
@@ -39,10 +39,11 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
-from packer import ranged, writer  # noqa: E402
+from packer.build import writer  # noqa: E402
+from packer.build.pipeline import build  # noqa: E402
+from packer.build.plan import Plan  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.pipeline import build  # noqa: E402
-from packer.plan import Plan  # noqa: E402
+from packer.io import ranged  # noqa: E402
 
 SAMPLE = [ROOT / "sample_data" / "prose.jsonl", ROOT / "sample_data" / "code.jsonl"]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")

@@ -59,10 +59,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from packer import __version__  # noqa: E402
+from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, permute  # noqa: E402
-from packer.pipeline import build  # noqa: E402
-from packer.shards import open_dataset  # noqa: E402
+from packer.store.dataset import open_dataset  # noqa: E402
 
 CONTEXT = 4096
 BATCH = 8

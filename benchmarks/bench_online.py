@@ -6,11 +6,11 @@
 Part 1, from lengths alone (no tokens): web-like lengths (lognormal, median 300, mean 600) and
 short documents (lognormal, median 60, mean 120), split at the context. Padding share of offline
 FFD over the whole corpus, of online packing with 1k / 10k / 100k-document buffers
-(packer.online.online_fill_rate: the dataset's own buffer/pack/carry steps), of length-bucketed
+(packer.train.online.online_fill_rate: the dataset's own buffer/pack/carry steps), of length-bucketed
 batches under a token budget of BATCH_ROWS * CONTEXT, and of one document per row padded to the context.
 
 Part 2, loader throughput on the bundled sample corpus: packer.data.PackedDataset over a dataset
-built by packer.pipeline.build (the real offline loader), against OnlinePackedDataset from texts
+built by packer.build.pipeline.build (the real offline loader), against OnlinePackedDataset from texts
 (tokenizing on the fly) and from pre-tokenized ids, and bucketed batches through collate_documents.
 
 2026-11-29, 2 shared cores (provisional), 300k docs, padding share:
@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TQDM_DISABLE", "1")  # the build's progress bars would garble the tables
 
 from packer.binpack import pack  # noqa: E402
-from packer.bucketing import BucketedBatchSampler, collate_documents  # noqa: E402
-from packer.online import OnlinePackedDataset, online_fill_rate  # noqa: E402
-from packer.plan import split_documents  # noqa: E402
-from packer.stats import padding_stats  # noqa: E402
+from packer.build.plan import split_documents  # noqa: E402
+from packer.stats.figures import padding_stats  # noqa: E402
+from packer.train.bucketing import BucketedBatchSampler, collate_documents  # noqa: E402
+from packer.train.online import OnlinePackedDataset, online_fill_rate  # noqa: E402
 
 SEED = 0
 CONTEXT = 2048
@@ -123,10 +123,10 @@ def drain(iterable) -> tuple[int, int]:
 
 
 def throughput_table():
+    from packer.build.pipeline import build
+    from packer.build.tokenize import load_tokenizer
     from packer.config import BuildConfig, Job
     from packer.data import PackedDataset
-    from packer.pipeline import build
-    from packer.tokenize import load_tokenizer
 
     tokenizer = str(ROOT / "sample_data/tokenizer.json")
     texts = sample_texts()

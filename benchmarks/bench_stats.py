@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer import stats as st  # noqa: E402
+from packer.stats import figures as st  # noqa: E402
 
 SEED = 0
 CONTEXT = 2048

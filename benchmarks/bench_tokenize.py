@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,11 +92,11 @@ CEILING = textwrap.dedent("""
 STAGE = textwrap.dedent("""
     import json, os, resource, shutil, sys, tempfile, time
     from pathlib import Path
-    from packer import readers
+    from packer.build import readers
     from packer.config import BuildConfig
-    from packer.executors import make_executor
-    from packer.pipeline import _tokenize_stage
-    from packer.tokenize import tokenizer_info
+    from packer.build.executors import make_executor
+    from packer.build.pipeline import _tokenize_stage
+    from packer.build.tokenize import tokenizer_info
     files, workers, mode = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
     config = BuildConfig(unit_bytes=int(sys.argv[5]))
     def cpu():

@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_attention import PeakMemory, machine_line, web_like_lengths  # noqa: E402
+
 from packer import masks  # noqa: E402
 from packer.attention import pick_backend  # noqa: E402
 from packer.binpack import pack  # noqa: E402
-from packer.model import GPTConfig, TinyGPT  # noqa: E402
+from packer.train.model import GPTConfig, TinyGPT  # noqa: E402
 
 SEED = 0
 CONTEXT = 2048

@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import types
@@ -34,12 +35,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-import sys
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
 
-from packer import __version__, atomic, memmap, shards, writer  # noqa: E402
-from packer.plan import plan_bins  # noqa: E402
+from packer import __version__  # noqa: E402
+from packer.build import writer
+from packer.build.plan import plan_bins  # noqa: E402
+from packer.io import atomic
+from packer.store.dataset import open_dataset
+from packer.store.formats import memmap
 
 SEED = 0
 CONTEXT_LENGTH = 2048
@@ -146,7 +149,7 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
                for k in range(plan.n_shards)]
     manifest = {"config": {"format": "memmap"}, "shards": entries}
     (out / "manifest.json").write_text(json.dumps(manifest))
-    ds = shards.open_dataset(out)
+    ds = open_dataset(out)
     rng = np.random.default_rng(SEED)
     picks = rng.integers(0, len(ds), n_reads)
     # The raw baseline: one flat memmap per shard and precomputed row bounds, nothing else.
@@ -189,7 +192,7 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
     manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(arrow), "uint16",
                                              "arrow") for k in range(plan.n_shards)]
     (arrow / "manifest.json").write_text(json.dumps(manifest))
-    ds = shards.open_dataset(arrow)
+    ds = open_dataset(arrow)
     _line("open_dataset ds[i], arrow", _best(getitem, repeat), base, n_tokens)
     _line("ds.get_many(64 rows), arrow", _best(get_many, repeat), base, n_tokens)
 

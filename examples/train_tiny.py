@@ -1,4 +1,4 @@
-"""Train packer.model.TinyGPT for a few steps on a dataset built by `packer build`, with varlen attention.
+"""Train packer.train.model.TinyGPT for a few steps on a dataset built by `packer build`, with varlen attention.
 
     packer run pipelines/sample.toml              # builds out/sample
     python examples/train_tiny.py out/sample --steps 50
@@ -16,7 +16,7 @@ import time
 import torch
 
 from packer.data import PackedDataset, collate_varlen
-from packer.model import GPTConfig, TinyGPT
+from packer.train.model import GPTConfig, TinyGPT
 
 
 def varlen_row(items: list[dict]) -> dict:
@@ -56,7 +56,7 @@ def train(path, *, steps=50, rows_per_step=4, dim=128, n_layers=2, n_heads=4, lr
 
 
 def ds_vocab_size(path) -> int:
-    from packer.shards import open_dataset
+    from packer.store.dataset import open_dataset
 
     return int(open_dataset(path).manifest["tokenizer"]["vocab_size"])
 

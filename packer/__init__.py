@@ -1,10 +1,38 @@
 """packer: tokenize corpora, pack documents into fixed context windows, write verifiable shards,
-and load them with exact per-document attention."""
+and load them with exact per-document attention.
+
+    import packer
+    packer.build(packer.load_job("pipelines/sample.toml"))     # or packer.Job(...)
+    ds = packer.open_dataset("out/sample")                      # ds[i] -> (tokens, offsets)
+
+The names below load on first use, so `import packer` stays cheap and never imports torch.
+"""
 
 __version__ = "0.1.0"
 
-from packer.binpack import lower_bound, pack  # noqa: E402
-from packer.config import BuildConfig, Job, load_job  # noqa: E402
-from packer.shards import open_dataset, read_manifest  # noqa: E402
+_LAZY = {
+    "BuildConfig": "packer.config",
+    "Job": "packer.config",
+    "load_job": "packer.config",
+    "open_dataset": "packer.store.dataset",
+    "read_manifest": "packer.store.manifest",
+    "pack": "packer.binpack",
+    "lower_bound": "packer.binpack",
+}
 
-__all__ = ["BuildConfig", "Job", "load_job", "lower_bound", "open_dataset", "pack", "read_manifest", "__version__"]
+__all__ = ["BuildConfig", "Job", "build", "load_job", "lower_bound", "open_dataset", "pack", "read_manifest",
+           "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name == "build":  # the subpackage packer/build/, callable as packer.build(job)
+        import importlib
+
+        return importlib.import_module("packer.build")
+    raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -10,9 +10,9 @@ import warnings
 import click
 
 from packer import __version__
+from packer.build.executors import WorkerDied
 from packer.config import BuildConfig, Job, load_job
-from packer.executors import WorkerDied
-from packer.fs import redact, redact_text
+from packer.io.fs import redact, redact_text
 
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, WorkerDied)
 
@@ -25,7 +25,7 @@ class _Group(click.Group):
             with warnings.catch_warnings():  # a warning is one line too: "warning: ..."
                 warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {redact_text(message)}", err=True)
                 return super().invoke(ctx)
-        except EXPECTED_ERRORS as e:  # credentials in a URI are never printed (packer/fs.py)
+        except EXPECTED_ERRORS as e:  # credentials in a URI are never printed (packer/io/fs.py)
             raise click.ClickException(redact_text(e)) from None
         except KeyboardInterrupt:
             click.echo("interrupted: finished work units are kept; run the same command again to resume", err=True)
@@ -61,7 +61,7 @@ def _print_summary(manifest: dict, output: str):
 
 
 def _run_job(job: Job, keep_work: bool, overwrite: bool):
-    from packer.pipeline import build
+    from packer.build.pipeline import build
 
     click.echo(f"config: {json.dumps(job.config.to_dict())}", err=True)
     manifest = build(job, keep_work=keep_work, overwrite=overwrite)
@@ -123,8 +123,9 @@ def _write_report(output: str):
     """OUTPUT/report.html from the build's stats.json (charts when matplotlib is installed)."""
     import tempfile
 
-    from packer import fs, report
-    from packer.stats import SCHEMA_ID
+    from packer.io import fs
+    from packer.stats import report
+    from packer.stats.figures import SCHEMA_ID
 
     stats_path = fs.location(output) / "stats.json"
     if not stats_path.is_file():
@@ -153,20 +154,21 @@ def _write_report(output: str):
 @click.option("--eos/--no-eos", default=True, show_default=True, help="Raw corpus: count an end-of-text token per document, as build does.")
 @click.option("--online", is_flag=True, help="Raw corpus: also report the fill rate online packing (packer.data.OnlinePackedDataset) would reach.")
 @click.option("--buffer-docs", type=click.IntRange(min=1), default=10_000, show_default=True, help="With --online: documents per packing buffer.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats_schema.json).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats/stats_schema.json).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the charts as a PNG (needs packer[plot]).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
 def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm, text_field, eos, online, buffer_docs,
           json_path, plot_path, html_path):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
     (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR)."""
-    from packer import fs, report
-    from packer import stats as st
+    from packer.io import fs
+    from packer.stats import figures as st
+    from packer.stats import report
 
     if len(inputs) == 1 and (fs.location(inputs[0]) / "manifest.json").is_file():
         if tokenizer or context_length or sample or online:
             raise ValueError(f"{redact(inputs[0])} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample/--online")
-        from packer.shards import open_dataset
+        from packer.store.dataset import open_dataset
 
         figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
     else:
@@ -176,7 +178,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
         figures = st.corpus_stats(lengths, context_length, batch_size=batch_size, seed=seed, algorithm=algorithm,
                                   sample=sampled, inputs=inputs)
         if online:
-            from packer.online import online_fill_rate
+            from packer.train.online import online_fill_rate
 
             figures["online"] = online_fill_rate(lengths, context_length, buffer_docs, algorithm)
     click.echo(report.format_table(figures))
@@ -199,8 +201,8 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
 def show_mask(dataset, seq, out_path):
     """Draw the block-causal attention mask of one packed sequence, documents outlined, as a PNG."""
-    from packer.report import write_mask_png
-    from packer.shards import open_dataset
+    from packer.stats.report import write_mask_png
+    from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
     if not 0 <= seq < len(ds):
@@ -217,7 +219,7 @@ def show_mask(dataset, seq, out_path):
 @click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
 def inspect(dataset, seq, raw):
     """Show a dataset's manifest summary, or one packed sequence (DATASET: a directory or a URI)."""
-    from packer.shards import open_dataset
+    from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
     m = ds.manifest
@@ -231,7 +233,7 @@ def inspect(dataset, seq, raw):
     click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents")
     tok = None
     if not raw:
-        from packer.tokenize import load_tokenizer
+        from packer.build.tokenize import load_tokenizer
 
         tok = load_tokenizer(str(ds.path / "tokenizer.json"))
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -246,7 +248,7 @@ def inspect(dataset, seq, raw):
 def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
     DATASET is a directory or a URI (s3://, gs://, file://, ...)."""
-    from packer.verify import verify_dataset
+    from packer.store.verify import verify_dataset
 
     totals = verify_dataset(dataset, checksums=not quick)
     click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments")

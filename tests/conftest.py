@@ -23,8 +23,8 @@ def sample_texts() -> list[str]:
 
 
 def build_sample(output, *, workers=1, **config):
+    from packer.build.pipeline import build
     from packer.config import BuildConfig, Job
-    from packer.pipeline import build
 
     job = Job(inputs=SAMPLE_INPUTS, tokenizer=TOKENIZER, output=str(output), workers=workers,
               config=BuildConfig(**{"context_length": 1024, **config}))

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer import attention  # noqa: E402
 from packer.attention import PackedSelfAttention, available_backends, varlen_attention  # noqa: E402
+from packer.train import attention  # noqa: E402
 
 CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]
 CUDA = torch.cuda.is_available()

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from packer.bucketing import BucketedBatchSampler, bucket_ids, collate_documents
+from packer.train.bucketing import BucketedBatchSampler, bucket_ids, collate_documents
 
 
 def test_hand_case_from_the_docstring():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-
 from conftest import SAMPLE_INPUTS, TOKENIZER
+
 from packer.cli import main
 
 

@@ -12,9 +12,11 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packer import data, masks  # noqa: E402
+from packer import masks  # noqa: E402
 from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
-from packer.shards import open_dataset  # noqa: E402
+from packer.store.dataset import open_dataset  # noqa: E402
+from packer.train import data  # noqa: E402
+from packer.train import items as train_items  # noqa: E402
 
 
 def _random_row(rng, max_docs=6, max_len=12):
@@ -289,7 +291,7 @@ def test_views_path_equals_row_by_row(sample_dataset):
     picks = np.array([5, 0, 700, 5, 13])
     expected = [_as_lists(make_item(*raw[i], pad_to=1024)) for i in picks]
     for ds in (WithViews(), RowByRow()):
-        got = data.make_items(*data.read_rows(ds, picks), pad_to=1024)
+        got = train_items.make_items(*data.read_rows(ds, picks), pad_to=1024)
         assert [_as_lists(it) for it in got] == expected
 
 
@@ -305,7 +307,7 @@ def test_bad_arguments_say_what_to_do(sample_dataset):
 
 
 def test_buffer_pool_never_hands_out_memory_in_use():
-    pool = data._BufferPool(size=2)
+    pool = train_items._BufferPool(size=2)
     a = pool.take(10)
     a[:] = 1
     b = pool.take(10)  # a is alive: a different buffer

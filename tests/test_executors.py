@@ -9,15 +9,15 @@ import time
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
-from packer import executors
+
+from packer.build import executors
+from packer.build.executors import InlineExecutor, LocalExecutor, describe_call, make_executor
+from packer.build.readers import Unit
+from packer.build.tokenize import tokenize_unit, tokenizer_info
+from packer.build.writer import write_shard
 from packer.cli import main
 from packer.config import BuildConfig, Job, load_job
-from packer.executors import InlineExecutor, LocalExecutor, describe_call, make_executor
-from packer.readers import Unit
-from packer.writer import write_shard
-from packer.tokenize import tokenize_unit, tokenizer_info
 
 
 def slow_square(x: int, delay_s: float) -> int:
@@ -92,7 +92,7 @@ def test_run_overrides_keep_the_pipeline_executor(monkeypatch):
         totals = {"docs_skipped": {}, "docs_accepted": 0, "docs_read": 0, "tokens_out": 0, "sequences": 0, "fill_rate": 1.0}
         return {"totals": totals, "config": {"context_length": 2048}, "shards": []}
 
-    monkeypatch.setattr("packer.pipeline.build", fake_build)
+    monkeypatch.setattr("packer.build.pipeline.build", fake_build)
     toml = str(ROOT / "pipelines" / "ray.toml")
     assert CliRunner().invoke(main, ["run", toml, "--workers", "3"]).exit_code == 0
     assert CliRunner().invoke(main, ["run", toml, "--executor", "local"]).exit_code == 0
@@ -122,7 +122,7 @@ def test_ray_executor_without_ray_says_how_to_install(monkeypatch, tmp_path):
 
 def test_local_pool_runs_from_a_script_piped_to_python(tmp_path):
     """`python - < build.py` has __main__.__file__ '<stdin>', which forkserver workers cannot re-run."""
-    script = (f"from packer.config import Job\nfrom packer.pipeline import build\n"
+    script = (f"from packer.config import Job\nfrom packer.build.pipeline import build\n"
               f"build(Job(inputs=({SAMPLE_INPUTS[0]!r},), tokenizer={TOKENIZER!r}, output={str(tmp_path / 'ds')!r}, "
               f"workers=2))\nprint('built')\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -144,7 +144,7 @@ def _process_state(pid: int) -> str:
 def test_busy_worker_ends_when_its_driver_is_killed(tmp_path):
     """A SIGKILLed driver (OOM killer, preemption) must not leave a worker running its task on."""
     driver = tmp_path / "driver.py"
-    driver.write_text("import time\nfrom packer.executors import LocalExecutor\n"
+    driver.write_text("import time\nfrom packer.build.executors import LocalExecutor\n"
                       "if __name__ == '__main__':\n"
                       "    ex = LocalExecutor(1)\n"
                       "    future = ex._pool.submit(time.sleep, 60)\n"

@@ -15,13 +15,14 @@ from click.testing import CliRunner
 pytest.importorskip("fsspec")
 
 from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample  # noqa: E402
-from packer import atomic, fs  # noqa: E402
+
+from packer.build.pipeline import build  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.lock import UnlockedOutputWarning  # noqa: E402
-from packer.pipeline import build  # noqa: E402
-from packer.shards import open_dataset  # noqa: E402
-from packer.verify import verify_dataset  # noqa: E402
+from packer.io import atomic, fs  # noqa: E402
+from packer.io.lock import UnlockedOutputWarning  # noqa: E402
+from packer.store.dataset import open_dataset  # noqa: E402
+from packer.store.verify import verify_dataset  # noqa: E402
 
 TIMESTAMPS = ("created_unix", "build_seconds")
 SAMPLE = {"shard_size": 200_000}  # as conftest's sample_dataset: 2 units, 4 shards
@@ -256,7 +257,7 @@ def test_remote_unit_spool_leaves_nothing_when_its_process_dies(tmp_path):
 
     spool_dir = tmp_path / "tmp"
     spool_dir.mkdir()
-    code = ("import os, numpy as np\nfrom packer import fs\nfrom packer.tokenize import _NpyAppender\n"
+    code = ("import os, numpy as np\nfrom packer.io import fs\nfrom packer.build.tokenize import _NpyAppender\n"
             f"f = _NpyAppender(fs.location('memory://{uuid.uuid4().hex}/unit.tokens.npy'), np.uint16)\n"
             "f.append(np.arange(100000, dtype=np.uint16))\n"
             "print(len(os.listdir(os.environ['TMPDIR'])), flush=True)\n"

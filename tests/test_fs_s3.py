@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample
 from pyarrow.fs import S3FileSystem
 
-from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample
-from packer import fs
-from packer.shards import open_dataset
-from packer.verify import verify_dataset
+from packer.io import fs
+from packer.store.dataset import open_dataset
+from packer.store.verify import verify_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_ARGS = ["--context-length", "1024", "--shard-size", "200000"]  # as conftest's sample_dataset

@@ -18,11 +18,12 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from conftest import SAMPLE_INPUTS, TOKENIZER, sample_texts
 from tokenizers import Tokenizer
 
-from conftest import SAMPLE_INPUTS, TOKENIZER, sample_texts
 from packer.cli import main
-from packer.shards import open_dataset, read_manifest
+from packer.store.dataset import open_dataset
+from packer.store.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD_LINES = (

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from packer import masks  # noqa: E402
 from packer.attention import available_backends  # noqa: E402
-from packer.model import GPTConfig, TinyGPT, next_token_loss  # noqa: E402
+from packer.train.model import GPTConfig, TinyGPT, next_token_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]

@@ -13,9 +13,9 @@ from conftest import TOKENIZER, sample_texts  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packer.binpack import pack  # noqa: E402
-from packer.online import CarryPolicy, OnlinePackedDataset, online_fill_rate, pack_buffer  # noqa: E402
-from packer.plan import split_documents  # noqa: E402
-from packer.shards import open_dataset  # noqa: E402
+from packer.build.plan import split_documents  # noqa: E402
+from packer.store.dataset import open_dataset  # noqa: E402
+from packer.train.online import CarryPolicy, OnlinePackedDataset, online_fill_rate, pack_buffer  # noqa: E402
 
 
 def numbered_docs(seed: int, n: int, high: int) -> list[list[int]]:
@@ -251,10 +251,10 @@ def test_stats_cli_reports_online_fill_rate(tmp_path):
     import json
 
     from click.testing import CliRunner
-
     from conftest import SAMPLE_INPUTS, TOKENIZER
+
     from packer.cli import main
-    from packer.stats import schema_errors
+    from packer.stats.figures import schema_errors
 
     out = tmp_path / "s.json"
     result = CliRunner().invoke(main, ["stats", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--context-length", "512",

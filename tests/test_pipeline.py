@@ -7,11 +7,12 @@ import json
 
 import numpy as np
 import pytest
+from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample, sample_texts
 from tokenizers import Tokenizer
 
-from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample, sample_texts
-from packer.shards import open_dataset, read_manifest
-from packer.verify import verify_dataset
+from packer.store.dataset import open_dataset
+from packer.store.manifest import read_manifest
+from packer.store.verify import verify_dataset
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def _small_job(tmp_path, out="ds", inputs=None, workers=1, **config):
 
 
 def test_memmap_and_arrow_hold_the_same_rows(tmp_path):
-    from packer.pipeline import build
+    from packer.build.pipeline import build
 
     a = build(_small_job(tmp_path, "a"))
     m = build(_small_job(tmp_path, "m", format="memmap"))
@@ -141,7 +142,7 @@ def test_memmap_and_arrow_hold_the_same_rows(tmp_path):
 
 
 def test_manifest_is_identical_minus_timestamps(tmp_path):
-    from packer.pipeline import build
+    from packer.build.pipeline import build
 
     texts = []
     for name, workers in (("w1", 1), ("w2", 2)):
@@ -155,7 +156,7 @@ def test_manifest_is_identical_minus_timestamps(tmp_path):
 
 
 def test_changed_config_or_inputs_against_unfinished_work_is_refused(tmp_path):
-    from packer.pipeline import build
+    from packer.build.pipeline import build
 
     job = _small_job(tmp_path)
     build(job, keep_work=True)
@@ -171,7 +172,7 @@ def test_changed_config_or_inputs_against_unfinished_work_is_refused(tmp_path):
 
 
 def test_complete_dataset_is_kept_unless_overwrite(tmp_path):
-    from packer.pipeline import build
+    from packer.build.pipeline import build
 
     first = build(_small_job(tmp_path))
     again = build(_small_job(tmp_path))
@@ -186,7 +187,7 @@ def test_complete_dataset_is_kept_unless_overwrite(tmp_path):
 
 
 def test_keep_work_and_foreign_directories(tmp_path):
-    from packer.pipeline import build
+    from packer.build.pipeline import build
 
     build(_small_job(tmp_path, "kept"), keep_work=True)
     work = tmp_path / "kept" / "_work"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from packer.binpack import pack
+from packer.build.plan import _shard_boundaries, pack_groups, plan_bins, split_documents
 from packer.config import BuildConfig
-from packer.plan import _shard_boundaries, pack_groups, plan_bins, split_documents
 
 
 def test_split_documents_hand_case():
@@ -123,7 +123,7 @@ def test_pack_group_is_validated():
 def test_build_passes_pack_group_to_the_plan(tmp_path, sample_dataset):
     from conftest import build_sample
 
-    from packer.shards import read_manifest
+    from packer.store.manifest import read_manifest
 
     grouped = build_sample(tmp_path / "grouped", pack_group=20, shard_size=200_000)
     whole = read_manifest(sample_dataset)  # the same corpus and context, packed all at once

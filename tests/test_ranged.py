@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("fsspec")
 
-from packer import atomic, fs, ranged  # noqa: E402
+from packer.io import atomic, fs, ranged  # noqa: E402
 
 
 @pytest.fixture

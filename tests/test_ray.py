@@ -14,14 +14,15 @@ from click.testing import CliRunner
 ray = pytest.importorskip("ray")
 
 from conftest import SAMPLE_INPUTS, TOKENIZER  # noqa: E402
-from packer import executors  # noqa: E402
+
+from packer.build import executors  # noqa: E402
+from packer.build.executors import RayExecutor  # noqa: E402
+from packer.build.pipeline import build  # noqa: E402
+from packer.build.readers import Unit  # noqa: E402
+from packer.build.tokenize import tokenize_unit, tokenizer_info  # noqa: E402
+from packer.build.writer import write_shard  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.executors import RayExecutor  # noqa: E402
-from packer.pipeline import build  # noqa: E402
-from packer.readers import Unit  # noqa: E402
-from packer.writer import write_shard  # noqa: E402
-from packer.tokenize import tokenize_unit, tokenizer_info  # noqa: E402
 
 CONFIG = BuildConfig(context_length=1024, shard_size=200_000)  # as conftest's sample_dataset: 2 units, 4 shards
 VOLATILE = ("created_unix", "build_seconds")
@@ -126,7 +127,7 @@ def test_ray_build_is_byte_identical_to_local(ray_session, tmp_path, local_files
 
 def test_ray_build_into_s3_is_byte_identical_to_local(ray_session, s3_uri, local_files):
     """Tasks resolve the URI themselves, write in place (no rename) and gather by ranged reads."""
-    from packer import fs
+    from packer.io import fs
 
     uri = s3_uri("ray")
     with pytest.warns(UserWarning, match="without locks"):

@@ -13,10 +13,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SAMPLE_INPUTS, sample_texts
-from packer.readers import (FileError, SkipLog, expand_inputs, file_format, plan_units, read_jsonl_unit,
-                            read_unit)
+
+from packer.build.readers import FileError, SkipLog, expand_inputs, file_format, plan_units, read_jsonl_unit, read_unit
 
 
 def _docs(n=60, seed=0):
@@ -336,8 +335,8 @@ def _reference_jsonl(data: bytes, max_bytes: int):
 
 
 def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch):
-    import packer.lines as line_reader
-    import packer.readers as readers
+    import packer.build.readers as readers
+    import packer.io.lines as line_reader
 
     rng = random.Random(7)
     n_fast = 0

@@ -31,7 +31,7 @@ def test_training_loop_example_runs(sample_dataset, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr
-    from packer.shards import open_dataset
+    from packer.store.dataset import open_dataset
 
     n = len(open_dataset(sample_dataset))
     # 2 batches of 2 were taken in epoch 1 before the checkpoint

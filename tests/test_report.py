@@ -8,11 +8,11 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-
-from packer import report
-from packer.cli import main
 from conftest import TOKENIZER
-from packer.stats import corpus_stats
+
+from packer.cli import main
+from packer.stats import report
+from packer.stats.figures import corpus_stats
 
 pytest.importorskip("matplotlib")  # in the dev extra, so CI runs these
 

@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLE_INPUTS, TOKENIZER
-from packer.pipeline import build
+
+from packer.build.pipeline import build
 from packer.config import BuildConfig, Job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,8 @@ def test_killed_build_resumes_to_identical_bytes(small_inputs, reference, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at, workers, fmt",
-    [("write:3", 2, "memmap"), ("tokenize-unit:1", 2, "memmap"), ("plan:0", 2, "arrow"), ("finalize:0", 1, "memmap"), ("write-shard:0", 1, "memmap"), ("tokenize:1", 1, "memmap")],
+    [("write:3", 2, "memmap"), ("tokenize-unit:1", 2, "memmap"), ("plan:0", 2, "arrow"), ("finalize:0", 1, "memmap"),
+     ("write-shard:0", 1, "memmap"), ("tokenize:1", 1, "memmap")],
 )
 def test_killed_build_resumes_more_points(small_inputs, reference, tmp_path, kill_at, workers, fmt):
     _kill_then_resume(small_inputs, reference, tmp_path, kill_at, workers, fmt)
@@ -145,7 +146,7 @@ def test_rerun_of_a_complete_build_does_nothing(small_inputs, tmp_path):
 def test_live_lock_refuses_and_dead_lock_is_taken_over(small_inputs, tmp_path):
     out = tmp_path / "ds"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from packer import lock; import time\nwith lock.hold({str(out)!r}):\n"
+        [sys.executable, "-c", f"from packer.io import lock; import time\nwith lock.hold({str(out)!r}):\n"
          "    print('locked', flush=True); time.sleep(120)"],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True,
     )

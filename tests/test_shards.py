@@ -11,11 +11,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from packer import atomic, memmap
-from packer.plan import plan_bins
-from packer.shards import Rows, open_dataset
-from packer.writer import Layout, write_rows, write_shard
-from packer.verify import verify_dataset
+from packer.build.plan import plan_bins
+from packer.build.writer import Layout, write_rows, write_shard
+from packer.io import atomic
+from packer.store.dataset import Rows, open_dataset
+from packer.store.formats import memmap
+from packer.store.verify import verify_dataset
 
 FORMATS = ("arrow", "memmap")
 
@@ -215,7 +216,7 @@ def test_verify_catches_count_mismatch(tmp_path):
 
 @pytest.mark.parametrize("threaded", [True, False])
 def test_failed_write_raises_and_leaves_no_shard(tmp_path, monkeypatch, threaded):
-    import packer.writer as writer
+    import packer.build.writer as writer
 
     monkeypatch.setattr(writer, "THREADED_WRITES", threaded)
     real_open = open

@@ -11,11 +11,11 @@ from collections import Counter
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import SAMPLE_INPUTS, TOKENIZER
-from packer import stats as st
+
 from packer.binpack import pack
 from packer.cli import main
+from packer.stats import figures as st
 
 
 def _roundtrip(figures):
@@ -215,7 +215,7 @@ def sample_lengths():
 
 
 def test_corpus_lengths_count_what_build_counts(sample_dataset, sample_lengths):
-    from packer.shards import open_dataset
+    from packer.store.dataset import open_dataset
 
     totals = open_dataset(sample_dataset).manifest["totals"]
     lengths = sample_lengths
@@ -244,7 +244,7 @@ def _assert_close(a, b, where):
 
 
 def test_dataset_figures_equal_the_raw_corpus_figures(sample_dataset, sample_lengths):
-    from packer.shards import open_dataset
+    from packer.store.dataset import open_dataset
 
     ds = open_dataset(sample_dataset)
     built = st.dataset_stats(ds, batch_size=4)
@@ -281,7 +281,7 @@ def test_stats_command_errors(sample_dataset):
 
 
 def test_build_writes_the_same_figures_as_stats_of_the_dataset(sample_dataset):
-    from packer.shards import open_dataset
+    from packer.store.dataset import open_dataset
 
     written = json.loads((sample_dataset / "stats.json").read_text(encoding="utf-8"))
     assert st.schema_errors(written) == []

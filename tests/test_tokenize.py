@@ -10,14 +10,22 @@ import random
 
 import numpy as np
 import pytest
+from conftest import TOKENIZER, sample_texts
 from tokenizers import Tokenizer
 
-from conftest import TOKENIZER, sample_texts
-from packer import tokenize
+from packer.build import tokenize
+from packer.build.readers import plan_units
+from packer.build.tokenize import (
+    _encode,
+    _encode_long,
+    _NpyAppender,
+    _pieces,
+    resolve_tokenizer,
+    tokenize_unit,
+    tokenizer_info,
+    unit_paths,
+)
 from packer.config import BuildConfig
-from packer.readers import plan_units
-from packer.tokenize import (_encode, _encode_long, _NpyAppender, _pieces, resolve_tokenizer, tokenize_unit,
-                             tokenizer_info, unit_paths)
 
 
 @pytest.fixture(scope="module")

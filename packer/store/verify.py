@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from packer import fs
-from packer.shards import Rows, read_manifest, sha256_file, shard_blocks, shard_files
+from packer.io import fs
+from packer.store.dataset import Rows, shard_blocks
+from packer.store.manifest import read_manifest, sha256_file, shard_files
 
 _HASH_KEYS = ("sha256", "index_sha256")
 
@@ -64,7 +65,7 @@ def _check_token_ids(rows: Rows, where: str, dtype: np.dtype, vocab_size: int):
 
 def verify_dataset(path, *, checksums: bool = True) -> dict:
     """Check a dataset; return its totals (sequences, tokens, documents) or raise ValueError."""
-    path = fs.location(path)  # a directory, or a URI (packer/fs.py)
+    path = fs.location(path)  # a directory, or a URI (packer/io/fs.py)
     manifest = read_manifest(path)
     config = manifest["config"]
     fmt = config.get("format", "arrow")

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer import atomic, fs
+from packer.build.readers import FileError, SkipLog, Unit, read_unit
 from packer.config import BuildConfig
-from packer.readers import FileError, SkipLog, Unit, read_unit
+from packer.io import atomic, fs
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
@@ -58,7 +58,7 @@ class TokenizerInfo:
 def resolve_tokenizer(name_or_path: str) -> str:
     """A tokenizer.json path or URI, a directory holding one, or a hub name already in the local HF
     cache ("gpt2", "org/name"; looked up offline, never downloaded) -> the tokenizer.json path."""
-    if fs.is_uri(name_or_path):  # s3://, gs://, ... (packer/fs.py): read, never downloaded to disk
+    if fs.is_uri(name_or_path):  # s3://, gs://, ... (packer/io/fs.py): read, never downloaded to disk
         loc = fs.location(name_or_path)
         if isinstance(loc, fs.RemotePath):
             for candidate in (loc, loc / "tokenizer.json"):
@@ -126,7 +126,7 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
 
 
 def unit_paths(work_dir, index: int) -> dict:
-    """The unit's three files in `work_dir` (a local path, or a URI: see packer/fs.py)."""
+    """The unit's three files in `work_dir` (a local path, or a URI: see packer/io/fs.py)."""
     work_dir = fs.location(work_dir)
     return {k: work_dir / f"unit-{index:06d}.{k}" for k in ("tokens.npy", "lengths.npy", "json")}
 

@@ -14,8 +14,9 @@ import json
 import re
 from pathlib import Path
 
-from packer import atomic, fs, lock, sources
-from packer.shards import MANIFEST, STATS
+from packer.build import inputs as sources
+from packer.io import atomic, fs, lock
+from packer.store.manifest import MANIFEST, STATS
 
 FINGERPRINT = "fingerprint.json"
 _OWNED = re.compile(
@@ -78,7 +79,7 @@ def start_or_resume(work: Path, expected: dict):
 
 def require_same_dataset(manifest: dict, config, info, files, out: Path):
     """A complete dataset is only 'already complete' for the command that built it."""
-    from packer import readers
+    from packer.build import readers
 
     old = {
         "config": {k: manifest["config"].get(k) for k in config.to_dict()},

@@ -2,7 +2,7 @@
 
 A file that exists under its final name is therefore complete. Temporary names end in
 `.tmp<pid>` (`shard-00003.arrow.tmp4711`), so a killed run's leftovers are easy to find
-and remove (`remove_leftovers`). A remote location (packer/fs.py) has no rename: there each
+and remove (`remove_leftovers`). A remote location (packer/io/fs.py) has no rename: there each
 file is written straight to its final name, and a marker written after it says it is complete.
 
 Also here: `kill_point`, the test-only hook that makes crash tests deterministic.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer import fs
+from packer.io import fs
 
 KILL_ENV = "PACKER_TEST_KILL_AT"
 _TMP_RE = re.compile(r"\.tmp\d+$")
@@ -40,7 +40,7 @@ def write_bytes(path, data: bytes):
 
 
 def write_json(path, obj):
-    """`obj` as indented JSON, with credentials in any URI it names redacted (packer/fs.py)."""
+    """`obj` as indented JSON, with credentials in any URI it names redacted (packer/io/fs.py)."""
     write_bytes(path, (json.dumps(fs.redact_json(obj), indent=2) + "\n").encode("utf-8"))
 
 

@@ -5,7 +5,7 @@ its tokens are then gathered from the memory-mapped unit files one chunk of rows
 time and streamed into a temporary file that two threads write and hash while the next
 chunk is gathered. Renames come last, so a shard file under its final name is complete;
 `_work/shards/shard-XXXXX.json` (its manifest entry) says the shard is done. On a remote
-filesystem (packer/fs.py) pieces come by ranged reads and the shard is written in place:
+filesystem (packer/io/fs.py) pieces come by ranged reads and the shard is written in place:
 there only that .json says the shard is complete.
 """
 
@@ -23,9 +23,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from packer import atomic, fs, memmap, ranged
-from packer.plan import Plan
-from packer.shards import ROWS_PER_BATCH, Rows, shard_files, shard_name
+from packer.build.plan import Plan
+from packer.io import atomic, fs, ranged
+from packer.store.dataset import ROWS_PER_BATCH, Rows
+from packer.store.formats import memmap
+from packer.store.manifest import shard_files, shard_name
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from packer.binpack import ALGORITHMS, pack
-from packer.plan import split_documents
-from packer.tokenize import BOS_CANDIDATES, EOS_CANDIDATES, load_tokenizer
+from packer.build.plan import split_documents
+from packer.build.tokenize import BOS_CANDIDATES, EOS_CANDIDATES, load_tokenizer
 
 try:  # the lengths-only part (online_fill_rate, for `packer stats`) must import without torch
     import torch
@@ -274,7 +274,7 @@ class OnlinePackedDataset(IterableDataset):
         return [docs[d][o : o + n] for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
 
     def __iter__(self):
-        from packer.data import make_item
+        from packer.train.items import make_item
 
         partition, n_partitions = self._partition()
         state = self._resume or self._fresh_state(partition, n_partitions)

@@ -5,7 +5,7 @@
 The kernel holds the lock (fcntl.flock), not the file's existence, so a lock left by a
 killed build is stale the moment its process dies: the next build locks the same file,
 writes its own pid and goes on. A second live build fails at once, naming the owner.
-A remote output (s3://, gs://, ...; packer/fs.py) cannot be flock'ed: there nothing stops a
+A remote output (s3://, gs://, ...; packer/io/fs.py) cannot be flock'ed: there nothing stops a
 second build, so one build at a time per output is the user's rule, and a warning says so.
 """
 
@@ -18,7 +18,7 @@ import socket
 import warnings
 from pathlib import Path
 
-from packer import fs
+from packer.io import fs
 
 LOCK_NAME = ".packer.lock"
 

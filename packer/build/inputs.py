@@ -8,7 +8,7 @@ skipped, symlinked directories are followed and a link that leads back to one of
 ancestors is an error (a loop would list the same files forever). A directory written by
 HF `datasets.save_to_disk` (it holds `state.json`) contributes only its `*.arrow` data files.
 Anything with "://" is a URI and goes through `pyarrow.fs` (file://, s3://, gs://, hdfs://, ...),
-or fsspec for a scheme pyarrow does not know (packer/fs.py).
+or fsspec for a scheme pyarrow does not know (packer/io/fs.py).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ def is_uri(path: str) -> bool:
 
 
 def _redact(path: str) -> str:
-    from packer import fs
+    from packer.io import fs
 
     return fs.redact(path)  # the URI without its credentials, for messages
 
 
 def _filesystem(uri: str):
-    from packer import fs
+    from packer.io import fs
 
     return fs.resolve(uri)  # pyarrow.fs, else an fsspec protocol; ValueError naming the URI
 

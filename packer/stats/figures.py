@@ -12,7 +12,7 @@ Documents [3, 10, 5], context L = 8, batch B = 2 (18 tokens; the 10 is a long do
     attention             dense 3 * 8^2/2 = 96, block-causal (8^2 + 5^2 + 3^2 + 2^2)/2 = 51
 
 Every share is an unrounded fraction in [0, 1]. The result is one JSON-ready dict whose
-shape is `SCHEMA` (packer/stats_schema.json); packer.report draws and prints it.
+shape is `SCHEMA` (packer/stats/stats_schema.json); packer.stats.report draws and prints it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from packer import fs
 from packer.binpack import lower_bound, pack
-from packer.plan import split_documents
-from packer.shards import read_rows
+from packer.build.plan import split_documents
+from packer.io import fs
+from packer.store.dataset import read_rows
 
 SCHEMA_ID = "packer.stats/1"
 SCHEMA = json.loads((Path(__file__).with_name("stats_schema.json")).read_text(encoding="utf-8"))
@@ -245,7 +245,7 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
     out["attention"] = None
     if algorithm in bins:
         b, n = bins[algorithm], n_bins[algorithm]
-        position = np.random.default_rng(seed).permutation(n)  # as packer.plan shuffles bins
+        position = np.random.default_rng(seed).permutation(n)  # as packer.build.plan shuffles bins
         split = lengths[piece_doc] > context_length
         seq_of_piece = position[b]
         seq_docs = np.bincount(seq_of_piece, minlength=n)
@@ -262,7 +262,7 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
 
 def plan_stats(doc_lengths, plan, context_length: int, *, algorithm: str, seed: int, batch_size: int = 8,
                inputs=()) -> dict:
-    """Figures of a build from what its plan stage holds (a packer.plan.Plan, and the lengths of
+    """Figures of a build from what its plan stage holds (a packer.build.plan.Plan, and the lengths of
     all accepted documents): the strategies, and the composition of the planned sequences in
     output order. Nothing is packed again, so only the build's own algorithm has a pack row."""
     out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=(),
@@ -339,7 +339,7 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
 
 
 def _texts(files, text_field: str, unit_bytes: int):
-    from packer import readers
+    from packer.build import readers
 
     for unit in readers.plan_units(files, unit_bytes):
         yield from readers.read_jsonl_unit(unit, text_field, readers.SkipLog.empty())
@@ -353,9 +353,9 @@ def corpus_lengths(inputs, tokenizer: str, *, text_field: str = "text", eos: boo
     or None when every document was measured)."""
     import random
 
-    from packer import readers
+    from packer.build import readers
+    from packer.build.tokenize import ENCODE_BATCH_DOCS, load_tokenizer, tokenizer_info
     from packer.config import BuildConfig
-    from packer.tokenize import ENCODE_BATCH_DOCS, load_tokenizer, tokenizer_info
 
     if sample is not None and sample < 1:
         raise ValueError(f"--sample must be >= 1 documents, got {sample}")

@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
-from packer.fs import redact, redact_text
+from packer.io.fs import redact, redact_text
 
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from packer.attention import PackedSelfAttention
+from packer.train.attention import PackedSelfAttention
 
 IGNORE_INDEX = -100
 

@@ -1,6 +1,6 @@
 """The stats figures as a printed table, a PNG of four charts, a self-contained HTML page, and a block-causal mask picture.
 
-Everything here reads only the JSON-ready dict of packer.stats (so a stats.json can be
+Everything here reads only the JSON-ready dict of packer.stats.figures (so a stats.json can be
 redrawn later). matplotlib is an optional extra (`pip install 'packer[plot]'`), imported
 only when a picture is asked for, through its object API (no pyplot, no global backend).
 """

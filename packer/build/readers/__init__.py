@@ -24,9 +24,10 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
-from packer import fs, sources
-from packer.lines import first_line_start, iter_lines, line_blocks, previous_line_blank
-from packer.sources import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
+from packer.build import inputs as sources
+from packer.build.inputs import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
+from packer.io import fs
+from packer.io.lines import first_line_start, iter_lines, line_blocks, previous_line_blank
 
 MAX_EXAMPLES = 5  # skipped-record examples kept per unit
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}

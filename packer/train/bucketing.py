@@ -95,7 +95,8 @@ class BucketedBatchSampler(Sampler):
 
 
 def collate_documents(batch, *, pad_id: int = 0) -> dict:
-    """Stack one document per row (bucketed batching; `packer.data.collate_padded` stacks packed rows), padded to the batch's longest (T), with the loader's label and
+    """Stack one document per row (bucketed batching; `packer.data.collate_padded` stacks packed rows),
+    padded to the batch's longest (T), with the loader's label and
     position semantics. Rows [a a a] and [b b] give
 
         input_ids       [[a, a, a], [b, b, p]]         int64 [B, T]
@@ -108,7 +109,7 @@ def collate_documents(batch, *, pad_id: int = 0) -> dict:
     """
     import torch
 
-    from packer.data import make_item
+    from packer.train.items import make_item
 
     docs = [np.asarray(d["input_ids"] if isinstance(d, dict) else d, dtype=np.int64).reshape(-1) for d in batch]
     width = max(len(d) for d in docs)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from packer import fs
+from packer.io import fs
 
 # Read through a hole this small rather than issue another request: about time-to-first-byte x
 # bandwidth of one connection (20 ms x 50 MiB/s), the rule pyarrow's CacheOptions.from_network_metrics uses.

@@ -1,7 +1,7 @@
 """The build, as stages over paths: tokenize -> plan -> write -> finalize.
 
-    OUTPUT/.packer.lock                                           held while a build runs (packer/lock.py)
-    OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/resume.py)
+    OUTPUT/.packer.lock                                           held while a build runs (packer/io/lock.py)
+    OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/build/resume.py)
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
     OUTPUT/_work/plan.npz                                         plan (lengths only)
     OUTPUT/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json     write (one per shard; the .json says done)
@@ -10,7 +10,7 @@
 Every file is written under a temporary name and renamed into place; each stage reads
 only what the one before wrote and skips work whose output exists, so re-running the
 same command after a crash at any point resumes it and gives the same bytes. OUTPUT may
-also be a URI (packer/fs.py): there files go straight to their final names, a unit's or
+also be a URI (packer/io/fs.py): there files go straight to their final names, a unit's or
 shard's .json and the manifest, written after them, say what is complete, and no lock is held.
 """
 
@@ -21,12 +21,15 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from packer import __version__, atomic, fs, lock, readers, resume, shards, writer
+from packer import __version__
+from packer.build import readers, resume, writer
+from packer.build.executors import make_executor
+from packer.build.plan import Plan, plan_bins
+from packer.build.tokenize import tokenize_unit, tokenizer_info, unit_paths
 from packer.config import Job
-from packer.executors import make_executor
-from packer.plan import Plan, plan_bins
-from packer.stats import plan_stats
-from packer.tokenize import tokenize_unit, tokenizer_info, unit_paths
+from packer.io import atomic, fs, lock
+from packer.stats.figures import plan_stats
+from packer.store.manifest import FORMAT_VERSION, MANIFEST, STATS, read_manifest
 
 WORK = "_work"
 
@@ -128,10 +131,10 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
     )
     if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
         figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
-        atomic.write_json(out / shards.STATS, figures)
+        atomic.write_json(out / STATS, figures)
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
     manifest = {
-        "format_version": shards.FORMAT_VERSION,
+        "format_version": FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},
         "config": {
             **config.to_dict(),
@@ -168,8 +171,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         work = out / WORK
         if overwrite:
             resume.clear(out)
-        elif (out / shards.MANIFEST).exists():
-            manifest = shards.read_manifest(out)
+        elif (out / MANIFEST).exists():
+            manifest = read_manifest(out)
             resume.require_same_dataset(manifest, config, info, files, out)
             if work.exists() and not keep_work:
                 fs.rmtree(work)  # a run killed after its manifest, before this
@@ -194,7 +197,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         manifest = _finalize(job, files, units, info, counters, plan, entries, out, work, skipped_files or ())
         manifest["created_unix"] = round(time.time(), 3)
         manifest["build_seconds"] = round(time.time() - started, 3)
-        atomic.write_json(out / shards.MANIFEST, manifest)  # last: its presence means complete
+        atomic.write_json(out / MANIFEST, manifest)  # last: its presence means complete
         if not keep_work:
             fs.rmtree(work)
     return manifest

@@ -14,29 +14,25 @@ Arrow shard (`shard-00000.arrow`), one row per packed sequence:
     offsets:   list<int32>           document boundaries in the row: [0, ..., len(row)]
     doc_ids:   list<int64>           global document index of each segment (audits)
 
-Memmap shard (`shard-00000.bin` + `.idx`): see packer/memmap.py for the byte layout.
-Writing is packer/writer.py; checking, packer/verify.py. A dataset at a remote URI
-(packer/fs.py) is read into memory when opened: Arrow record batches by ranged reads,
+Memmap shard (`shard-00000.bin` + `.idx`): see packer/store/formats/memmap.py for the byte layout.
+Writing is packer/build/writer.py; checking, packer/store/verify.py. A dataset at a remote URI
+(packer/io/fs.py) is read into memory when opened: Arrow record batches by ranged reads,
 memmap shards whole (nothing remote can be memory-mapped).
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow.ipc as ipc
 
-from packer import fs, memmap
+from packer.io import fs
+from packer.store.formats import memmap
+from packer.store.manifest import read_manifest
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-STATS = "stats.json"
 ROWS_PER_BATCH = 4096
-SUFFIX = {"arrow": ".arrow", "memmap": ".bin"}
 
 
 class Rows(NamedTuple):
@@ -54,35 +50,6 @@ class Rows(NamedTuple):
         """(tokens, offsets) of row k."""
         t0, t1 = self.token_starts[k], self.token_starts[k + 1]
         return self.tokens[t0:t1], self.offsets[self.offset_starts[k] : self.offset_starts[k + 1]]
-
-
-def shard_name(index: int, fmt: str = "arrow") -> str:
-    return f"shard-{index:05d}{SUFFIX[fmt]}"
-
-
-def shard_files(entry: dict) -> list[str]:
-    """Every file of one manifest shard entry (a memmap shard has two)."""
-    return [entry["file"]] + ([entry["index_file"]] if "index_file" in entry else [])
-
-
-def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
-    h = hashlib.sha256()
-    path = fs.location(path)
-    with path.open_input() if isinstance(path, fs.RemotePath) else open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
-
-
-def read_manifest(path) -> dict:
-    path = fs.location(path)
-    file = path / MANIFEST if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"no {MANIFEST} in {fs.redact(path)}: not a packer dataset, or its build did not finish "
-            "(run the same `packer build` command again to resume it)"
-        )
-    return json.loads(file.read_text(encoding="utf-8"))
 
 
 def _arrow_blocks(file):
@@ -196,9 +163,6 @@ class ShardDataset:
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
-
-
-ArrowDataset = ShardDataset  # the name before the memmap format existed
 
 
 def read_rows(ds, indices) -> tuple[list, list]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer import fs
+from packer.io import fs
 
 MAGIC = b"PACKIDX1"
 VERSION = 1
@@ -77,7 +77,7 @@ def read_header(path) -> tuple[int, int, int]:
 
 def open_shard(bin_path, idx_path):
     """Memory-map one shard: (tokens, token_starts, offsets, offset_starts, doc_ids), no data read.
-    A remote shard (packer/fs.py) cannot be mapped: both files are read into memory."""
+    A remote shard (packer/io/fs.py) cannot be mapped: both files are read into memory."""
     bin_path, idx_path = fs.location(bin_path), fs.location(idx_path)
     itemsize, n_rows, n_segments = read_header(idx_path)
     dtype = TOKEN_DTYPES[itemsize]

@@ -1,0 +1,103 @@
+"""Are builds byte-identical to another revision's? Builds the same jobs with REV (a git worktree)
+and with this checkout, then compares every output file; manifest.json minus its timestamps.
+
+    python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
+
+Cases: the sample job (context 2048) and the test corpora (sample JSONL, the same as Parquet,
+gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
+arrow and memmap at 1 and 2 workers, plus bfd and truncate variants. Prints one row per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_data"
+VOLATILE = ("created_unix", "build_seconds")
+
+
+def _corpora(d: Path) -> dict[str, list[str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [json.loads(line)["text"] for p in ("prose.jsonl", "code.jsonl") for line in open(SAMPLE / p, encoding="utf-8")]
+    pq.write_table(pa.table({"text": texts}), d / "sample.parquet", row_group_size=500)
+    with gzip.open(d / "sample.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts[:800])
+    (d / "paras.txt").write_text("\n\n".join(t.replace("\n\n", "\n") for t in texts[:600]), encoding="utf-8")
+    return {
+        "jsonl": [str(SAMPLE / "prose.jsonl"), str(SAMPLE / "code.jsonl")],
+        "parquet+gz": [str(d / "sample.parquet"), str(d / "sample.jsonl.gz")],
+        "txt": [str(d / "paras.txt")],
+    }
+
+
+def _cases(corpora):
+    yield "sample-job", corpora["jsonl"], ["--context-length", "2048"]
+    for name, inputs in corpora.items():
+        extra = ["--text-split", "blank-line"] if name == "txt" else []
+        yield name, inputs, ["--context-length", "1024", "--shard-size", "200000", *extra]
+    yield "jsonl-bfd", corpora["jsonl"], ["--context-length", "1024", "--algorithm", "bfd"]
+    yield "jsonl-truncate", corpora["jsonl"], ["--context-length", "512", "--long-docs", "truncate", "--bos"]
+
+
+def _build(code_root: Path, inputs, args, out: Path):
+    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    cmd = [sys.executable, "-c", "from packer.cli import main; main()", "build", *inputs,
+           "--tokenizer", str(SAMPLE / "tokenizer.json"), "--output", str(out), *args]
+    subprocess.run(cmd, check=True, env=env, cwd=code_root, capture_output=True)
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    found = {}
+    for p in sorted(out.rglob("*")):
+        if p.is_file() and p.name != ".packer.lock":
+            data = p.read_bytes()
+            if p.name == "manifest.json":
+                m = json.loads(data)
+                for k in VOLATILE:
+                    m.pop(k, None)
+                data = json.dumps(m, sort_keys=True).encode()
+            found[str(p.relative_to(out))] = data
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ref", required=True, help="git revision to compare against")
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="packer-compare-"))
+    ref = tmp / "ref"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), a.ref], check=True, capture_output=True)
+    failed = 0
+    try:
+        corpora = _corpora(tmp)
+        print(f"{'case':<16} {'format':<8} {'workers':>7} {'files':>5}  result")
+        for name, inputs, args in _cases(corpora):
+            for fmt in ("arrow", "memmap"):
+                for workers in (1, 2):
+                    outs = []
+                    for label, code in (("ref", ref), ("new", ROOT)):
+                        out = tmp / f"{name}-{fmt}-{workers}-{label}"
+                        _build(code, inputs, [*args, "--format", fmt, "--workers", str(workers)], out)
+                        outs.append(_files(out))
+                    old, new = outs
+                    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+                    failed += bool(diff)
+                    print(f"{name:<16} {fmt:<8} {workers:>7} {len(new):>5}  {'identical' if not diff else 'DIFFER: ' + ', '.join(diff)}")
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref)], capture_output=True)
+    print(f"{'all identical' if not failed else f'{failed} cases differ'} (ref {a.ref})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The on-disk contract both sides read: shard formats, the manifest, open_dataset, verify."""
