@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -11,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
 
-from packer.build import executors
 from packer.build.executors import InlineExecutor, LocalExecutor, describe_call, make_executor
 from packer.build.readers import Unit
 from packer.build.tokenize import tokenize_unit, tokenizer_info
 from packer.build.writer import write_shard
 from packer.cli import main
 from packer.config import BuildConfig, Job, load_job
+from packer.io import failpoints
 
 
 def slow_square(x: int, delay_s: float) -> int:
@@ -102,12 +103,22 @@ def test_run_overrides_keep_the_pipeline_executor(monkeypatch):
     ]
 
 
-def test_crash_plan_reads_the_test_hook(monkeypatch, tmp_path):
-    monkeypatch.setenv(executors.CRASH_ENV, "tokenize_unit:1,write_shard:0,tokenize_unit:4")
-    assert executors._crash_plan(tokenize_unit) == {1: "", 4: ""}
-    monkeypatch.setenv(executors.CRASH_ONCE_DIR_ENV, str(tmp_path))
-    assert executors._crash_plan(write_shard) == {0: str(tmp_path / "write_shard-0")}
-    assert executors._crash_plan(slow_square) == {}
+def test_failpoints_parse_and_fire_once(monkeypatch, tmp_path):
+    """Inert without the variable; a set point raises ENOSPC, once per marker directory with once=DIR."""
+    monkeypatch.delenv(failpoints.ENV, raising=False)
+    failpoints.hit("write", 1)
+    assert failpoints.environment() == {}
+    monkeypatch.setenv(failpoints.ENV, f"once={tmp_path},write:1=enospc,unit:3=exit")
+    failpoints.hit("write", 2)  # another point: nothing
+    with pytest.raises(OSError) as e:
+        failpoints.hit("write", 1)
+    assert e.value.errno == errno.ENOSPC and "failpoint write:1" in str(e.value)
+    failpoints.hit("write", 1)  # fired once already
+    assert [p.name for p in tmp_path.iterdir()] == ["write-1"]
+    assert failpoints.environment() == {failpoints.ENV: f"once={tmp_path},write:1=enospc,unit:3=exit"}
+    monkeypatch.setenv(failpoints.ENV, "write:1=explode")
+    with pytest.raises(ValueError, match="ACTION one of kill, term, int, exit, enospc"):
+        failpoints.hit("write", 1)
 
 
 def test_ray_executor_without_ray_says_how_to_install(monkeypatch, tmp_path):

@@ -19,7 +19,7 @@ from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample  # noqa: E402
 from packer.build.pipeline import build  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.io import atomic, fs  # noqa: E402
+from packer.io import atomic, failpoints, fs  # noqa: E402
 from packer.io.lock import UnlockedOutputWarning  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.store.verify import verify_dataset  # noqa: E402
@@ -127,7 +127,7 @@ def test_remote_build_resumes_from_its_markers(memory_uri, local_memmap, monkeyp
         if (stage, n) == ("write", 2):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(atomic, "kill_point", killed)
+    monkeypatch.setattr(failpoints, "hit", killed)
     with pytest.raises(KeyboardInterrupt):
         _build_remote(memory_uri, "memmap")
     monkeypatch.undo()

@@ -14,7 +14,7 @@ import pytest
 from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample
 from pyarrow.fs import S3FileSystem
 
-from packer.io import fs
+from packer.io import failpoints, fs
 from packer.store.dataset import open_dataset
 from packer.store.verify import verify_dataset
 
@@ -33,9 +33,9 @@ def _files(loc) -> dict[str, bytes]:
 
 def _cli_build(uri, kill_at=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PACKER_TEST_KILL_AT", None)
+    env.pop(failpoints.ENV, None)
     if kill_at:
-        env["PACKER_TEST_KILL_AT"] = kill_at
+        env[failpoints.ENV] = f"{kill_at}=kill"
     cmd = [sys.executable, "-m", "packer", "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", uri,
            *SAMPLE_ARGS, "--workers", "2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -107,9 +107,9 @@ def _cli(*args, kill_at=None) -> subprocess.CompletedProcess:
     """`packer ARGS` with stdout and stderr apart; its process group is ended afterwards (a
     killed worker's pool would otherwise hold the pipes open)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PACKER_TEST_KILL_AT", None)
+    env.pop(failpoints.ENV, None)
     if kill_at:
-        env["PACKER_TEST_KILL_AT"] = kill_at
+        env[failpoints.ENV] = f"{kill_at}=kill"
     cmd = [sys.executable, "-m", "packer", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

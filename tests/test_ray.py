@@ -23,6 +23,7 @@ from packer.build.tokenize import tokenize_unit, tokenizer_info  # noqa: E402
 from packer.build.writer import write_shard  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
+from packer.io import failpoints  # noqa: E402
 
 CONFIG = BuildConfig(context_length=1024, shard_size=200_000)  # as conftest's sample_dataset: 2 units, 4 shards
 VOLATILE = ("created_unix", "build_seconds")
@@ -138,17 +139,15 @@ def test_ray_build_into_s3_is_byte_identical_to_local(ray_session, s3_uri, local
 def test_killed_workers_are_retried_and_output_is_identical(ray_session, tmp_path, local_files, monkeypatch):
     markers = tmp_path / "markers"
     markers.mkdir()
-    monkeypatch.setenv(executors.CRASH_ENV, "_tokenize_task:1,write_shard:2")
-    monkeypatch.setenv(executors.CRASH_ONCE_DIR_ENV, str(markers))
+    monkeypatch.setenv(failpoints.ENV, f"once={markers},unit:1=exit,shard:2=exit")
     _build(tmp_path / "ray", "ray")
     # Each target's first attempt created its marker and died; the retry did the work.
-    assert sorted(p.name for p in markers.iterdir()) == ["_tokenize_task-1", "write_shard-2"]
+    assert sorted(p.name for p in markers.iterdir()) == ["shard-2", "unit-1"]
     assert _files(tmp_path / "ray") == local_files
 
 
 def test_a_worker_that_always_dies_fails_naming_the_shard(ray_session, monkeypatch):
-    monkeypatch.setenv(executors.CRASH_ENV, "write_shard:0")  # item 0: dies before reading its arguments
-    monkeypatch.delenv(executors.CRASH_ONCE_DIR_ENV, raising=False)
+    monkeypatch.setenv(failpoints.ENV, "shard:7=exit")  # dies as it starts, before reading its arguments
     ex = RayExecutor(max_retries=1)
     try:
         with pytest.raises(RuntimeError, match=r"write_shard, shard 7: the Ray task failed on all 2 attempts \(max_retries=1\)"):

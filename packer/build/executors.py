@@ -21,14 +21,12 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from packer.io import failpoints
 from packer.io.fs import redact, redact_text
 
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
 RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
-# Test hook: "tokenize_unit:1,write_shard:0" makes those calls (fn name, item index) kill their
-# Ray worker with os._exit(1); with PACKER_TEST_CRASH_ONCE_DIR set, only the first attempt dies.
-CRASH_ENV, CRASH_ONCE_DIR_ENV = "PACKER_TEST_CRASH", "PACKER_TEST_CRASH_ONCE_DIR"
 
 
 def _init_worker():
@@ -167,9 +165,11 @@ class LocalExecutor:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_task(fn, args, cwd: str, crash: str | None):
-    """Body of every Ray task: run in the driver's directory (relative paths mean the same on
-    every node of a shared mount), one tokenizer thread, then the stage function."""
+def _run_task(fn, args, cwd: str, env: dict):
+    """Body of every Ray task: the driver's packer variables (`env`, e.g. failpoints), its
+    directory (relative paths mean the same on every node of a shared mount), one tokenizer
+    thread, then the stage function."""
+    os.environ.update(env)
     _init_worker()
     if os.getcwd() != cwd:
         try:
@@ -179,29 +179,7 @@ def _run_task(fn, args, cwd: str, crash: str | None):
                 f"the driver's working directory {cwd} does not exist on this Ray node; run packer "
                 "from a directory on a mount every node shares, or give absolute shared paths"
             ) from None
-    if crash is not None:
-        _test_crash(crash)
     return fn(*args)
-
-
-def _test_crash(marker: str):
-    if marker:
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return  # an earlier attempt already died: this retry runs normally
-    os._exit(1)
-
-
-def _crash_plan(fn) -> dict[int, str]:
-    """Item index -> marker path ('' = die on every attempt), from the test-hook variables."""
-    plan = {}
-    once_dir = os.environ.get(CRASH_ONCE_DIR_ENV)
-    for target in filter(None, os.environ.get(CRASH_ENV, "").split(",")):
-        name, _, index = target.partition(":")
-        if name == fn.__name__:
-            plan[int(index)] = os.path.join(once_dir, f"{name}-{index}") if once_dir else ""
-    return plan
 
 
 def import_ray():
@@ -235,14 +213,14 @@ class RayExecutor:
         self._task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(_run_task)
 
     def map(self, fn, items, on_done=None):
-        ray, items, cwd, crash = self._ray, list(items), os.getcwd(), _crash_plan(fn)
+        ray, items, cwd, env = self._ray, list(items), os.getcwd(), failpoints.environment()
         results = [None] * len(items)
         in_flight: dict = {}  # ObjectRef -> item index
         submitted = 0
         try:
             while submitted < len(items) or in_flight:
                 while submitted < len(items) and len(in_flight) < self.max_in_flight:
-                    ref = self._task.remote(fn, items[submitted], cwd, crash.get(submitted))
+                    ref = self._task.remote(fn, items[submitted], cwd, env)
                     in_flight[ref] = submitted
                     submitted += 1
                 ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_STALL_SECONDS)

@@ -27,7 +27,7 @@ from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, tokenizer_info, unit_paths
 from packer.config import Job
-from packer.io import atomic, fs, lock
+from packer.io import atomic, failpoints, fs, lock
 from packer.stats.figures import plan_stats
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, STATS, read_manifest
 
@@ -47,14 +47,14 @@ def _tokenize_stage(units, info, config, units_dir, executor):
             bar.update(max(counters.get("bytes", 0), 0))
             bar.set_postfix_str(f"{seen['docs'] / seconds:,.0f} docs/s, {seen['tokens'] / seconds:,.0f} tok/s", refresh=False)
             n_done[0] += 1
-            atomic.kill_point("tokenize", n_done[0])
+            failpoints.hit("tokenize", n_done[0])
 
         args = [(u, info, config, str(units_dir)) for u in units]
         return executor.map(_tokenize_task, args, on_done=done)
 
 
 def _tokenize_task(unit, info, config, units_dir: str) -> dict:
-    atomic.kill_point("tokenize-unit", unit.index)  # test hook: a worker dies as it starts this unit
+    failpoints.hit("unit", unit.index)
     return tokenize_unit(unit, info, config, units_dir)
 
 
@@ -73,7 +73,7 @@ def _plan_stage(n_units: int, config, work) -> Plan:
         pack_group=config.pack_group,
     )
     atomic.save_npz(path, **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
-    atomic.kill_point("plan", 0)
+    failpoints.hit("plan", 0)
     return plan
 
 
@@ -86,7 +86,7 @@ def _write_stage(plan: Plan, info, config, work, out, executor):
             nonlocal n_done
             n_done += 1
             bar.update(entry["tokens"])
-            atomic.kill_point("write", n_done)
+            failpoints.hit("write", n_done)
 
         args = [
             (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format)
@@ -148,7 +148,7 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
         "shards": entries,
         "totals": _totals(counters, plan, config, skipped_files),
     }
-    atomic.kill_point("finalize", 0)
+    failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 
 

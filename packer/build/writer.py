@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from packer.build.plan import Plan
-from packer.io import atomic, fs, ranged
+from packer.io import atomic, failpoints, fs, ranged
 from packer.store.dataset import ROWS_PER_BATCH, Rows
 from packer.store.formats import memmap
 from packer.store.manifest import shard_files, shard_name
@@ -216,7 +216,7 @@ def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str) -
     entry = {"file": final.name, "sha256": files[0][1].hexdigest()}
     if fmt == "memmap":
         entry.update(index_file=files[1][0].name, index_sha256=files[1][1].hexdigest())
-    atomic.kill_point("write-shard", shard)
+    failpoints.hit("write-shard", shard)
     for path, f in files:
         atomic.publish(f.tmp, path)
     return entry
@@ -224,6 +224,7 @@ def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str) -
 
 def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: str, fmt: str = "arrow") -> dict:
     """Write one shard (skipped if a finished run of this call left its entry); return its entry."""
+    failpoints.hit("shard", shard)
     work, out = fs.location(work_dir), fs.location(out_dir)
     done = work / "shards" / f"shard-{shard:05d}.json"
     if done.exists():

@@ -4,8 +4,6 @@ A file that exists under its final name is therefore complete. Temporary names e
 `.tmp<pid>` (`shard-00003.arrow.tmp4711`), so a killed run's leftovers are easy to find
 and remove (`remove_leftovers`). A remote location (packer/io/fs.py) has no rename: there each
 file is written straight to its final name, and a marker written after it says it is complete.
-
-Also here: `kill_point`, the test-only hook that makes crash tests deterministic.
 """
 
 from __future__ import annotations
@@ -14,14 +12,12 @@ import io
 import json
 import os
 import re
-import signal
 from pathlib import Path
 
 import numpy as np
 
 from packer.io import fs
 
-KILL_ENV = "PACKER_TEST_KILL_AT"
 _TMP_RE = re.compile(r"\.tmp\d+$")
 
 
@@ -94,15 +90,3 @@ def remove_leftovers(directory) -> int:
             p.unlink(missing_ok=True)
             n += 1
     return n
-
-
-def kill_point(stage: str, n: int):
-    """Test hook: SIGKILL this process when PACKER_TEST_KILL_AT equals f"{stage}:{n}".
-
-    Stages used: tokenize:N / write:N (driver, after N units / shards are done), plan:0
-    (driver, after the plan is saved), finalize:0 (driver, before the manifest),
-    tokenize-unit:K (the process tokenizing unit K, as it starts), write-shard:K (the process
-    writing shard K, after its temporary files, before the renames).
-    """
-    if os.environ.get(KILL_ENV) == f"{stage}:{n}":
-        os.kill(os.getpid(), signal.SIGKILL)

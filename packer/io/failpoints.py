@@ -1,0 +1,74 @@
+"""The one test hook: named points in a build where a test makes the process die or a write fail.
+
+Inert unless PACKER_FAILPOINTS is set, so production code only ever calls `hit(point, n)`:
+
+    PACKER_FAILPOINTS="write-shard:0=kill"                  SIGKILL this process at write-shard:0
+    PACKER_FAILPOINTS="unit:1=exit,shard:2=exit"            os._exit(1) there (a worker dying)
+    PACKER_FAILPOINTS="once=/tmp/m,unit:1=exit"             each point fires once (a marker file in /tmp/m)
+    PACKER_FAILPOINTS="write:1=enospc"                      raise OSError(ENOSPC) there (a full disk)
+
+Actions: kill (SIGKILL), term (SIGTERM), int (SIGINT), exit (os._exit(1)), enospc.
+Points (n is the unit, shard or count):
+
+    tokenize:N     driver, after N units are done        write:N        driver, after N shards are done
+    plan:0         driver, after the plan is saved       finalize:0     driver, before the manifest
+    unit:K         the process tokenizing unit K, as it starts
+    shard:K        the process writing shard K, as it starts
+    write-shard:K  the process writing shard K, after its temporary files, before the renames
+
+Executors forward the variable to their workers (Ray tasks too), so a point fires wherever the
+stage runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+ENV = "PACKER_FAILPOINTS"
+ACTIONS = ("kill", "term", "int", "exit", "enospc")
+
+
+def _parse(spec: str) -> tuple[dict[str, str], str | None]:
+    points, once_dir = {}, None
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        name, _, action = entry.partition("=")
+        if name == "once":
+            once_dir = action
+        elif action in ACTIONS:
+            points[name] = action
+        else:
+            raise ValueError(f"{ENV}: {entry!r} is not POINT:N=ACTION with ACTION one of {', '.join(ACTIONS)}")
+    return points, once_dir
+
+
+def _first_time(once_dir: str, point: str) -> bool:
+    try:
+        os.close(os.open(os.path.join(once_dir, point.replace(":", "-")), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def hit(point: str, n: int):
+    """Fire the action set for f"{point}:{n}", if any."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    points, once_dir = _parse(spec)
+    name = f"{point}:{n}"
+    action = points.get(name)
+    if action is None or (once_dir and not _first_time(once_dir, name)):
+        return
+    if action == "enospc":
+        raise OSError(errno.ENOSPC, f"No space left on device (failpoint {name})")
+    if action == "exit":
+        os._exit(1)
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[action])
+
+
+def environment() -> dict[str, str]:
+    """The variables a worker on another machine needs to see the same points ({} when inert)."""
+    spec = os.environ.get(ENV)
+    return {ENV: spec} if spec else {}
