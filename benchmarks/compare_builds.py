@@ -5,7 +5,7 @@ and with this checkout, then compares every output file; manifest.json minus its
 
 Cases: the sample job (context 2048) and the test corpora (sample JSONL, the same as Parquet,
 gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
-arrow and memmap at 1 and 2 workers, plus bfd and truncate variants. Prints one row per case.
+arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants. Prints one row per case.
 """
 
 from __future__ import annotations
@@ -46,14 +46,17 @@ def _cases(corpora):
         extra = ["--text-split", "blank-line"] if name == "txt" else []
         yield name, inputs, ["--context-length", "1024", "--shard-size", "200000", *extra]
     yield "jsonl-bfd", corpora["jsonl"], ["--context-length", "1024", "--algorithm", "bfd"]
-    yield "jsonl-truncate", corpora["jsonl"], ["--context-length", "512", "--long-docs", "truncate", "--bos"]
+    yield "jsonl-truncate", corpora["jsonl"], ["--context-length", "512", "--long-docs", "truncate", "--no-eos"]
+    yield "jsonl-drop", corpora["jsonl"], ["--context-length", "512", "--long-docs", "drop", "--pack-group", "500"]
 
 
 def _build(code_root: Path, inputs, args, out: Path):
     env = {**os.environ, "PYTHONPATH": str(code_root)}
     cmd = [sys.executable, "-c", "from packer.cli import main; main()", "build", *inputs,
            "--tokenizer", str(SAMPLE / "tokenizer.json"), "--output", str(out), *args]
-    subprocess.run(cmd, check=True, env=env, cwd=code_root, capture_output=True)
+    done = subprocess.run(cmd, env=env, cwd=code_root, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"build failed with {code_root}: {' '.join(args)}\n{done.stderr[-2000:]}")
 
 
 def _files(out: Path) -> dict[str, bytes]:

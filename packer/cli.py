@@ -164,6 +164,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
     from packer.io import fs
     from packer.stats import figures as st
     from packer.stats import report
+    from packer.stats.corpus import corpus_lengths
 
     if len(inputs) == 1 and (fs.location(inputs[0]) / "manifest.json").is_file():
         if tokenizer or context_length or sample or online:
@@ -174,7 +175,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm
     else:
         if not tokenizer or not context_length:
             raise ValueError("a raw corpus needs --tokenizer PATH and --context-length N (or give one built dataset directory)")
-        lengths, sampled = st.corpus_lengths(inputs, tokenizer, text_field=text_field, eos=eos, sample=sample, seed=seed)
+        lengths, sampled = corpus_lengths(inputs, tokenizer, text_field=text_field, eos=eos, sample=sample, seed=seed)
         figures = st.corpus_stats(lengths, context_length, batch_size=batch_size, seed=seed, algorithm=algorithm,
                                   sample=sampled, inputs=inputs)
         if online:

@@ -16,6 +16,7 @@ from conftest import SAMPLE_INPUTS, TOKENIZER
 from packer.binpack import pack
 from packer.cli import main
 from packer.stats import figures as st
+from packer.stats.corpus import corpus_lengths
 
 
 def _roundtrip(figures):
@@ -209,7 +210,7 @@ def test_figures_match_the_schema_and_the_checker_can_fail():
 
 @pytest.fixture(scope="module")
 def sample_lengths():
-    lengths, sampled = st.corpus_lengths(SAMPLE_INPUTS, TOKENIZER)
+    lengths, sampled = corpus_lengths(SAMPLE_INPUTS, TOKENIZER)
     assert sampled is None
     return lengths
 
@@ -220,12 +221,12 @@ def test_corpus_lengths_count_what_build_counts(sample_dataset, sample_lengths):
     totals = open_dataset(sample_dataset).manifest["totals"]
     lengths = sample_lengths
     assert len(lengths) == totals["docs_accepted"] and lengths.sum() == totals["tokens_in"]
-    part, info = st.corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4)
-    no_eos, _ = st.corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4, eos=False)
+    part, info = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4)
+    no_eos, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4, eos=False)
     assert np.array_equal(no_eos, part - 1)  # the same documents, one end-of-text token fewer
     assert info == {"documents": 300, "of_documents": len(lengths), "seed": 4}
     assert not Counter(part.tolist()) - Counter(lengths.tolist())  # a sub-multiset
-    again, _ = st.corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4)
+    again, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4)
     assert np.array_equal(part, again)
 
 
