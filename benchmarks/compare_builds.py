@@ -22,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_data"
 VOLATILE = ("created_unix", "build_seconds")
+# Files a newer build writes that REV did not (they are listed, not compared): report.html is written
+# by `packer build` too since the restructure (before, only `packer run` wrote it).
+ADDED = {"report.html"}
 
 
 def _corpora(d: Path) -> dict[str, list[str]]:
@@ -93,9 +96,11 @@ def main():
                         _build(code, inputs, [*args, "--format", fmt, "--workers", str(workers)], out)
                         outs.append(_files(out))
                     old, new = outs
-                    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+                    added = sorted(k for k in ADDED if k in new and k not in old)
+                    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in added)
                     failed += bool(diff)
-                    print(f"{name:<16} {fmt:<8} {workers:>7} {len(new):>5}  {'identical' if not diff else 'DIFFER: ' + ', '.join(diff)}")
+                    result = "identical" if not diff else "DIFFER: " + ", ".join(diff)
+                    print(f"{name:<16} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(added)})" if added else ""))
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref)], capture_output=True)
     print(f"{'all identical' if not failed else f'{failed} cases differ'} (ref {a.ref})")

@@ -11,8 +11,10 @@ import click
 
 from packer import __version__
 from packer.build.executors import WorkerDied
-from packer.config import BuildConfig, Job, load_job
+from packer.config import CHOICES, BuildConfig, Job, load_job
+from packer.io import fs
 from packer.io.fs import redact, redact_text
+from packer.store.manifest import REPORT
 
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, WorkerDied)
 
@@ -43,7 +45,7 @@ def main():
 
 
 def _print_summary(manifest: dict, output: str):
-    t, output = manifest["totals"], redact(output)
+    t, location, output = manifest["totals"], output, redact(output)
     if manifest.get("already_complete"):
         click.echo(f"{output}: dataset already complete; nothing to do (use --overwrite to rebuild)")
     skipped = sum(t["docs_skipped"].values())
@@ -58,6 +60,34 @@ def _print_summary(manifest: dict, output: str):
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
     click.echo(f"fill rate: {t['fill_rate']:.4f}")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
+    if t["docs_accepted"]:
+        click.echo(f"report:    {redact(fs.location(location) / REPORT)} (packer stats {output} prints the table)")
+
+
+def _option(name: str, *, prefix: str = "", **overrides):
+    """A click option for config field `name` (BuildConfig or Job): its flag, type, default, choices
+    and help all come from packer/config.py, the one home of every choice list and default."""
+    spec = {f.name: f for f in (*dataclasses.fields(BuildConfig), *dataclasses.fields(Job))}[name]
+    flag = "--" + name.replace("_", "-")
+    kwargs = {"default": spec.default, "help": prefix + spec.metadata["help"], "show_default": spec.default is not None}
+    if isinstance(spec.default, bool):
+        flag = f"{flag}/--no-{name.replace('_', '-')}"
+    elif name in CHOICES:
+        kwargs["type"] = click.Choice(CHOICES[name])
+    elif spec.metadata.get("minimum") is not None:
+        kwargs["type"] = click.IntRange(min=spec.metadata["minimum"])
+    elif isinstance(spec.default, int):
+        kwargs["type"] = int
+    return click.option(flag, name, **{**kwargs, **overrides})
+
+
+def _options(*names, **kwargs):
+    def decorate(fn):
+        for name in reversed(names):
+            fn = _option(name, **kwargs)(fn)
+        return fn
+
+    return decorate
 
 
 def _run_job(job: Job, keep_work: bool, overwrite: bool):
@@ -68,34 +98,25 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool):
     _print_summary(manifest, job.output)
 
 
+BUILD_FIELDS = tuple(f.name for f in dataclasses.fields(BuildConfig))
+KEEP_WORK = click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
+OVERWRITE = click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or "
+                         "unfinished work from other settings) and start over.")
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--tokenizer", required=True, help="Path of a tokenizer.json (HF tokenizers format).")
-@click.option("--context-length", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per packed sequence.")
+@click.option("--tokenizer", required=True, help="A tokenizer.json (HF tokenizers format), a directory holding one, "
+              "or a hub name already in the local HF cache.")
 @click.option("--output", "-o", required=True, help="Output directory for shards and manifest, or a URI (s3://, gs://, ...).")
-@click.option("--workers", type=click.IntRange(min=0), default=0, help="Worker processes (default: all cores).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bin shuffle.")
-@click.option("--text-field", default="text", show_default=True, help="JSON field holding the document text.")
-@click.option("--algorithm", type=click.Choice(["ffd", "bfd"]), default="ffd", show_default=True, help="Packing: first-fit or best-fit decreasing.")
-@click.option("--long-docs", type=click.Choice(["split", "truncate", "drop"]), default="split", show_default=True, help="What to do with documents longer than the context.")
-@click.option("--eos/--no-eos", default=True, show_default=True, help="Append the end-of-text token to each document.")
-@click.option("--bos/--no-bos", default=False, show_default=True, help="Prepend the begin-of-text token to each document.")
-@click.option("--eos-token", default=None, help="Name of the end-of-text token (default: found in the tokenizer).")
-@click.option("--bos-token", default=None, help="Name of the begin-of-text token.")
-@click.option("--format", type=click.Choice(["arrow", "memmap"]), default="arrow", show_default=True, help="Shard format: Arrow IPC, or flat .bin tokens + .idx index for np.memmap.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=BuildConfig.shard_size, show_default=True, help="Tokens per shard (100M uint16 tokens = 200 MB).")
-@click.option("--pack-group", type=click.IntRange(min=1), default=None, help="Pack each N consecutive documents separately (bounded planning memory; costs a little fill rate). Default: all at once.")
-@click.option("--text-split", type=click.Choice(["file", "blank-line"]), default="file", show_default=True, help=".txt inputs: one document per file, or documents separated by blank lines.")
-@click.option("--strict", is_flag=True, help="Fail on the first bad record instead of skipping and counting it.")
-@click.option("--on-file-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True, help="An unreadable or corrupt input file fails the run, or is skipped and reported.")
-@click.option("--max-doc-bytes", type=click.IntRange(min=1), default=BuildConfig.max_doc_bytes, show_default=True, help="Larger records are skipped (reason too_large) without being read whole.")
-@click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
-@click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or unfinished work from other settings) and start over.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="Run stages in local processes or as Ray tasks (same output bytes).")
-@click.option("--ray-address", default=None, help="Ray cluster to use with --executor ray (default: $RAY_ADDRESS, a local cluster, else a new one).")
+@_options(*BUILD_FIELDS)
+@_options("workers", "executor", "ray_address")
+@KEEP_WORK
+@OVERWRITE
 def build(inputs, tokenizer, output, workers, keep_work, overwrite, executor, ray_address, **config):
     """Tokenize INPUTS (JSONL[.gz|.zst], Parquet, .txt, Arrow / HF save_to_disk directories; files,
-    directories, globs or pyarrow.fs URIs), pack them, and write shards to OUTPUT."""
+    directories, globs or pyarrow.fs URIs), pack them, and write shards, stats.json and report.html
+    to OUTPUT."""
     job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config),
               executor=executor, ray_address=ray_address)
     _run_job(job, keep_work, overwrite)
@@ -103,85 +124,45 @@ def build(inputs, tokenizer, output, workers, keep_work, overwrite, executor, ra
 
 @main.command()
 @click.argument("pipeline", type=click.Path(dir_okay=False))
-@click.option("--workers", type=click.IntRange(min=0), default=None, help="Override the job's worker count.")
-@click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work after the build.")
-@click.option("--overwrite", is_flag=True, help="Replace a complete dataset already in the output.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Override the job's executor.")
-@click.option("--ray-address", default=None, help="Override the job's Ray address.")
+@_options("workers", "executor", "ray_address", default=None, show_default=False, prefix="Override the job's value. ")
+@KEEP_WORK
+@OVERWRITE
 def run(pipeline, workers, keep_work, overwrite, executor, ray_address):
-    """Run the job described in a PIPELINE TOML file (e.g. pipelines/sample.toml)."""
+    """Run the job described in a PIPELINE TOML file (e.g. pipelines/sample.toml): the same build,
+    with the same outputs, as `packer build` with those settings."""
     job = load_job(pipeline)
     overrides = {"workers": workers, "executor": executor, "ray_address": ray_address}
     job = dataclasses.replace(job, **{k: v for k, v in overrides.items() if v is not None})
     if executor == "local":
         job = dataclasses.replace(job, ray_address=None)
     _run_job(job, keep_work, overwrite)
-    _write_report(job.output)
 
 
-def _write_report(output: str):
-    """OUTPUT/report.html from the build's stats.json (charts when matplotlib is installed)."""
-    import tempfile
-
-    from packer.io import fs
-    from packer.stats import report
-    from packer.stats.figures import SCHEMA_ID
-
-    stats_path = fs.location(output) / "stats.json"
-    if not stats_path.is_file():
-        return
-    figures = json.loads(stats_path.read_text(encoding="utf-8"))
-    if figures.get("schema") == SCHEMA_ID:  # a dataset built by an older version has no such stats
-        page = fs.location(output) / "report.html"
-        if isinstance(page, fs.RemotePath):
-            with tempfile.TemporaryDirectory() as d:
-                report.write_html(figures, f"{d}/report.html")
-                fs.upload(f"{d}/report.html", page)
-        else:
-            report.write_html(figures, page)
-        click.echo(f"report:    {redact(page)} (packer stats {redact(output)} prints the table)")
+CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed")
 
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--tokenizer", default=None, help="Raw corpus: path of a tokenizer.json to count tokens with.")
-@click.option("--context-length", type=click.IntRange(min=1), default=None, help="Raw corpus: tokens per sequence.")
+@click.option("--tokenizer", default=None, help="Raw corpus: the tokenizer to count tokens with (as for build).")
+@_option("context_length", default=None, show_default=False, prefix="Raw corpus: ")
+@_options(*CORPUS_FIELDS, prefix="Raw corpus: ")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="B of the pad-to-longest strategies.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, help="Raw corpus: measure a seeded sample of this many documents.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Raw corpus: seed of the sample and of the bin shuffle.")
-@click.option("--algorithm", type=click.Choice(["ffd", "bfd"]), default="ffd", show_default=True, help="Raw corpus: packing whose composition is shown.")
-@click.option("--text-field", default="text", show_default=True, help="Raw corpus: JSON field holding the document text.")
-@click.option("--eos/--no-eos", default=True, show_default=True, help="Raw corpus: count an end-of-text token per document, as build does.")
 @click.option("--online", is_flag=True, help="Raw corpus: also report the fill rate online packing (packer.data.OnlinePackedDataset) would reach.")
 @click.option("--buffer-docs", type=click.IntRange(min=1), default=10_000, show_default=True, help="With --online: documents per packing buffer.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats/stats_schema.json).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the charts as a PNG (needs packer[plot]).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
-def stats(inputs, tokenizer, context_length, batch_size, sample, seed, algorithm, text_field, eos, online, buffer_docs,
-          json_path, plot_path, html_path):
+def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_docs, json_path, plot_path, html_path,
+          **corpus):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
     (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR)."""
-    from packer.io import fs
-    from packer.stats import figures as st
     from packer.stats import report
-    from packer.stats.corpus import corpus_lengths
+    from packer.stats.measure import measure
 
-    if len(inputs) == 1 and (fs.location(inputs[0]) / "manifest.json").is_file():
-        if tokenizer or context_length or sample or online:
-            raise ValueError(f"{redact(inputs[0])} is a built dataset: its tokenizer and context length come from its manifest; drop --tokenizer/--context-length/--sample/--online")
-        from packer.store.dataset import open_dataset
-
-        figures = st.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
-    else:
-        if not tokenizer or not context_length:
-            raise ValueError("a raw corpus needs --tokenizer PATH and --context-length N (or give one built dataset directory)")
-        lengths, sampled = corpus_lengths(inputs, tokenizer, text_field=text_field, eos=eos, sample=sample, seed=seed)
-        figures = st.corpus_stats(lengths, context_length, batch_size=batch_size, seed=seed, algorithm=algorithm,
-                                  sample=sampled, inputs=inputs)
-        if online:
-            from packer.train.online import online_fill_rate
-
-            figures["online"] = online_fill_rate(lengths, context_length, buffer_docs, algorithm)
+    config = BuildConfig(context_length=context_length, **corpus) if context_length else None
+    figures = measure(inputs, tokenizer=tokenizer, config=config, batch_size=batch_size, sample=sample, online=online,
+                      buffer_docs=buffer_docs)
     click.echo(report.format_table(figures))
     if "online" in figures:
         o = figures["online"]

@@ -14,42 +14,43 @@ FORMATS = ("arrow", "memmap")
 EXECUTORS = ("local", "ray")
 TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")
+CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FORMATS, "text_split": TEXT_SPLITS,
+           "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS}  # field -> allowed values (the CLI's too)
+
+
+def _field(default, help: str, minimum: int | None = None):
+    """A config field with its one line of --help and its least value (the CLI builds its options from these)."""
+    return field(default=default, metadata={"help": help, "minimum": minimum})
 
 
 @dataclass(frozen=True, kw_only=True)
 class BuildConfig:
     """Everything that decides the bytes of a build (workers and paths do not)."""
 
-    context_length: int = 2048
-    algorithm: str = "ffd"
-    long_docs: str = "split"
-    seed: int = 0
-    text_field: str = "text"
-    eos: bool = True
-    bos: bool = False
-    eos_token: str | None = None  # None = find the tokenizer's end-of-text special token
-    bos_token: str | None = None
-    format: str = "arrow"
-    shard_size: int = 100_000_000  # tokens per shard (~200 MB of uint16 tokens)
-    unit_bytes: int = 64 * 2**20  # uncompressed inputs are split into ranges this size
-    pack_group: int | None = None  # pack each N consecutive documents separately; None = all at once
-    text_split: str = "file"  # .txt inputs: one document per file, or "blank-line" separated
-    strict: bool = False  # the first bad record fails the run (default: skip and count it)
-    on_file_error: str = "fail"  # an unreadable/corrupt input file fails the run, or is "skip"ped
-    max_doc_bytes: int = 64 * 2**20  # larger records are skipped as too_large, never held whole
+    context_length: int = _field(2048, "Tokens per packed sequence.", minimum=1)
+    algorithm: str = _field("ffd", "Packing: first-fit or best-fit decreasing.")
+    long_docs: str = _field("split", "Documents longer than the context: split into pieces (every token kept), "
+                                     "truncate, or drop.")
+    seed: int = _field(0, "Seed of the bin shuffle.")
+    text_field: str = _field("text", "JSON field / Parquet or Arrow column holding the document text.")
+    eos: bool = _field(True, "Append the end-of-text token to each document.")
+    bos: bool = _field(False, "Prepend the begin-of-text token to each document.")
+    eos_token: str | None = _field(None, "Name of the end-of-text token (default: found in the tokenizer).")
+    bos_token: str | None = _field(None, "Name of the begin-of-text token (default: found in the tokenizer).")
+    format: str = _field("arrow", "Shard format: Arrow IPC, or flat .bin tokens + .idx index for np.memmap.")
+    shard_size: int = _field(100_000_000, "Tokens per shard (100M uint16 tokens = 200 MB).", minimum=1)
+    unit_bytes: int = _field(64 * 2**20, "Uncompressed inputs are split into work units of about this many bytes.", minimum=1)
+    pack_group: int | None = _field(None, "Pack each N consecutive documents separately (bounded planning work; "
+                                          "costs a little fill rate). Default: all at once.", minimum=1)
+    text_split: str = _field("file", ".txt inputs: one document per file, or documents separated by blank lines.")
+    strict: bool = _field(False, "Fail on the first bad record instead of skipping and counting it.")
+    on_file_error: str = _field("fail", "An unreadable or corrupt input file fails the run, or is skipped and reported.")
+    max_doc_bytes: int = _field(64 * 2**20, "Larger records are skipped (reason too_large) without being read whole.", minimum=1)
 
     def __post_init__(self):
         if self.context_length < 1:
             raise ValueError(f"context_length must be >= 1, got {self.context_length}")
-        for name, value, allowed in (
-            ("algorithm", self.algorithm, ALGORITHMS),
-            ("long_docs", self.long_docs, LONG_DOC_POLICIES),
-            ("format", self.format, FORMATS),
-            ("text_split", self.text_split, TEXT_SPLITS),
-            ("on_file_error", self.on_file_error, ON_FILE_ERROR),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        _check_choices(self)
         if self.shard_size < self.context_length:
             raise ValueError(
                 f"shard_size ({self.shard_size} tokens) must be at least the context length "
@@ -78,23 +79,30 @@ class Job:
     tokenizer: str
     output: str
     config: BuildConfig = field(default_factory=BuildConfig)
-    workers: int = 0  # 0 = all cores (ray: tasks in flight, 0 = 2x the cluster's CPUs)
-    executor: str = "local"  # where stages run: "local" processes or "ray" tasks (same bytes)
-    ray_address: str | None = None  # None: $RAY_ADDRESS, a cluster on this machine, else a new local one
+    workers: int = _field(0, "Worker processes (default 0: all cores; ray: tasks in flight, 0 = 2x the cluster's CPUs).", minimum=0)
+    executor: str = _field("local", "Run stages in local processes or as Ray tasks (same output bytes).")
+    ray_address: str | None = _field(None, "Ray cluster for --executor ray (default: $RAY_ADDRESS, a cluster on "
+                                           "this machine, else a new local one).")
 
     def __post_init__(self):
         if not self.inputs:
             raise ValueError("a job needs at least one input")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}; got {self.executor!r}")
+        _check_choices(self)
         if self.ray_address and self.executor != "ray":
             raise ValueError(f"ray_address {self.ray_address!r} is set but the executor is {self.executor!r}; set executor = \"ray\" (--executor ray)")
 
     @property
     def n_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+
+def _check_choices(obj):
+    for f in dataclasses.fields(obj):
+        value, allowed = getattr(obj, f.name), CHOICES.get(f.name)
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"{f.name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 def load_job(path: str | Path) -> Job:

@@ -5,7 +5,7 @@
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
     OUTPUT/_work/plan.npz                                         plan (lengths only)
     OUTPUT/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json     write (one per shard; the .json says done)
-    OUTPUT/stats.json, tokenizer.json, manifest.json              finalize (manifest last)
+    OUTPUT/stats.json, report.html, tokenizer.json, manifest.json finalize (manifest last)
 
 Every file is written under a temporary name and renamed into place; each stage reads
 only what the one before wrote and skips work whose output exists, so re-running the
@@ -28,8 +28,9 @@ from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, tokenizer_info, unit_paths
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
+from packer.stats import report
 from packer.stats.figures import plan_stats
-from packer.store.manifest import FORMAT_VERSION, MANIFEST, STATS, read_manifest
+from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
 WORK = "_work"
 
@@ -132,6 +133,7 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
     if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
         figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
         atomic.write_json(out / STATS, figures)
+        atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -191,8 +191,8 @@ def _html_table(head, rows) -> str:
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def write_html(f: dict, path) -> None:
-    """One HTML file with everything inline: tables, the charts as a data: PNG (or a line saying
+def html_page(f: dict) -> str:
+    """One HTML page with everything inline: tables, the charts as a data: PNG (or a line saying
     how to install matplotlib), and the JSON figures."""
     try:
         img = f'<img alt="charts" src="data:image/png;base64,{base64.b64encode(_png_bytes(f)).decode()}">'
@@ -213,8 +213,13 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){
 <details><summary>figures as JSON (schema {html.escape(f['schema'])})</summary><pre>{html.escape(json.dumps(f, indent=2))}</pre></details>
 </body></html>
 """
+    return page
+
+
+def write_html(f: dict, path) -> None:
+    """`html_page(f)` as a file."""
     with open(path, "w", encoding="utf-8") as out:
-        out.write(page)
+        out.write(html_page(f))
 
 
 def write_mask_png(offsets, context_length: int, path, title: str = "") -> None:

@@ -16,6 +16,7 @@ from packer.io import fs
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATS = "stats.json"
+REPORT = "report.html"  # stats.json drawn as a page (packer/stats/report.py)
 SUFFIX = {"arrow": ".arrow", "memmap": ".bin"}
 
 
