@@ -61,8 +61,9 @@ sys.path.insert(0, str(ROOT))
 from packer import __version__  # noqa: E402
 from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, permute  # noqa: E402
+from packer.data import PackedDataset, collate_padded, collate_varlen, make_item  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
+from packer.train.data import permute  # noqa: E402
 
 CONTEXT = 4096
 BATCH = 8

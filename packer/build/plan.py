@@ -38,9 +38,6 @@ class Plan:
     def n_shards(self) -> int:
         return len(self.shard_starts) - 1
 
-    def save(self, path):
-        np.savez(path, **{k: getattr(self, k) for k in self.__dataclass_fields__})
-
     @classmethod
     def load(cls, path) -> "Plan":
         with np.load(path) as z:
