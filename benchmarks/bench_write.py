@@ -37,12 +37,15 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
 
-from packer import __version__  # noqa: E402
+from packer import __version__
 from packer.build import writer
-from packer.build.plan import plan_bins  # noqa: E402
+from packer.build.plan import plan_bins
 from packer.io import atomic
+from packer.io import hashed as hashed_module
+from packer.io.hashed import HashedFile
 from packer.store.dataset import open_dataset
-from packer.store.formats import memmap
+from packer.store.formats import FORMATS, memmap
+from packer.store.rows import Rows, row_chunks
 
 SEED = 0
 CONTEXT_LENGTH = 2048
@@ -97,21 +100,38 @@ def _fresh(d: Path):
     d.mkdir(parents=True)
 
 
+def shard_rows(plan, shard: int, units_dir: Path, dtype) -> tuple[Rows, np.ndarray]:
+    """The rows of one shard, tokens gathered as the writer gathers them, and each segment's doc_id."""
+    layout, p0 = writer.shard_layout(plan, shard)
+    tokens = writer._gather_tokens(plan, p0, p0 + len(layout.doc_ids), units_dir, dtype, {})
+    return Rows(tokens, layout.token_starts, layout.offsets, layout.offset_starts), layout.doc_ids
+
+
 def bench_write(root: Path, plan, repeat: int):
     work, out = root / "_work", root / "out"
-    shard_tokens = []
-    for k in range(plan.n_shards):
-        shard_tokens.append(writer.shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0].tokens)
-    n_tokens = sum(len(t) for t in shard_tokens)
+    shards = [shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0] for k in range(plan.n_shards)]
+    n_tokens = sum(len(r.tokens) for r in shards)
 
     def tofile():
         _fresh(out)
-        for k, t in enumerate(shard_tokens):
-            t.tofile(out / f"raw-{k:05d}.bin")
+        for k, r in enumerate(shards):
+            r.tokens.tofile(out / f"raw-{k:05d}.bin")
 
     def gather_only():
         for k in range(plan.n_shards):
-            writer.shard_rows(plan, k, work / "units", np.dtype(np.uint16))
+            shard_rows(plan, k, work / "units", np.dtype(np.uint16))
+
+    def hashed(threads: bool):
+        def run():  # the finished tokens through HashedFile in the writer's chunks: what its threads buy
+            _fresh(out)
+            for k, r in enumerate(shards):
+                f = HashedFile(out / f"raw-{k:05d}.bin", threads=threads)
+                for r0, r1 in row_chunks(len(r)):
+                    f.write(r.tokens[r.token_starts[r0] : r.token_starts[r1]])
+                f.close()
+                atomic.publish(f.tmp, out / f"raw-{k:05d}.bin")
+
+        return run
 
     def write(fmt):
         def run():
@@ -126,19 +146,17 @@ def bench_write(root: Path, plan, repeat: int):
     _header("write stage", "tofile")
     _line("ndarray.tofile (baseline)", base, base, n_tokens)
     _line("gather only (no write)", _best(gather_only, repeat), base, n_tokens)
-    for threaded in (True, False):
-        writer.THREADED_WRITES = threaded
-        for fmt in ("arrow", "memmap"):
-            name = f"write_shard {fmt}" + (", write+hash threads" if threaded else ", one thread")
-            _line(name, _best(write(fmt), repeat), base, n_tokens)
-    writer.THREADED_WRITES = True
-    real_hashlib = writer.hashlib
-    writer.hashlib = types.SimpleNamespace(sha256=_NoHash)  # what the checksums cost
+    _line("HashedFile, write+hash threads", _best(hashed(True), repeat), base, n_tokens)
+    _line("HashedFile, one thread", _best(hashed(False), repeat), base, n_tokens)
+    for fmt in FORMATS:
+        _line(f"write_shard {fmt}", _best(write(fmt), repeat), base, n_tokens)
+    real_hashlib = hashed_module.hashlib
+    hashed_module.hashlib = types.SimpleNamespace(sha256=_NoHash)  # what the checksums cost
     try:
-        for fmt in ("arrow", "memmap"):
+        for fmt in FORMATS:
             _line(f"write_shard {fmt}, sha256 off", _best(write(fmt), repeat), base, n_tokens)
     finally:
-        writer.hashlib = real_hashlib
+        hashed_module.hashlib = real_hashlib
     return out
 
 
@@ -186,15 +204,17 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
     _line("np.memmap viewed as ndarray, slice", _best(plain_slices, repeat), base, n_tokens)
     for name, fn in (("open_dataset ds[i], memmap", getitem), ("ds.get_many(64 rows), memmap", get_many)):
         _line(name, _best(fn, repeat), base, n_tokens)
-    arrow = root / "ds_arrow"
-    _fresh(arrow)
-    manifest["config"]["format"] = "arrow"
-    manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(arrow), "uint16",
-                                             "arrow") for k in range(plan.n_shards)]
-    (arrow / "manifest.json").write_text(json.dumps(manifest))
-    ds = open_dataset(arrow)
-    _line("open_dataset ds[i], arrow", _best(getitem, repeat), base, n_tokens)
-    _line("ds.get_many(64 rows), arrow", _best(get_many, repeat), base, n_tokens)
+    for fmt in (f for f in FORMATS if f != "memmap"):
+        other = root / f"ds_{fmt}"
+        _fresh(other)
+        shutil.rmtree(root / "_work" / "shards", ignore_errors=True)
+        manifest["config"]["format"] = fmt
+        manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(other),
+                                                 "uint16", fmt) for k in range(plan.n_shards)]
+        (other / "manifest.json").write_text(json.dumps(manifest))
+        ds = open_dataset(other)
+        _line(f"open_dataset ds[i], {fmt}", _best(getitem, repeat), base, n_tokens)
+        _line(f"ds.get_many(64 rows), {fmt}", _best(get_many, repeat), base, n_tokens)
 
 
 def main():
