@@ -10,7 +10,7 @@ from pathlib import Path
 
 ALGORITHMS = ("ffd", "bfd")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
-FORMATS = ("arrow", "memmap")
+FORMATS = ("arrow", "memmap", "megatron")
 EXECUTORS = ("local", "ray")
 TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")

@@ -6,6 +6,7 @@ A format is a module with three top-level names (the `ShardFormat` protocol):
              format fills them, and the manifest entry keys that name them and their sha256
              arrow     ("file", "sha256", ".arrow")
              memmap    ("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx")
+             megatron  the memmap two, then ("doc_ids_file", "doc_ids_sha256", ".docids.npy")
     write(layout, tokens_of, sinks)
              stream one shard into sinks[i] (FILES[i]): `layout` is the shard's rows without
              their tokens (packer/store/rows.py), `tokens_of(r0, r1)` the tokens of rows
@@ -29,7 +30,7 @@ from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from packer.store.formats import arrow, memmap
+from packer.store.formats import arrow, megatron, memmap
 from packer.store.rows import Layout, Rows
 
 
@@ -41,7 +42,7 @@ class ShardFormat(Protocol):
     def blocks(self, paths: Sequence) -> Iterator[tuple[Rows, np.ndarray]]: ...
 
 
-FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap}
+FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
 
 
 def get(fmt: str) -> ShardFormat:
