@@ -212,3 +212,17 @@ def test_remote_megatron_dataset_reads_the_same_rows(megatron_dataset):
     finally:
         if root.parent.exists():
             fs.rmtree(root.parent)
+
+
+def test_megatron_bytes_do_not_depend_on_workers(megatron_dataset, tmp_path):
+    out = tmp_path / "one"
+    build_sample(out, workers=1, shard_size=200_000, format="megatron")
+    names = sorted(p.name for p in megatron_dataset.iterdir() if p.name.startswith("shard-"))
+    assert names == sorted(p.name for p in out.iterdir() if p.name.startswith("shard-")) and len(names) > 3
+    for name in [*names, "manifest.json"]:
+        a, b = (megatron_dataset / name).read_bytes(), (out / name).read_bytes()
+        if name == "manifest.json":  # the build's timestamp aside
+            a, b = (json.loads(x) for x in (a, b))
+            for m in (a, b):
+                del m["created_unix"], m["build_seconds"]
+        assert a == b, name
