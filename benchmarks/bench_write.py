@@ -45,7 +45,7 @@ from packer.io import hashed as hashed_module
 from packer.io.hashed import HashedFile
 from packer.store.dataset import open_dataset
 from packer.store.formats import FORMATS, memmap
-from packer.store.rows import Rows, row_chunks
+from packer.store.rows import Rows, little_endian, row_chunks
 
 SEED = 0
 CONTEXT_LENGTH = 2048
@@ -127,7 +127,7 @@ def bench_write(root: Path, plan, repeat: int):
             for k, r in enumerate(shards):
                 f = HashedFile(out / f"raw-{k:05d}.bin", threads=threads)
                 for r0, r1 in row_chunks(len(r)):
-                    f.write(r.tokens[r.token_starts[r0] : r.token_starts[r1]])
+                    f.write(little_endian(r.tokens[r.token_starts[r0] : r.token_starts[r1]]))
                 f.close()
                 atomic.publish(f.tmp, out / f"raw-{k:05d}.bin")
 
