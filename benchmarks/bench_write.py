@@ -6,9 +6,11 @@ random-access reads through open_dataset against raw np.memmap slices of the sam
 
 Write: the per-shard call the pipeline makes (`writer.write_shard`: load plan, gather the
 pieces from the memory-mapped unit files, build the rows, write under a temporary name
-while hashing, rename), one process, best of --repeat. Baseline: the finished token
-array of each shard written with `ndarray.tofile` (no gather, no index, no hash). Read:
-random rows of a dataset, each row copied to a fresh array so both sides touch the pages.
+while hashing, rename) for every format, one process, best of --repeat. Baseline: the
+finished token array of each shard written with `ndarray.tofile` (no gather, no index, no
+hash); `HashedFile` alone, with its write and hash threads and without, writes the same
+tokens. Read: random rows of a dataset, each row copied to a fresh array so both sides touch
+the pages.
 
 2026-11-29, shared 2-core box at load 4-10 (provisional), 30M tokens, CPU-seconds ratios:
 tofile 1.00 | gather 0.24 | write_shard memmap 0.12, arrow 0.11 | sha256 off: 0.19, 0.15.
@@ -17,6 +19,8 @@ The 50% write target is out of reach on CPU time by arithmetic: sha256 (~1.4 GB/
 alone costs 2.8x the tofile of the same bytes (~4 GB/s into the page cache), and the gather,
 a Python loop over pieces (~1 us each), another 4x. In wall time the write and hash threads
 can hide behind the gather only with idle cores, which this box never had.
+2026-12-01, load 6, after the format seam (packer/store/formats/), write_shard CPU seconds, best
+of two runs each: arrow 0.100 (0.097 before), memmap 0.102 (0.102 before), megatron 0.106.
 """
 
 from __future__ import annotations
