@@ -6,9 +6,11 @@ random-access reads through open_dataset against raw np.memmap slices of the sam
 
 Write: the per-shard call the pipeline makes (`writer.write_shard`: load plan, gather the
 pieces from the memory-mapped unit files, build the rows, write under a temporary name
-while hashing, rename), one process, best of --repeat. Baseline: the finished token
-array of each shard written with `ndarray.tofile` (no gather, no index, no hash). Read:
-random rows of a dataset, each row copied to a fresh array so both sides touch the pages.
+while hashing, rename) for every format, one process, best of --repeat. Baseline: the
+finished token array of each shard written with `ndarray.tofile` (no gather, no index, no
+hash); `HashedFile` alone, with its write and hash threads and without, writes the same
+tokens. Read: random rows of a dataset, each row copied to a fresh array so both sides touch
+the pages.
 
 2026-11-29, shared 2-core box at load 4-10 (provisional), 30M tokens, CPU-seconds ratios:
 tofile 1.00 | gather 0.24 | write_shard memmap 0.12, arrow 0.11 | sha256 off: 0.19, 0.15.
@@ -17,6 +19,8 @@ The 50% write target is out of reach on CPU time by arithmetic: sha256 (~1.4 GB/
 alone costs 2.8x the tofile of the same bytes (~4 GB/s into the page cache), and the gather,
 a Python loop over pieces (~1 us each), another 4x. In wall time the write and hash threads
 can hide behind the gather only with idle cores, which this box never had.
+2026-12-01, load 6, after the format seam (packer/store/formats/), write_shard CPU seconds, best
+of two runs each: arrow 0.100 (0.097 before), memmap 0.102 (0.102 before), megatron 0.106.
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
 
-from packer import __version__  # noqa: E402
+from packer import __version__
 from packer.build import writer
-from packer.build.plan import plan_bins  # noqa: E402
+from packer.build.plan import plan_bins
 from packer.io import atomic
+from packer.io import hashed as hashed_module
+from packer.io.hashed import HashedFile
 from packer.store.dataset import open_dataset
-from packer.store.formats import memmap
+from packer.store.formats import FORMATS, memmap
+from packer.store.rows import Rows, little_endian, row_chunks
 
 SEED = 0
 CONTEXT_LENGTH = 2048
@@ -97,21 +104,38 @@ def _fresh(d: Path):
     d.mkdir(parents=True)
 
 
+def shard_rows(plan, shard: int, units_dir: Path, dtype) -> tuple[Rows, np.ndarray]:
+    """The rows of one shard, tokens gathered as the writer gathers them, and each segment's doc_id."""
+    layout, p0 = writer.shard_layout(plan, shard)
+    tokens = writer._gather_tokens(plan, p0, p0 + len(layout.doc_ids), units_dir, dtype, {})
+    return Rows(tokens, layout.token_starts, layout.offsets, layout.offset_starts), layout.doc_ids
+
+
 def bench_write(root: Path, plan, repeat: int):
     work, out = root / "_work", root / "out"
-    shard_tokens = []
-    for k in range(plan.n_shards):
-        shard_tokens.append(writer.shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0].tokens)
-    n_tokens = sum(len(t) for t in shard_tokens)
+    shards = [shard_rows(plan, k, work / "units", np.dtype(np.uint16))[0] for k in range(plan.n_shards)]
+    n_tokens = sum(len(r.tokens) for r in shards)
 
     def tofile():
         _fresh(out)
-        for k, t in enumerate(shard_tokens):
-            t.tofile(out / f"raw-{k:05d}.bin")
+        for k, r in enumerate(shards):
+            r.tokens.tofile(out / f"raw-{k:05d}.bin")
 
     def gather_only():
         for k in range(plan.n_shards):
-            writer.shard_rows(plan, k, work / "units", np.dtype(np.uint16))
+            shard_rows(plan, k, work / "units", np.dtype(np.uint16))
+
+    def hashed(threads: bool):
+        def run():  # the finished tokens through HashedFile in the writer's chunks: what its threads buy
+            _fresh(out)
+            for k, r in enumerate(shards):
+                f = HashedFile(out / f"raw-{k:05d}.bin", threads=threads)
+                for r0, r1 in row_chunks(len(r)):
+                    f.write(little_endian(r.tokens[r.token_starts[r0] : r.token_starts[r1]]))
+                f.close()
+                atomic.publish(f.tmp, out / f"raw-{k:05d}.bin")
+
+        return run
 
     def write(fmt):
         def run():
@@ -126,19 +150,17 @@ def bench_write(root: Path, plan, repeat: int):
     _header("write stage", "tofile")
     _line("ndarray.tofile (baseline)", base, base, n_tokens)
     _line("gather only (no write)", _best(gather_only, repeat), base, n_tokens)
-    for threaded in (True, False):
-        writer.THREADED_WRITES = threaded
-        for fmt in ("arrow", "memmap"):
-            name = f"write_shard {fmt}" + (", write+hash threads" if threaded else ", one thread")
-            _line(name, _best(write(fmt), repeat), base, n_tokens)
-    writer.THREADED_WRITES = True
-    real_hashlib = writer.hashlib
-    writer.hashlib = types.SimpleNamespace(sha256=_NoHash)  # what the checksums cost
+    _line("HashedFile, write+hash threads", _best(hashed(True), repeat), base, n_tokens)
+    _line("HashedFile, one thread", _best(hashed(False), repeat), base, n_tokens)
+    for fmt in FORMATS:
+        _line(f"write_shard {fmt}", _best(write(fmt), repeat), base, n_tokens)
+    real_hashlib = hashed_module.hashlib
+    hashed_module.hashlib = types.SimpleNamespace(sha256=_NoHash)  # what the checksums cost
     try:
-        for fmt in ("arrow", "memmap"):
+        for fmt in FORMATS:
             _line(f"write_shard {fmt}, sha256 off", _best(write(fmt), repeat), base, n_tokens)
     finally:
-        writer.hashlib = real_hashlib
+        hashed_module.hashlib = real_hashlib
     return out
 
 
@@ -186,15 +208,17 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
     _line("np.memmap viewed as ndarray, slice", _best(plain_slices, repeat), base, n_tokens)
     for name, fn in (("open_dataset ds[i], memmap", getitem), ("ds.get_many(64 rows), memmap", get_many)):
         _line(name, _best(fn, repeat), base, n_tokens)
-    arrow = root / "ds_arrow"
-    _fresh(arrow)
-    manifest["config"]["format"] = "arrow"
-    manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(arrow), "uint16",
-                                             "arrow") for k in range(plan.n_shards)]
-    (arrow / "manifest.json").write_text(json.dumps(manifest))
-    ds = open_dataset(arrow)
-    _line("open_dataset ds[i], arrow", _best(getitem, repeat), base, n_tokens)
-    _line("ds.get_many(64 rows), arrow", _best(get_many, repeat), base, n_tokens)
+    for fmt in (f for f in FORMATS if f != "memmap"):
+        other = root / f"ds_{fmt}"
+        _fresh(other)
+        shutil.rmtree(root / "_work" / "shards", ignore_errors=True)
+        manifest["config"]["format"] = fmt
+        manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(other),
+                                                 "uint16", fmt) for k in range(plan.n_shards)]
+        (other / "manifest.json").write_text(json.dumps(manifest))
+        ds = open_dataset(other)
+        _line(f"open_dataset ds[i], {fmt}", _best(getitem, repeat), base, n_tokens)
+        _line(f"ds.get_many(64 rows), {fmt}", _best(get_many, repeat), base, n_tokens)
 
 
 def main():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ALGORITHMS = ("ffd", "bfd")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
-FORMATS = ("arrow", "memmap")
+FORMATS = ("arrow", "memmap", "megatron")
 EXECUTORS = ("local", "ray")
 TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")
@@ -37,7 +37,8 @@ class BuildConfig:
     bos: bool = _field(False, "Prepend the begin-of-text token to each document.")
     eos_token: str | None = _field(None, "Name of the end-of-text token (default: found in the tokenizer).")
     bos_token: str | None = _field(None, "Name of the begin-of-text token (default: found in the tokenizer).")
-    format: str = _field("arrow", "Shard format: Arrow IPC, or flat .bin tokens + .idx index for np.memmap.")
+    format: str = _field("arrow", "Shard format: Arrow IPC; memmap (flat .bin tokens + .idx for np.memmap); or megatron "
+                                  "(Megatron-Core .bin + MMIDIDX .idx, with a .docids.npy sidecar).")
     shard_size: int = _field(100_000_000, "Tokens per shard (100M uint16 tokens = 200 MB).", minimum=1)
     unit_bytes: int = _field(64 * 2**20, "Uncompressed inputs are split into work units of about this many bytes.", minimum=1)
     pack_group: int | None = _field(None, "Pack each N consecutive documents separately (bounded planning work; "

@@ -12,13 +12,13 @@ import pyarrow.ipc as ipc
 import pytest
 
 from packer.build.plan import plan_bins
-from packer.build.writer import Layout, write_rows, write_shard
+from packer.build.writer import write_rows, write_shard
 from packer.io import atomic
+from packer.io.hashed import HashedFile
 from packer.store.dataset import Rows, open_dataset
-from packer.store.formats import memmap
+from packer.store.formats import FORMATS, memmap
+from packer.store.rows import Layout
 from packer.store.verify import verify_dataset
-
-FORMATS = ("arrow", "memmap")
 
 
 def _two_rows(dtype=np.uint16):
@@ -214,26 +214,58 @@ def test_verify_catches_count_mismatch(tmp_path):
         verify_dataset(tmp_path)
 
 
-@pytest.mark.parametrize("threaded", [True, False])
-def test_failed_write_raises_and_leaves_no_shard(tmp_path, monkeypatch, threaded):
-    import packer.build.writer as writer
+class _DiskFull:
+    """A file whose every write fails as a full disk does."""
 
-    monkeypatch.setattr(writer, "THREADED_WRITES", threaded)
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, buf):
+        raise OSError(28, "No space left on device")
+
+    def close(self):
+        self.f.close()
+
+
+def _full_disk(monkeypatch):
+    import packer.io.hashed as hashed
+
     real_open = open
+    monkeypatch.setattr(hashed, "open", lambda *a, **k: _DiskFull(real_open(*a, **k)), raising=False)
 
-    class DiskFull:
-        def __init__(self, f):
-            self.f = f
 
-        def write(self, buf):
-            raise OSError(28, "No space left on device")
-
-        def close(self):
-            self.f.close()
-
-    monkeypatch.setattr(writer, "open", lambda *a, **k: DiskFull(real_open(*a, **k)), raising=False)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_failed_write_raises_and_leaves_no_shard(tmp_path, monkeypatch, fmt):
+    _full_disk(monkeypatch)
     rows, doc_ids = _two_rows()
     with pytest.raises(OSError, match="No space left"):
-        _write(rows, doc_ids, tmp_path, 0, "memmap")
-    assert not (tmp_path / "shard-00000.bin").exists() and not (tmp_path / "shard-00000.idx").exists()
+        _write(rows, doc_ids, tmp_path, 0, fmt)
+    assert not list(tmp_path.glob("shard-00000.*[!0-9]"))  # no file under a final name
     assert all(atomic.is_tmp(p) for p in tmp_path.iterdir())  # only leftovers the next run removes
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_hashed_file_writes_and_hashes_every_byte(tmp_path, monkeypatch, threads):
+    """Both modes (the writer's two threads, and the calling thread alone) give the bytes and
+    the sha256 of hashlib over the same buffers, small writes coalesced among large ones."""
+    import hashlib
+
+    rng = np.random.default_rng(0)
+    bufs = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 3 * HashedFile.SMALL, 40)]
+    final = tmp_path / "out.bin"
+    f = HashedFile(final, threads=threads)
+    for b in bufs:
+        assert f.write(memoryview(b)) == len(b)
+    f.close()
+    assert f.tell() == sum(map(len, bufs)) and not final.exists()
+    atomic.publish(f.tmp, final)
+    assert final.read_bytes() == b"".join(bufs)
+    assert f.hexdigest() == hashlib.sha256(b"".join(bufs)).hexdigest()
+    assert any(len(b) < HashedFile.SMALL for b in bufs) and any(len(b) >= HashedFile.SMALL for b in bufs)
+    _full_disk(monkeypatch)
+    g = HashedFile(tmp_path / "full.bin", threads=threads)
+    with pytest.raises(OSError, match="No space left"):
+        try:
+            g.write(bytes(2 * HashedFile.SMALL))  # raises here without threads, at close with them
+        finally:
+            g.close()

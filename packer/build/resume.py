@@ -16,11 +16,13 @@ from pathlib import Path
 
 from packer.build import inputs as sources
 from packer.io import atomic, fs, lock
+from packer.store import formats
 from packer.store.manifest import MANIFEST, STATS
 
 FINGERPRINT = "fingerprint.json"
+_SHARD_SUFFIXES = "|".join(re.escape(s) for s in sorted(formats.suffixes()))  # every format's files
 _OWNED = re.compile(
-    r"^(manifest\.json|stats\.json|report\.html|tokenizer\.json|_work|\.packer\.lock|shard-\d{5}\.(arrow|bin|idx))(\.tmp\d+)?$"
+    rf"^(manifest\.json|stats\.json|report\.html|tokenizer\.json|_work|\.packer\.lock|shard-\d{{5}}({_SHARD_SUFFIXES}))(\.tmp\d+)?$"
 )
 
 

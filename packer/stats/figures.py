@@ -293,11 +293,10 @@ def _pack_totals(n_sequences: int, n_tokens: int, context_length: int) -> dict:
 
 
 def _stored_doc_ids(ds) -> np.ndarray | None:
-    """Global document index of every stored segment of an Arrow dataset, as its reader already
-    holds them (`ds.doc_ids()`); None for other readers and formats (then each segment counts as
-    a document)."""
-    arrow = ds.manifest["config"].get("format", "arrow") == "arrow" and ds.manifest.get("shards")
-    return ds.doc_ids() if arrow and hasattr(ds, "doc_ids") else None
+    """Global document index of every stored segment, as the reader already holds them
+    (`ds.doc_ids()`: every shard format stores them); None for readers without doc_ids or a
+    dataset without shards (then each segment counts as a document)."""
+    return ds.doc_ids() if hasattr(ds, "doc_ids") and ds.manifest.get("shards") else None
 
 
 def dataset_stats(ds, *, batch_size: int = 8) -> dict:

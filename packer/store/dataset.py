@@ -1,84 +1,30 @@
-"""Shard files (Arrow IPC or memmap), their manifest entries, and the reader for built datasets.
+"""The reader for built datasets: random access to the rows of every shard, whatever its format.
 
-Both formats store the same rows. A row [a a a | b b | c] has offsets [0, 3, 5, 6] and
-doc_ids [17, 4, 230]. Several rows travel as CSR arrays (`Rows`):
-
-    tokens         [a a a b b c | d d d d]        stored dtype (uint16 or uint32)
-    token_starts   [0, 6, 10]                     row s = tokens[token_starts[s] : token_starts[s+1]]
-    offsets        [0 3 5 6 | 0 4]                int32, each row from 0 to its length
-    offset_starts  [0, 4, 6]                      row s's offsets = offsets[offset_starts[s] : ...[s+1]]
-
-Arrow shard (`shard-00000.arrow`), one row per packed sequence:
-
-    input_ids: list<uint16|uint32>   the row's tokens, unpadded
-    offsets:   list<int32>           document boundaries in the row: [0, ..., len(row)]
-    doc_ids:   list<int64>           global document index of each segment (audits)
-
-Memmap shard (`shard-00000.bin` + `.idx`): see packer/store/formats/memmap.py for the byte layout.
-Writing is packer/build/writer.py; checking, packer/store/verify.py. A dataset at a remote URI
-(packer/io/fs.py) is read into memory when opened: Arrow record batches by ranged reads,
-memmap shards whole (nothing remote can be memory-mapped).
+A dataset's shards, in manifest order, are read as blocks of rows in CSR form (`Rows`,
+packer/store/rows.py) by their format (packer/store/formats/: Arrow IPC, memmap, Megatron);
+`ds[i]` finds row i's block and slices it. Locally every block is a view of a memory map, so
+opening reads only indexes and footers; a dataset at a remote URI (packer/io/fs.py) is read into
+memory when opened: Arrow record batches by ranged reads, the other formats' files whole
+(nothing remote can be memory-mapped). Writing is packer/build/writer.py; checking,
+packer/store/verify.py.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple
 
 import numpy as np
-import pyarrow.ipc as ipc
 
 from packer.io import fs
-from packer.store.formats import memmap
+from packer.store.formats import shard_blocks
 from packer.store.manifest import read_manifest
+from packer.store.rows import ROWS_PER_BATCH, Rows
 
-ROWS_PER_BATCH = 4096
-
-
-class Rows(NamedTuple):
-    """Rows in CSR form (see the module docstring); `ds.get_many` returns one of these."""
-
-    tokens: np.ndarray
-    token_starts: np.ndarray
-    offsets: np.ndarray
-    offset_starts: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.token_starts) - 1
-
-    def row(self, k: int):
-        """(tokens, offsets) of row k."""
-        t0, t1 = self.token_starts[k], self.token_starts[k + 1]
-        return self.tokens[t0:t1], self.offsets[self.offset_starts[k] : self.offset_starts[k + 1]]
-
-
-def _arrow_blocks(file):
-    """One (Rows, doc_ids) per record batch, zero-copy over a memory map (read, if remote)."""
-    reader = ipc.open_file(fs.open_arrow(file))
-    for b in range(reader.num_record_batches):
-        batch = reader.get_batch(b)
-        ids, offs = batch.column("input_ids"), batch.column("offsets")
-        rows = Rows(
-            ids.values.to_numpy(zero_copy_only=True),
-            ids.offsets.to_numpy(),
-            offs.values.to_numpy(zero_copy_only=True),
-            offs.offsets.to_numpy(),
-        )
-        yield rows, batch.column("doc_ids").flatten().to_numpy(zero_copy_only=True)
-
-
-def shard_blocks(directory, entry: dict, fmt: str):
-    """Yield (Rows, doc_ids) for the blocks of one shard: its record batches, or the whole memmap."""
-    file = directory / entry["file"]
-    if fmt == "arrow":
-        yield from _arrow_blocks(file)
-    else:
-        tokens, token_starts, offsets, offset_starts, doc_ids = memmap.open_shard(file, directory / entry["index_file"])
-        yield Rows(tokens, token_starts, offsets, offset_starts), doc_ids
+__all__ = ["ROWS_PER_BATCH", "Rows", "ShardDataset", "open_dataset", "read_rows", "shard_blocks"]
 
 
 class ShardDataset:
-    """Random access to the sequences of a built dataset (either format).
+    """Random access to the sequences of a built dataset (any format).
 
     ds[i] -> (tokens, offsets): read-only numpy views into memory-mapped files; O(1) and
     touching only that row's pages. ds.get_many(indices) -> Rows: many rows at once,
@@ -126,7 +72,7 @@ class ShardDataset:
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
         idx = idx % n if n else idx
-        if len(self._blocks) == 1:  # a memmap shard, or one record batch: no block lookup
+        if len(self._blocks) == 1:  # one memmap or Megatron shard, or one record batch: no block lookup
             rows = self._blocks[0]
             t, o, ts, ost = rows.tokens, rows.offsets, rows.token_starts, rows.offset_starts
             t0, t1, o0, o1 = ts[idx].tolist(), ts[idx + 1].tolist(), ost[idx].tolist(), ost[idx + 1].tolist()
@@ -175,5 +121,5 @@ def read_rows(ds, indices) -> tuple[list, list]:
 
 
 def open_dataset(path) -> ShardDataset:
-    """Open a dataset directory written by `packer build` (Arrow or memmap shards), or its URI."""
+    """Open a dataset directory written by `packer build` (any shard format), or its URI."""
     return ShardDataset(path)

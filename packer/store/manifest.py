@@ -3,7 +3,9 @@
     OUTPUT/manifest.json   format version, tool, config, tokenizer, inputs, shards (file names with
                            sha256), totals; written last, so its presence means the build is complete
 
-Shard entries name their files; `shard_files(entry)` lists them (a memmap shard has two).
+Shard entries name their files and their sha256 under keys their format lists
+(packer/store/formats/: `file`/`sha256` for every format, `index_file`/`index_sha256` for memmap
+and Megatron, `doc_ids_file`/`doc_ids_sha256` for Megatron), then `sequences`, `tokens`, `documents`.
 """
 
 from __future__ import annotations
@@ -17,16 +19,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATS = "stats.json"
 REPORT = "report.html"  # stats.json drawn as a page (packer/stats/report.py)
-SUFFIX = {"arrow": ".arrow", "memmap": ".bin"}
-
-
-def shard_name(index: int, fmt: str = "arrow") -> str:
-    return f"shard-{index:05d}{SUFFIX[fmt]}"
-
-
-def shard_files(entry: dict) -> list[str]:
-    """Every file of one manifest shard entry (a memmap shard has two)."""
-    return [entry["file"]] + ([entry["index_file"]] if "index_file" in entry else [])
 
 
 def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:

@@ -1,7 +1,8 @@
 """Check a built dataset against its manifest; the first problem found is raised as one line.
 
 Checked, shard by shard: every file present; sha256 equal to the manifest's (skipped by
-`checksums=False`, the `verify --quick`); memmap headers and sizes consistent; every row
+`checksums=False`, the `verify --quick`); what the shard's format checks when it opens
+the files (headers, sizes, counts between them: packer/store/formats/); every row
 non-empty and at most the context length; offsets start at 0, rise strictly and end at
 the row length; one doc_id per segment; token ids below the vocabulary size (full check
 only); sequence, token and document counts equal the manifest's, per shard and in total.
@@ -13,10 +14,9 @@ import numpy as np
 import pyarrow as pa
 
 from packer.io import fs
-from packer.store.dataset import Rows, shard_blocks
-from packer.store.manifest import read_manifest, sha256_file, shard_files
-
-_HASH_KEYS = ("sha256", "index_sha256")
+from packer.store import formats
+from packer.store.manifest import read_manifest, sha256_file
+from packer.store.rows import Rows
 
 
 def _first(mask: np.ndarray) -> int:
@@ -72,16 +72,16 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     dtype = np.dtype(config["token_dtype"])
     totals = {"sequences": 0, "tokens": 0, "documents": 0}
     for entry in manifest["shards"]:
-        for name, key in zip(shard_files(entry), _HASH_KEYS):
+        for name, sha256 in formats.entry_files(fmt, entry):
             file = path / name
             if not file.is_file():
                 raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
-            if checksums and sha256_file(file) != entry[key]:
+            if checksums and sha256_file(file) != sha256:
                 raise ValueError(f"{fs.redact(file)}: sha256 does not match the manifest (the file changed or is corrupt)")
         where = fs.redact(path / entry["file"])  # no credentials of a URI in messages
         counts = {"sequences": 0, "tokens": 0, "documents": 0}
         try:
-            for rows, doc_ids in shard_blocks(path, entry, fmt):
+            for rows, doc_ids in formats.shard_blocks(path, entry, fmt):
                 n_doc_ids = len(doc_ids)
                 _check_rows(rows, n_doc_ids, where, counts["sequences"], config["context_length"])
                 if checksums:

@@ -15,6 +15,8 @@
 
 All integers little-endian; every section starts 8-byte aligned. Two rows [a a a | b b]
 and [c c c c] give token_starts [0, 5, 9], offset_starts [0, 3, 5], offsets [0, 3, 5, 0, 4].
+The index sections are the CSR arrays of packer/store/rows.py as they are, so reading a shard
+maps both files and slices them: one block per shard, nothing copied.
 """
 
 from __future__ import annotations
@@ -25,15 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from packer.io import fs
+from packer.store.rows import Layout, Rows, little_endian, row_chunks
 
+FILES = (("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx"))
 MAGIC = b"PACKIDX1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
 TOKEN_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
-
-
-def index_name(bin_name: str) -> str:
-    return bin_name[: -len(".bin")] + ".idx"
 
 
 def index_bytes(token_starts, offset_starts, doc_ids, offsets, itemsize: int) -> list[bytes | memoryview]:
@@ -107,3 +107,18 @@ def open_shard(bin_path, idx_path):
     if size != n_tokens * itemsize:
         raise ValueError(f"{fs.redact(bin_path)}: {size} bytes, its index says {n_tokens} tokens of {itemsize} bytes (truncated?)")
     return (tokens() if n_tokens else np.zeros(0, dtype)), token_starts, offsets, offset_starts, doc_ids
+
+
+def write(layout: Layout, tokens_of, sinks):
+    bin_file, idx_file = sinks
+    for r0, r1 in row_chunks(len(layout)):
+        tokens = tokens_of(r0, r1)
+        bin_file.write(little_endian(tokens))
+    for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, tokens.dtype.itemsize):
+        idx_file.write(buf)
+
+
+def blocks(paths):
+    """The whole shard as one block: (Rows, doc_ids) over the two memory maps."""
+    tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(*paths)
+    yield Rows(tokens, token_starts, offsets, offset_starts), doc_ids

@@ -1,0 +1,83 @@
+"""Shard formats: the name -> format table, and the interface each format module fills.
+
+A format is a module with three top-level names (the `ShardFormat` protocol):
+
+    FILES    ((name key, sha256 key, suffix), ...): the files of one shard in the order the
+             format fills them, and the manifest entry keys that name them and their sha256
+             arrow     ("file", "sha256", ".arrow")
+             memmap    ("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx")
+             megatron  the memmap two, then ("doc_ids_file", "doc_ids_sha256", ".docids.npy")
+    write(layout, tokens_of, sinks)
+             stream one shard into sinks[i] (FILES[i]): `layout` is the shard's rows without
+             their tokens (packer/store/rows.py), `tokens_of(r0, r1)` the tokens of rows
+             r0..r1, asked for in chunks of ROWS_PER_BATCH rows in order
+    blocks(paths) -> iterator of (Rows, doc_ids)
+             read one shard (paths[i] for FILES[i]): zero-copy views of memory maps locally,
+             bytes read into memory for a remote path; checks what the format itself can
+             (headers, sizes, counts between its files) and raises ValueError naming the file,
+             so open_dataset and verify share the format's own verification
+
+Why a protocol that modules satisfy rather than a base class: a format has no state and shares
+no code with the others. What every format does alike (temporary names, sha256 while writing,
+renames, the manifest entry) is the writer's (packer/build/writer.py), and the row checks are
+verify's (packer/store/verify.py); a format only says which bytes go in which file and how to
+read them back. Adding one is a module here and a line in FORMATS.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
+
+import numpy as np
+
+from packer.store.formats import arrow, megatron, memmap
+from packer.store.rows import Layout, Rows
+
+
+class ShardFormat(Protocol):
+    FILES: tuple[tuple[str, str, str], ...]
+
+    def write(self, layout: Layout, tokens_of: Callable[[int, int], np.ndarray], sinks: Sequence[BinaryIO]) -> None: ...
+
+    def blocks(self, paths: Sequence) -> Iterator[tuple[Rows, np.ndarray]]: ...
+
+
+FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
+
+
+def get(fmt: str) -> ShardFormat:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown shard format {fmt!r}; this packer reads and writes {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def shard_stem(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def file_names(fmt: str, index: int) -> list[tuple[str, str, str]]:
+    """(name key, sha256 key, file name) of each file of shard `index`, in writing order."""
+    return [(name_key, sha_key, shard_stem(index) + suffix) for name_key, sha_key, suffix in get(fmt).FILES]
+
+
+def entry_files(fmt: str, entry: dict) -> list[tuple[str, str]]:
+    """(file name, sha256) of each file a manifest shard entry names. A name must be a plain file
+    name: a manifest never points outside its own directory."""
+    files = []
+    for name_key, sha_key, _ in get(fmt).FILES:
+        name = entry.get(name_key)
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"shard entry {name_key}={name!r}: expected a file name inside the dataset directory "
+                             f"(the manifest is damaged or not packer's)")
+        files.append((name, entry.get(sha_key)))
+    return files
+
+
+def suffixes() -> set[str]:
+    """Every suffix a shard file of any format ends with (after `shard-00000`)."""
+    return {suffix for f in FORMATS.values() for _, _, suffix in f.FILES}
+
+
+def shard_blocks(directory, entry: dict, fmt: str) -> Iterator[tuple[Rows, np.ndarray]]:
+    """(Rows, doc_ids) blocks of one manifest shard entry of a dataset in `directory`."""
+    return get(fmt).blocks([directory / name for name, _ in entry_files(fmt, entry)])

@@ -1,0 +1,147 @@
+"""Megatron shards: Megatron-Core's indexed dataset (`.bin` + `MMIDIDX` `.idx`), plus packer's doc_ids.
+
+One Megatron *document* per packed sequence (row), one Megatron *sequence* per document piece
+(segment) of that row, so Megatron-LM, NeMo and datatrove readers open a shard as is
+(`IndexedDataset("out/shard-00000")`), and a row's sequence lengths are its segment lengths.
+
+    shard-00000.bin         the tokens of all rows back to back, no header (the memmap .bin, byte
+                            for byte): uint16, or int32 for a vocabulary past uint16 (Megatron has
+                            no uint32; token ids are below 2**31, so the bytes equal packer's uint32)
+
+    shard-00000.idx         byte 0   9 bytes   magic b"MMIDIDX\\x00\\x00"
+                            byte 9   uint64    version (1)
+                            byte 17  uint8     Megatron dtype code: 8 uint16, 4 int32
+                            byte 18  uint64    N, sequence count: segments, summed over rows
+                            byte 26  uint64    S + 1, document count: rows + 1
+                            byte 34  int32[N]    sequence_lengths: tokens of each segment
+                            then     int64[N]    sequence_pointers: byte offset of each segment in .bin
+                            then     int64[S+1]  document_indices: row s = segments
+                                                 document_indices[s] : document_indices[s+1]
+
+    shard-00000.docids.npy  int64[N], a NumPy .npy file (format 1.0, '<i8', shape (N,)): the global
+                            document index of each segment. Packer's own sidecar (Megatron has no
+                            place for it and ignores the file); open_dataset, verify and stats read it.
+
+All integers little-endian; no alignment (Megatron's sections start at byte 34). Two rows
+[a a a | b b] and [c c c c] in uint16 give sequence_lengths [3, 2, 4], sequence_pointers
+[0, 6, 10], document_indices [0, 2, 3]; packer reads back token_starts [0, 5, 9] and offsets
+[0, 3, 5, 0, 4]. The manifest entry adds `doc_ids_file` and `doc_ids_sha256` to the memmap keys.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from packer.io import fs
+from packer.store.rows import Layout, Rows, little_endian, row_chunks
+
+FILES = (
+    ("file", "sha256", ".bin"),
+    ("index_file", "index_sha256", ".idx"),
+    ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
+)
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER = struct.Struct("<9sQBQQ")  # 34 bytes
+DTYPE_CODES = {2: 8, 4: 4}  # token itemsize -> Megatron DType code (uint16, int32)
+TOKEN_DTYPES = {8: np.dtype("<u2"), 4: np.dtype("<u4")}  # code -> what packer reads (int32 ids are >= 0)
+
+
+def _segment_lengths(offsets: np.ndarray, offset_starts: np.ndarray) -> np.ndarray:
+    """Each segment's length: the steps of `offsets`, less the step from one row's end to the next 0."""
+    steps = np.diff(offsets.astype(np.int64))
+    keep = np.ones(len(steps), bool)
+    keep[offset_starts[1:-1] - 1] = False
+    return steps[keep]
+
+
+def index_bytes(layout: Layout, itemsize: int) -> list[bytes | memoryview]:
+    """The .idx file as a list of buffers (header first), ready to write or hash."""
+    lengths = _segment_lengths(layout.offsets, layout.offset_starts)
+    pointers = (np.cumsum(lengths) - lengths) * itemsize  # segments lie back to back in .bin
+    document_indices = layout.offset_starts - np.arange(len(layout.offset_starts))
+    header = HEADER.pack(MAGIC, VERSION, DTYPE_CODES[itemsize], len(lengths), len(document_indices))
+    parts = [
+        np.ascontiguousarray(lengths, dtype="<i4"),
+        np.ascontiguousarray(pointers, dtype="<i8"),
+        np.ascontiguousarray(document_indices, dtype="<i8"),
+    ]
+    return [header] + [memoryview(p).cast("B") for p in parts]
+
+
+def write(layout: Layout, tokens_of, sinks):
+    bin_file, idx_file, doc_ids_file = sinks
+    for r0, r1 in row_chunks(len(layout)):
+        tokens = tokens_of(r0, r1)
+        bin_file.write(little_endian(tokens))
+    for buf in index_bytes(layout, tokens.dtype.itemsize):
+        idx_file.write(buf)
+    np.lib.format.write_array(doc_ids_file, np.ascontiguousarray(layout.doc_ids, dtype="<i8"), version=(1, 0),
+                              allow_pickle=False)
+
+
+def _bytes(path) -> np.ndarray:
+    """The file as uint8: memory-mapped locally, read whole from a remote filesystem."""
+    if isinstance(path, fs.RemotePath):
+        return np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray) if path.stat().st_size else np.zeros(0, np.uint8)
+
+
+def read_index(path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
+    """(token dtype, sequence_lengths, sequence_pointers, document_indices) of a .idx file,
+    checked against itself; ValueError naming the file otherwise."""
+    raw = _bytes(path)
+    where = fs.redact(path)
+    if len(raw) < HEADER.size:
+        raise ValueError(f"{where}: {len(raw)} bytes, shorter than the {HEADER.size}-byte Megatron index header (truncated?)")
+    magic, version, code, n_sequences, n_documents = HEADER.unpack(raw[: HEADER.size].tobytes())
+    if magic != MAGIC:
+        raise ValueError(f"{where}: not a Megatron index file (magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise ValueError(f"{where}: Megatron index version {version}, this packer reads version {VERSION}")
+    if code not in TOKEN_DTYPES:
+        raise ValueError(f"{where}: Megatron dtype code {code}; packer stores tokens as uint16 (8) or int32 (4)")
+    want = HEADER.size + 12 * n_sequences + 8 * n_documents
+    if len(raw) != want or n_documents < 1:
+        raise ValueError(f"{where}: {len(raw)} bytes, its header implies {want} (truncated or corrupt)")
+    pos = HEADER.size
+    lengths = raw[pos : pos + 4 * n_sequences].view("<i4")
+    pointers = raw[pos + 4 * n_sequences : pos + 12 * n_sequences].view("<i8")
+    document_indices = raw[pos + 12 * n_sequences :].view("<i8")
+    dtype = TOKEN_DTYPES[code]
+    if document_indices[0] != 0 or document_indices[-1] != n_sequences or (np.diff(document_indices) < 0).any():
+        raise ValueError(f"{where}: document_indices must rise from 0 to the sequence count {n_sequences}")
+    if not np.array_equal(pointers, (np.cumsum(lengths, dtype=np.int64) - lengths) * dtype.itemsize):
+        raise ValueError(f"{where}: sequence_pointers are not the running sum of sequence_lengths (corrupt)")
+    return dtype, lengths, pointers, document_indices
+
+
+def _read_doc_ids(path, n_sequences: int) -> np.ndarray:
+    try:
+        doc_ids = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
+                          allow_pickle=False)
+    except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
+        raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
+    if doc_ids.dtype != np.dtype("<i8") or doc_ids.shape != (n_sequences,):
+        raise ValueError(f"{fs.redact(path)}: doc_ids {doc_ids.dtype} {doc_ids.shape}, expected int64 ({n_sequences},), "
+                         "one per Megatron sequence")
+    return doc_ids.view(np.ndarray)
+
+
+def blocks(paths):
+    """The whole shard as one block: (Rows, doc_ids), tokens a view of the mapped .bin."""
+    bin_path, idx_path, doc_ids_path = paths
+    dtype, lengths, _, document_indices = read_index(idx_path)
+    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    token_starts = cumulative[document_indices]
+    offset_starts = document_indices + np.arange(len(document_indices))
+    row = np.repeat(np.arange(len(document_indices) - 1), np.diff(offset_starts))  # the row of each offset
+    offsets = (cumulative[np.arange(len(row)) - row] - token_starts[row]).astype(np.int32)
+    raw = _bytes(bin_path)
+    if len(raw) != cumulative[-1] * dtype.itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {len(raw)} bytes, its index says {cumulative[-1]} tokens of "
+                         f"{dtype.itemsize} bytes (truncated?)")
+    tokens = raw.view(dtype) if len(raw) else np.zeros(0, dtype)
+    yield Rows(tokens, token_starts, offsets, offset_starts), _read_doc_ids(doc_ids_path, len(lengths))
