@@ -36,6 +36,7 @@ READERS: dict[str, Reader] = {
 
 
 def _match(path: str) -> tuple[Reader, str | None]:
+    """(reader, codec) of a file by its name: 'x/a.JSONL.zst' -> (jsonl, 'zstd')."""
     if fs.is_uri(path):
         path = path.split("?", 1)[0]  # s3://b/a.jsonl?region=x: the name ends before the query
     name = path.rsplit("/", 1)[-1].lower()
