@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
 
-from packer.build.executors import InlineExecutor, LocalExecutor, describe_call, make_executor
+from packer import config
+from packer.build.executors import EXECUTORS, InlineExecutor, LocalExecutor, describe_call, make_executor
 from packer.build.readers import Unit
 from packer.build.tokenize import tokenize_unit, tokenizer_info
 from packer.build.writer import write_shard
@@ -70,6 +71,16 @@ def test_make_executor_from_workers_or_job(tmp_path):
         assert isinstance(ex, LocalExecutor)
     finally:
         ex.close()
+
+
+def test_the_executor_table_is_the_one_config_checks_names_against(monkeypatch, tmp_path):
+    """config.EXECUTORS (what a Job, the CLI and TOML files accept) are the table's keys, and
+    make_executor builds what the table's entry builds: a new executor is one line here."""
+    assert tuple(EXECUTORS) == config.EXECUTORS
+    built = []
+    monkeypatch.setitem(EXECUTORS, "local", lambda job: built.append(job) or InlineExecutor())
+    job = Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=3)
+    assert isinstance(make_executor(job), InlineExecutor) and built == [job]
 
 
 def test_job_checks_executor_keys():

@@ -99,6 +99,77 @@ def test_remote_path_calls(memory_uri):
     assert [p.name for p in d.iterdir()] == ["p.npz"]
 
 
+@pytest.fixture(params=["local", "memory"])
+def place_dir(request, tmp_path, memory_uri):
+    """An empty directory as a place: a local Path, or a RemotePath on memory://."""
+    if request.param == "local":
+        return fs.location(str(tmp_path / "p"))
+    return fs.location(memory_uri)
+
+
+def test_reading_places_is_the_same_on_every_filesystem(place_dir):
+    """The calls readers make: size, open("rb") (seek, read), open_stream (plain, gzip, zstd)."""
+    import gzip
+
+    data = b"".join(b"line %d\n" % i for i in range(5000))
+    place_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in (("a.txt", data), ("a.txt.gz", gzip.compress(data)), ("a.txt.zst", _zstd(data))):
+        _put(place_dir / name, content)
+    assert fs.size(place_dir / "a.txt") == len(data)
+    with (place_dir / "a.txt").open("rb") as f:
+        f.seek(7)
+        assert f.read(8) == data[7:15] and f.tell() == 15
+    with fs.open_stream(place_dir / "a.txt") as f:
+        assert f.read() == data
+    for name, codec in (("a.txt.gz", "gzip"), ("a.txt.zst", "zstd")):
+        with fs.open_stream(place_dir / name, codec) as f:
+            assert f.read() == data, codec
+    with pytest.raises(FileNotFoundError):
+        fs.size(place_dir / "missing.txt")
+    if isinstance(place_dir, fs.RemotePath):
+        with pytest.raises(ValueError, match="reads only"):
+            (place_dir / "a.txt").open("wb")
+
+
+def _put(place, content: bytes):
+    """The bytes as they are: RemotePath.write_bytes would compress a name ending .gz/.zst again
+    (pyarrow's open_output_stream detects compression from the name)."""
+    if isinstance(place, fs.RemotePath):
+        with place.fs.open_output_stream(place.path, compression=None) as f:
+            f.write(content)
+    else:
+        place.write_bytes(content)
+
+
+def _zstd(data: bytes) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as f:
+        f.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def test_list_dir_names_kinds_and_identities(place_dir):
+    place_dir.mkdir(parents=True, exist_ok=True)
+    (place_dir / "sub").mkdir()
+    (place_dir / "sub" / "x.jsonl").write_bytes(b"{}")
+    (place_dir / "a.jsonl").write_bytes(b"{}")
+    entries = sorted(fs.list_dir(place_dir))
+    assert [(name, is_dir) for name, is_dir, _ in entries] == [("a.jsonl", False), ("sub", True)]
+    assert entries[0][2] is None and entries[1][2] == fs.identity(place_dir / "sub") != fs.identity(place_dir)
+    assert [name for name, _, _ in fs.list_dir(place_dir / "sub")] == ["x.jsonl"]
+
+
+def test_a_symlinked_directory_has_its_targets_identity(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "back").symlink_to(tmp_path)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    entries = {name: (is_dir, identity) for name, is_dir, identity in fs.list_dir(fs.location(str(tmp_path / "real")))}
+    assert entries == {"back": (True, fs.identity(tmp_path))}
+    assert dict((n, d) for n, d, _ in fs.list_dir(tmp_path))["dangling"] is False  # a file: opening it says why
+
+
 def test_file_uri_output_equals_local(tmp_path, sample_dataset):
     out = tmp_path / "ds"
     build_sample(f"file://{out}", workers=2, **SAMPLE)

@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import random
+import types
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -15,7 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLE_INPUTS, sample_texts
 
-from packer.build.readers import FileError, SkipLog, expand_inputs, file_format, plan_units, read_jsonl_unit, read_unit
+from packer.build import readers
+from packer.build.readers import FileError, SkipLog, expand_inputs, file_format, plan_units, read_unit
+from packer.build.readers.common import decode, open_lines, where, whole_file
 
 
 def _docs(n=60, seed=0):
@@ -138,7 +141,7 @@ def test_any_unit_size_reads_every_record_once(tmp_path, unit_bytes):
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     got = []
     for unit in plan_units([str(path)], unit_bytes):
-        got.extend(read_jsonl_unit(unit, "text", SkipLog.empty()))
+        got.extend(read_unit(unit, SkipLog.empty(), text_field="text"))
     assert got == texts
 
 
@@ -162,7 +165,7 @@ def test_bad_records_are_counted_by_reason(tmp_path):
     )
     skips = SkipLog.empty()
     (unit,) = plan_units([str(path)], 10**6)
-    assert list(read_jsonl_unit(unit, "text", skips)) == ["good", "pair \U0001F600", "also good"]
+    assert list(read_unit(unit, skips, text_field="text")) == ["good", "pair \U0001F600", "also good"]
     assert dict(skips.counts) == {
         "malformed_json": 1, "missing_field": 2, "null_text": 1, "non_string_text": 1,
         "empty_text": 1, "invalid_utf8": 2,
@@ -239,6 +242,70 @@ def test_formats_by_name():
         file_format("c.csv")
     with pytest.raises(ValueError, match="unsupported"):
         file_format("d.parquet.gz")
+
+
+def _lines_reader():
+    """A new input family, written as a reader module would be: .lines, one document per line."""
+    module = types.ModuleType("lines")
+    module.NAME, module.COMPRESSIBLE = "lines", True
+
+    def plan(place, unit_bytes, *, compression, text_split):
+        return whole_file(place)
+
+    def texts(unit, place, skips, *, text_field, text_split, max_doc_bytes):
+        f, _ = open_lines(unit, place)
+        with f:
+            for line_no, line in enumerate(f.read().split(b"\n"), 1):
+                if line and (text := decode(line, where(unit, line_no, 0), skips)) is not None:
+                    yield text
+
+    module.plan, module.texts = plan, texts
+    return module
+
+
+def test_a_new_format_is_one_module_and_one_line_in_the_table(tmp_path, monkeypatch):
+    """Registered in READERS and nowhere else, a reader is planned, read, named in the
+    unsupported-format message and built end to end."""
+    from conftest import TOKENIZER
+
+    from packer.build.pipeline import build
+    from packer.config import BuildConfig, Job
+
+    with pytest.raises(ValueError, match="unsupported input format"):
+        file_format("a.lines")
+    monkeypatch.setitem(readers.READERS, ".lines", _lines_reader())
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.lines").write_bytes(b"one\ntwo\n\xff bad\n")
+    (tmp_path / "d" / "b.lines.gz").write_bytes(gzip.compress(b"three\n"))
+    assert file_format("x/b.LINES.gz") == ("lines", "gzip")
+    files = expand_inputs([str(tmp_path / "d")])
+    assert [u.format for u in plan_units(files, 10**6)] == ["lines", "lines"]
+    got, skips = _read_all(files)
+    assert got == ["one", "two", "three"] and dict(skips.counts) == {"invalid_utf8": 1}
+    with pytest.raises(ValueError, match=r"supported: .*\.txt, \.lines, each optionally \.gz/\.zst, \.parquet"):
+        file_format("c.csv")
+    manifest = build(Job(inputs=(str(tmp_path / "d"),), tokenizer=TOKENIZER, output=str(tmp_path / "out"), workers=1,
+                         config=BuildConfig(context_length=64)))
+    assert manifest["totals"]["docs_accepted"] == 3 and manifest["totals"]["docs_skipped"] == {"invalid_utf8": 1}
+
+
+def test_every_reader_module_is_in_the_table():
+    """Each module of packer/build/readers/ but the shared ones is a reader in READERS, with the
+    interface of common.Reader; and the table's suffixes name the formats the docs list."""
+    import inspect
+    import pkgutil
+
+    shared = {"common", "columns"}
+    modules = {m.name for m in pkgutil.iter_modules(readers.__path__)} - shared
+    assert modules == {r.__name__.rsplit(".", 1)[1] for r in readers.READERS.values()} == {
+        "jsonl", "text", "parquet", "arrow"}
+    for reader in set(readers.READERS.values()):
+        assert isinstance(reader.NAME, str) and isinstance(reader.COMPRESSIBLE, bool)
+        assert readers.reader_for(reader.NAME) is reader
+        for fn, params in ((reader.plan, ["place", "unit_bytes", "compression", "text_split"]),
+                           (reader.texts, ["unit", "place", "skips", "text_field", "text_split", "max_doc_bytes"])):
+            assert list(inspect.signature(fn).parameters) == params, reader.NAME
+    assert sorted(readers.READERS) == [".arrow", ".json", ".jsonl", ".ndjson", ".parquet", ".txt"]
 
 
 def test_expand_inputs_directories_and_errors(tmp_path):
@@ -335,7 +402,7 @@ def _reference_jsonl(data: bytes, max_bytes: int):
 
 
 def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch):
-    import packer.build.readers as readers
+    import packer.build.readers.jsonl as readers
     import packer.io.lines as line_reader
 
     rng = random.Random(7)

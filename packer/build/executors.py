@@ -1,4 +1,4 @@
-"""Where stage functions run: in this process, in a local process pool, or as Ray tasks.
+"""Where stage functions run: in this process, in a local process pool, or as Ray tasks (EXECUTORS: name -> factory).
 
 An executor is `map(fn, items, on_done=None)` (completion in any order, results in item
 order, `on_done(result)` on the driver as each finishes) plus `close()`. Stage functions
@@ -20,6 +20,7 @@ import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 
 from packer.io import failpoints
 from packer.io.fs import redact, redact_text
@@ -264,14 +265,39 @@ class RayExecutor:
             self._ray.shutdown()
 
 
+def _local(job):
+    """Processes on this machine: `n_workers` of them; one worker runs inline (no pool to start)."""
+    return InlineExecutor() if job.n_workers <= 1 else LocalExecutor(job.n_workers)
+
+
+def _ray(job):
+    """Ray tasks: `workers` in flight (0: 2x the cluster's CPUs), on the cluster at `ray_address`."""
+    return RayExecutor(n_workers=job.workers, address=job.ray_address)
+
+
+# The executors a Job names (config.EXECUTORS lists the same keys, for the CLI and TOML checks):
+# name -> factory(job) reading job.workers, job.n_workers and job.ray_address.
+EXECUTORS = {
+    "local": _local,
+    "ray": _ray,
+}
+
+
+@dataclass(frozen=True)
+class _Workers:
+    """make_executor(n)'s stand-in for a Job: exactly n local workers."""
+
+    workers: int
+    ray_address: None = None
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers
+
+
 def make_executor(job_or_workers):
     """The executor a Job asks for (`executor`, `workers`, `ray_address`); an int n means local
     with n workers (1 = inline)."""
     if isinstance(job_or_workers, int):
-        n_workers, kind, address, workers = job_or_workers, "local", None, job_or_workers
-    else:
-        job = job_or_workers
-        n_workers, kind, address, workers = job.n_workers, job.executor, job.ray_address, job.workers
-    if kind == "ray":
-        return RayExecutor(n_workers=workers, address=address)
-    return InlineExecutor() if n_workers <= 1 else LocalExecutor(n_workers)
+        return EXECUTORS["local"](_Workers(job_or_workers))
+    return EXECUTORS[job_or_workers.executor](job_or_workers)

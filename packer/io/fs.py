@@ -1,4 +1,4 @@
-"""Where a build's work directory and output live: a local path, or any pyarrow.fs / fsspec URI.
+"""Places: where inputs, a build's work directory and output live: a local path, or any pyarrow.fs / fsspec URI.
 
     location("out/ds")              -> Path("out/ds")               local: renames, memory maps, flock
     location("file:///data/ds")     -> Path("/data/ds")             (any pyarrow LocalFileSystem URI)
@@ -11,6 +11,9 @@ pathlib calls packer makes (`/`, name, exists, is_dir, iterdir, mkdir, unlink, r
 A remote filesystem has no rename: files are written straight to their final names, and a
 marker written after them (a unit's .json, a shard's _work/shards/*.json, the manifest) is what
 says they are complete.
+
+Inputs are read through the same two types: `open_stream` (plain or decompressed), `open_arrow`
+(Parquet, Arrow IPC), `size`, `stamp`, and `list_dir` + `identity` to walk a directory.
 
 Credentials a user puts in a URI are used to open it and nothing else: what packer writes
 (manifest, stats, fingerprint, unit markers) and prints or raises goes through `redact`:
@@ -27,6 +30,7 @@ import io
 import os
 import re
 import shutil
+import stat as stat_module
 from pathlib import Path
 
 COPY_CHUNK = 8 * 2**20
@@ -241,6 +245,13 @@ class RemotePath:
         """A pyarrow output stream; on object stores the object appears when it is closed."""
         return self.fs.open_output_stream(self.path)
 
+    def open(self, mode: str = "rb"):
+        """`Path.open("rb")`'s twin, so readers open either place the same way: a pyarrow
+        RandomAccessFile (seek, tell, read(n))."""
+        if mode != "rb":
+            raise ValueError(f"RemotePath.open reads only (mode 'rb'), got {mode!r}; write with open_output()")
+        return self.open_input()
+
 
 def rmtree(loc):
     loc = location(loc)
@@ -280,3 +291,63 @@ def open_arrow(loc):
 
     loc = location(loc)
     return loc.open_input() if isinstance(loc, RemotePath) else pa.memory_map(str(loc), "r")
+
+
+def size(loc) -> int:
+    """A file's size in bytes; FileNotFoundError when it is not there (remote too)."""
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        n = loc.size()
+        if n is None:
+            raise FileNotFoundError(f"not found: {redact(loc)}")
+        return n
+    return os.path.getsize(loc)
+
+
+def open_stream(loc, compression: str | None = None):
+    """A binary stream with read(n), decompressed when `compression` ("gzip", "zstd") is given;
+    uncompressed it is `loc.open("rb")`, seekable."""
+    import pyarrow as pa
+
+    loc = location(loc)
+    if compression is None:
+        return loc.open("rb")
+    if isinstance(loc, RemotePath):
+        raw = loc.fs.open_input_stream(loc.path, compression=None)  # not 'detect': the caller names it
+    else:
+        raw = pa.OSFile(str(loc))
+    return pa.CompressedInputStream(raw, compression)
+
+
+def list_dir(loc) -> list[tuple[str, bool, object]]:
+    """(name, is_dir, identity) of each entry of a directory, in no set order, in one listing.
+    Symlinks are followed; `identity` tells directories apart to catch a link loop: (device,
+    inode) locally, the URI on a remote store (which has no links), None for a file. A dangling
+    link is listed as a file: opening it fails with a clear error."""
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        from pyarrow.fs import FileSelector, FileType
+
+        infos = loc.fs.get_file_info(FileSelector(loc.path, recursive=False))
+        return [(i.base_name, i.type == FileType.Directory, (loc / i.base_name).uri if i.type == FileType.Directory
+                 else None) for i in infos]
+    out = []
+    for entry in os.scandir(loc):
+        try:
+            st = os.stat(entry.path)  # follows symlinks
+        except OSError:
+            out.append((entry.name, False, None))
+            continue
+        is_dir = stat_module.S_ISDIR(st.st_mode)
+        out.append((entry.name, is_dir, (st.st_dev, st.st_ino) if is_dir else None))
+    return out
+
+
+def identity(loc):
+    """What tells one directory from another through links: (device, inode) locally, the URI on
+    a remote store (which has no links). The `identity` of `list_dir`'s entries."""
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        return loc.uri
+    st = os.stat(loc)
+    return st.st_dev, st.st_ino

@@ -1,0 +1,83 @@
+"""Plain text (.txt, optionally .gz/.zst): one document per file, or documents separated by blank lines.
+
+    text_split="file"         the whole file is one document               units: one per file
+    text_split="blank-line"   "a\\nb\\n\\n  \\nc\\n" -> ["a\\nb", "c"]        units: byte ranges (uncompressed)
+
+A blank-line unit owns the documents whose first line starts inside [start, end), so any cut
+of the file yields every document once. Invalid UTF-8 is skipped as invalid_utf8, a file of
+only whitespace as empty_text, and a document over max_doc_bytes as too_large (not held whole).
+"""
+
+from __future__ import annotations
+
+from packer.build.readers.common import SkipLog, Unit, byte_ranges, decode, open_lines, where, whole_file
+from packer.io.lines import iter_lines, previous_line_blank
+
+NAME = "txt"
+COMPRESSIBLE = True
+
+
+def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) -> list[tuple[int, int, int]]:
+    if compression is None and text_split == "blank-line":
+        return byte_ranges(place, unit_bytes)
+    return whole_file(place)
+
+
+def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
+    f, pos = open_lines(unit, place)
+    with f:
+        if text_split == "blank-line":
+            yield from _paragraph_texts(f, pos, unit, skips, max_doc_bytes)
+        else:
+            yield from _whole_file_text(f, unit, skips, max_doc_bytes)
+
+
+def _paragraph_texts(f, pos, unit: Unit, skips: SkipLog, max_bytes: int):
+    """Documents separated by blank lines; a unit owns those whose first line starts inside it."""
+    blank_before = pos == 0
+    if pos > 0:  # byte ranges of uncompressed files only
+        blank_before = previous_line_blank(f, pos)
+        f.seek(pos)
+    lines, size, first = None, 0, ""  # lines is None between documents
+    for line_no, (pos, line) in enumerate(iter_lines(f, pos, max_bytes), 1):
+        blank = line is not None and (not line or line.isspace())
+        if lines is None and not blank and blank_before:
+            if pos >= unit.end:
+                break
+            lines, size, first = [], 0, where(unit, line_no, pos)
+        elif lines is not None and blank:
+            yield from _paragraph(lines, size, first, skips, max_bytes)
+            lines = None
+        if lines is not None:
+            size += max_bytes + 1 if line is None else len(line) + 1
+            if size <= max_bytes + 1:
+                lines.append(line)
+            else:
+                lines.clear()  # too large: stop holding it, keep counting
+        blank_before = blank
+    if lines is not None:
+        yield from _paragraph(lines, size, first, skips, max_bytes)
+
+
+def _paragraph(lines, size, first, skips, max_bytes):
+    if size - 1 > max_bytes:
+        skips.add("too_large", first)
+        return
+    text = decode(b"\n".join(lines).rstrip(b"\r"), first, skips)
+    if text is not None:
+        yield text
+
+
+def _whole_file_text(f, unit: Unit, skips: SkipLog, max_bytes: int):
+    chunks, n = [], 0
+    while n <= max_bytes and (block := f.read(min(16 << 20, max_bytes + 1 - n))):
+        chunks.append(block)
+        n += len(block)
+    if n > max_bytes:
+        skips.add("too_large", unit.path)
+        return
+    text = decode(b"".join(chunks), unit.path, skips)
+    if text is not None and not text.strip():
+        skips.add("empty_text", unit.path)
+    elif text is not None:
+        yield text
