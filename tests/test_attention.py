@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -236,7 +238,7 @@ def test_auto_picks_a_trainable_backend_and_bad_calls_fail_clearly():
 
 
 def textbook(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
-    """A backend in ten lines: the float64 reference, in the table's calling convention."""
+    """A whole backend: the float64 reference in the table's calling convention."""
     cu = cu_seqlens.tolist()
     lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
     return reference(q, k, v, lengths, causal, window, scale).to(q.dtype)
@@ -278,15 +280,23 @@ def test_the_table_decides_devices_dtypes_availability_and_training(monkeypatch)
             varlen_attention(q, k, v, cu, 5, backend=name)
 
 
-def test_auto_order_on_each_device():
+def test_auto_order_on_each_device(monkeypatch):
     names = backends.backend_names("cpu")
     assert names == [n for n in ("bucketed", "flex", "sdpa") if n in names] and names[0] == "bucketed"
     assert backends.backend_names("meta") == ["bucketed", "sdpa"]
     if not CUDA:
         assert backends.backend_names("cuda") == ["bucketed", "sdpa"]  # no GPU: the CUDA kernels are not offered
-    else:
-        order = ["flash_attn", "torch_varlen", "flex", "bucketed", "sdpa"]
-        assert backends.backend_names("cuda") == [n for n in order if n in backends.backend_names("cuda")]
+    # the CPU twin of a GPU machine: torch sees a GPU, so the fused kernels rank first
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    needs = {"flash_attn": "flash_attn", "torch_varlen": "torch.nn.attention.varlen",
+             "flex": "torch.nn.attention.flex_attention"}
+    order = [n for n in ("flash_attn", "torch_varlen", "flex", "bucketed", "sdpa")
+             if n not in needs or importlib.util.find_spec(needs[n]) is not None]
+    assert backends.backend_names("cuda") == order and list(available_backends("cuda")) == order
+    assert all(info["backward"] for info in available_backends("cuda").values())
+    assert backends.pick_backend("cuda", torch.bfloat16, True) == order[0]
+    any_dtype = [n for n in order if n not in ("flash_attn", "torch_varlen")]  # those two are fp16/bf16 only
+    assert backends.pick_backend("cuda", torch.float32, True) == any_dtype[0]
 
 
 def test_packed_self_attention_matches_each_document_alone():
