@@ -152,7 +152,7 @@ def dense_case(rows, device, dtype):
     """The baseline: each row through SDPA with its dense [L, L] block-causal mask."""
     lengths, q, k, v, grad = inputs(rows, device, dtype)
     starts = np.cumsum([0] + [sum(r) for r in rows])
-    mask_of = [torch.from_numpy(masks.offsets_to_block_causal_mask(np.concatenate([[0], np.cumsum(r)]))).to(device)
+    mask_of = [torch.from_numpy(masks.block_causal_mask(np.concatenate([[0], np.cumsum(r)]))).to(device)
                for r in rows]
 
     def run(backward):

@@ -1,4 +1,4 @@
-"""The public attention API: exact per-document attention over packed rows (implemented in packer/train/attention.py).
+"""The public attention API: exact per-document attention over packed rows (implemented in packer/train/attention/).
 
     out = varlen_attention(q, k, v, batch["cu_seqlens"], batch["max_seqlen"])   # q [T, H, D]
 """

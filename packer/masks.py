@@ -69,10 +69,6 @@ def _segment_of_tokens(offsets):
     return np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
 
 
-def _diff(x):
-    return x[1:] - x[:-1]
-
-
 def _concat(parts):
     if _is_torch(parts[0]):
         import torch
@@ -94,11 +90,6 @@ def _padded(offsets, length):
 
 
 # -- one row -------------------------------------------------------------------------------
-
-
-def segment_lengths(offsets):
-    """[0, 3, 5, 6] -> [3, 2, 1] (int64)."""
-    return _diff(_as_int64(offsets))
 
 
 def position_ids(offsets, length: int | None = None):
@@ -240,7 +231,9 @@ def batch_flex_block_mask(offsets_list, length: int, *, device=None, block_size:
                              BLOCK_SIZE=block_size)
 
 
-# -- names kept from the first version (other modules import them) ------------------------
+# -- names kept from the first version: still read by stats/report.py, tests/test_model.py and
+# benchmarks/bench_train.py; delete this block once those say position_ids, document_ids,
+# block_causal_mask and labels -------------------------------------------------------------
 
 offsets_to_position_ids = position_ids
 offsets_to_document_ids = document_ids

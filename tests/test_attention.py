@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from packer.attention import PackedSelfAttention, available_backends, varlen_attention  # noqa: E402
-from packer.train import attention  # noqa: E402
+from packer.train.attention import backends, bucketed, cuda, flex, sdpa  # noqa: E402
 
 CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]
 CUDA = torch.cuda.is_available()
@@ -140,12 +142,12 @@ def test_buckets_cover_every_document_once_within_ratio():
     grouped = 0
     for _ in range(200):
         lengths = [int(x) for x in rng.integers(0, 600, size=rng.integers(1, 40))]
-        groups = attention._buckets(lengths)
+        groups = bucketed.buckets(lengths)
         assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n > 0]
         for g in groups:
             top = lengths[g[0]]
             assert all(lengths[i] <= top for i in g)
-            assert top <= attention._SMALL or all(lengths[i] >= attention._BUCKET_RATIO * top for i in g)
+            assert top <= bucketed.SMALL or all(lengths[i] >= bucketed.BUCKET_RATIO * top for i in g)
             grouped += len(g) > 1
     assert grouped > 100
 
@@ -184,7 +186,7 @@ def test_flex_block_mask_from_ranges_equals_the_dense_classification():
     token mask: full blocks exactly; partial blocks exactly without a window, and with one a
     superset of the blocks with a visible pair (mask_mod decides inside them)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
-    B, rng, seen = attention._FLEX_BLOCK, np.random.default_rng(4), set()
+    B, rng, seen = flex.FLEX_BLOCK, np.random.default_rng(4), set()
     for trial in range(40):
         lengths = rng.choice([1, 5, 60, 127, 128, 129, 300, 700], size=int(rng.integers(1, 9)))
         if trial % 7 == 0:
@@ -194,7 +196,7 @@ def test_flex_block_mask_from_ranges_equals_the_dense_classification():
         causal, window = trial % 2 == 0, [None, 1, 127, 200, None][trial % 5]
         if T == 0:
             continue
-        partial, full = _block_sets(attention._document_block_mask(cu, T, causal, window, "cpu"))
+        partial, full = _block_sets(flex.document_block_mask(cu, T, causal, window, "cpu"))
         doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
         n = -(-T // B)
         doc = torch.cat([doc, torch.full((n * B - T,), -1)])
@@ -217,7 +219,7 @@ def test_flex_block_mask_from_ranges_equals_the_dense_classification():
 
 
 def test_auto_picks_a_trainable_backend_and_bad_calls_fail_clearly():
-    assert attention.pick_backend("cpu", torch.float32, True) == CPU_TRAINABLE[0]
+    assert backends.pick_backend("cpu", torch.float32, True) == CPU_TRAINABLE[0]
     (q, k, v), cu, lengths = random_case(0, [5, 3])
     with pytest.raises(ValueError, match="not one of"):
         varlen_attention(q, k, v, cu, 5, backend="nope")
@@ -230,6 +232,71 @@ def test_auto_picks_a_trainable_backend_and_bad_calls_fail_clearly():
         varlen_attention(q, k, v, cu.long(), 5)
     with pytest.raises(ValueError, match="total_tokens=8"):
         varlen_attention(q, k, v, torch.tensor([0, 5, 7], dtype=torch.int32), 5)
+
+
+# ----------------------------------------------------------------------------- the backend table
+
+
+def textbook(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
+    """A whole backend: the float64 reference in the table's calling convention."""
+    cu = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    return reference(q, k, v, lengths, causal, window, scale).to(q.dtype)
+
+
+def test_a_backend_registered_in_the_table_is_listed_picked_and_called(monkeypatch):
+    before = list(available_backends("cpu"))
+    monkeypatch.setitem(backends.BACKENDS, "textbook", backends.Backend(textbook, {"*": -1}, "float64 reference"))
+    assert list(available_backends("cpu"))[0] == "textbook"  # rank -1: ahead of every other, on any device
+    assert available_backends("meta")["textbook"] == {"forward": True, "backward": True, "note": "float64 reference"}
+    assert backends.pick_backend("cpu", torch.float32, True) == "textbook"
+    (q, k, v), cu, lengths = random_case(5, [7, 1, 4])
+    want = reference(q, k, v, lengths, window=2).float()
+    for backend in ("textbook", "auto"):
+        torch.testing.assert_close(varlen_attention(q, k, v, cu, 7, window=2, backend=backend), want, atol=0, rtol=0)
+    assert list(available_backends("cpu"))[1:] == before  # the others stay, in their order
+    monkeypatch.delitem(backends.BACKENDS, "textbook")
+    assert list(available_backends("cpu")) == before and backends.pick_backend("cpu", torch.float32, True) != "textbook"
+
+
+def test_the_table_decides_devices_dtypes_availability_and_training(monkeypatch):
+    (q, k, v), cu, lengths = random_case(6, [3, 5])
+    monkeypatch.setitem(backends.BACKENDS, "gpu_only", backends.Backend(textbook, {"cuda": -1}, "needs a GPU"))
+    monkeypatch.setitem(backends.BACKENDS, "missing", backends.Backend(textbook, {"*": -1}, "not installed",
+                                                                       available=lambda: False))
+    monkeypatch.setitem(backends.BACKENDS, "f64", backends.Backend(textbook, {"*": -1}, "float64 only",
+                                                                   dtypes=(torch.float64,)))
+    monkeypatch.setitem(backends.BACKENDS, "no_grad", backends.Backend(textbook, {"cpu": -2}, "forward only",
+                                                                       trains=lambda kind: False))
+    cpu = available_backends("cpu")
+    assert "gpu_only" not in cpu and "missing" not in cpu and list(cpu)[:2] == ["no_grad", "f64"]
+    assert cpu["no_grad"]["backward"] is False and "no no_grad backward on cpu" in cpu["no_grad"]["note"]
+    assert "no_grad" not in available_backends("meta")  # a device-specific rank counts on that device only
+    assert backends.pick_backend("cpu", torch.float32, False) == "no_grad"
+    assert backends.pick_backend("cpu", torch.float32, True) == CPU_TRAINABLE[0]  # skips no_grad and f64
+    assert backends.pick_backend("cpu", torch.float64, True) == "f64"
+    for name in ("gpu_only", "missing"):
+        with pytest.raises(ValueError, match=f"{name}' is not available on cpu"):
+            varlen_attention(q, k, v, cu, 5, backend=name)
+
+
+def test_auto_order_on_each_device(monkeypatch):
+    names = backends.backend_names("cpu")
+    assert names == [n for n in ("bucketed", "flex", "sdpa") if n in names] and names[0] == "bucketed"
+    assert backends.backend_names("meta") == ["bucketed", "sdpa"]
+    if not CUDA:
+        assert backends.backend_names("cuda") == ["bucketed", "sdpa"]  # no GPU: the CUDA kernels are not offered
+    # the CPU twin of a GPU machine: torch sees a GPU, so the fused kernels rank first
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    needs = {"flash_attn": "flash_attn", "torch_varlen": "torch.nn.attention.varlen",
+             "flex": "torch.nn.attention.flex_attention"}
+    order = [n for n in ("flash_attn", "torch_varlen", "flex", "bucketed", "sdpa")
+             if n not in needs or importlib.util.find_spec(needs[n]) is not None]
+    assert backends.backend_names("cuda") == order and list(available_backends("cuda")) == order
+    assert all(info["backward"] for info in available_backends("cuda").values())
+    assert backends.pick_backend("cuda", torch.bfloat16, True) == order[0]
+    any_dtype = [n for n in order if n not in ("flash_attn", "torch_varlen")]  # those two are fp16/bf16 only
+    assert backends.pick_backend("cuda", torch.float32, True) == any_dtype[0]
 
 
 def test_packed_self_attention_matches_each_document_alone():
@@ -265,12 +332,12 @@ def fake_varlen_attn_new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
     assert enable_gqa or key.shape[1] == query.shape[1]
     causal, window = _from_window_size(window_size)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    return attention._sdpa_per_document(query, key, value, cu_seq_q, max_q, causal, window, scale)
+    return sdpa.sdpa_per_document(query, key, value, cu_seq_q, max_q, causal, window, scale)
 
 
 def fake_varlen_attn_old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
     assert key.shape[1] == query.shape[1]  # no GQA in the first release
-    return attention._sdpa_per_document(query, key, value, cu_seq_q, max_q, is_causal, None, query.shape[-1] ** -0.5)
+    return sdpa.sdpa_per_document(query, key, value, cu_seq_q, max_q, is_causal, None, query.shape[-1] ** -0.5)
 
 
 def fake_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -279,7 +346,7 @@ def fake_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     assert window_size[1] in (-1, 0) or not causal
     window = window_size[0] if window_size[0] >= 0 else None
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return attention._sdpa_per_document(q, k, v, cu_seqlens_q, max_seqlen_q, causal, window, scale)
+    return sdpa.sdpa_per_document(q, k, v, cu_seqlens_q, max_seqlen_q, causal, window, scale)
 
 
 @pytest.mark.parametrize("kernel", ["torch_varlen_new", "torch_varlen_old", "flash_attn"])
@@ -292,12 +359,12 @@ def test_cuda_adapters_pass_the_right_arguments(kernel, monkeypatch):
     if kernel == "flash_attn":
         monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(
             flash_attn_varlen_func=fake_flash_attn_varlen_func))
-        call = attention._flash_attn
+        call = cuda.flash_attn_varlen
     else:
         fake = fake_varlen_attn_new if kernel == "torch_varlen_new" else fake_varlen_attn_old
         monkeypatch.setattr(varlen_module, "varlen_attn", fake)
-        attention._torch_varlen_params.cache_clear()
-        call = attention._torch_varlen
+        cuda.torch_varlen_params.cache_clear()
+        call = cuda.torch_varlen
     cases = [dict(), dict(scale=0.2), dict(heads=4, kv_heads=2), dict(window=3), dict(causal=False)]
     try:
         for seed, kw in enumerate(cases):
@@ -311,7 +378,7 @@ def test_cuda_adapters_pass_the_right_arguments(kernel, monkeypatch):
             out = call(q, k, v, cu, max(lengths), causal, window, q.shape[-1] ** -0.5 if scale is None else scale)
             torch.testing.assert_close(out, reference(q, k, v, lengths, **kw).float(), atol=2e-5, rtol=1e-4)
     finally:
-        attention._torch_varlen_params.cache_clear()
+        cuda.torch_varlen_params.cache_clear()
 
 
 # ----------------------------------------------------------------------------- CUDA (benchmarks/gpu_check.sh)

@@ -1,0 +1,113 @@
+"""The FlexAttention backend: one fused call with a document block mask built from per-block ranges.
+
+Fused on CUDA in both passes (masked blocks skipped); on CPU forward only in torch 2.13, where
+its forward also loses to `bucketed` (benchmarks/bench_attention.py), so auto ranks it after.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+FLEX_BLOCK = 128
+FLEX_COMPILE_MIN_TOKENS = 1024  # below this eager FlexAttention is cheaper than a compile
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_backward() -> bool:
+    """Probe once: does this torch run FlexAttention's backward on CPU? (torch 2.13: no.)"""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        q = torch.randn(1, 1, 8, 8, requires_grad=True)
+        flex_attention(q, q, q).sum().backward()
+        return True
+    except Exception:  # NotImplementedError in 2.13; anything else also means "cannot train"
+        return False
+
+
+def trains(device_type: str) -> bool:
+    return device_type == "cuda" or cpu_backward()
+
+
+def document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
+    """A FlexAttention BlockMask for documents given by cu_seqlens, built from per-block ranges.
+
+    Tokens are cut into 128-token blocks. Document ids never decrease along a row, so a block
+    holds the documents lo..hi (every one of them has tokens in it), and a (query block i, key
+    block j) pair has a visible pair of tokens exactly when their ranges share a document (and
+    j <= i when causal); it needs no mask_mod when both lie inside one document (j < i when
+    causal) and, with a window, its farthest pair is within it. O(T + (T/128)^2): at T = 131072
+    that is 1M block pairs, where the dense [T, T] mask would be 17 GB. With a window, pairs
+    whose nearest tokens are within it are kept as partial (mask_mod decides inside them).
+    Kept beside packer.masks.flex_block_mask (causal documents only, built by create_block_mask):
+    this one also takes causal=False and a window.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n_blocks = -(-T // FLEX_BLOCK)
+    Tp = n_blocks * FLEX_BLOCK
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=T)
+    doc = torch.cat([doc, torch.full((Tp - T,), -1, device=device, dtype=torch.long)])
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = (doc[q_idx] == doc[kv_idx]) & (doc[q_idx] >= 0)
+        if causal:
+            ok = ok & (kv_idx <= q_idx)
+        if window is not None:
+            ok = ok & (q_idx - kv_idx <= window) & (kv_idx - q_idx <= (0 if causal else window))
+        return ok
+
+    blocks = doc.view(n_blocks, FLEX_BLOCK)
+    lo, hi = blocks[:, 0], blocks.max(dim=1).values  # padding (-1) only ever ends the last block
+    real = hi >= 0
+    whole = (lo == hi) & (blocks[:, -1] >= 0)  # one document, no padding
+    i, j = torch.arange(n_blocks, device=device)[:, None], torch.arange(n_blocks, device=device)[None, :]
+    shared = torch.maximum(lo[:, None], lo[None, :]) <= torch.minimum(hi[:, None], hi[None, :])  # a document
+    any_ = shared & real[:, None] & real[None, :]
+    full = whole[:, None] & whole[None, :] & (lo[:, None] == lo[None, :])
+    if causal:
+        any_, full = any_ & (j <= i), full & (j < i)
+    if window is not None:
+        gap = (i - j).abs()
+        any_ = any_ & ((gap - 1).clamp(min=0) * FLEX_BLOCK + (gap > 0).long() <= window)  # nearest pair
+        full = full & ((gap + 1) * FLEX_BLOCK - 1 <= window)  # farthest pair
+    partial = any_ & ~full
+
+    def to_kv(blocks):
+        num = blocks.sum(-1, dtype=torch.int32)[None, None]
+        idx = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)[None, None]
+        return num, idx
+
+    (kv_num, kv_idx), (full_num, full_idx) = to_kv(partial), to_kv(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(T, T))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)  # dynamic after the first new shape: packed rows vary in T
+
+
+def flex_varlen(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    T, H, D = q.shape
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if grad and q.device.type == "cpu" and not cpu_backward():
+        raise ValueError(f"backend='flex' cannot train on CPU in torch {torch.__version__} (no backward); "
+                         "use backend='bucketed' or run under torch.no_grad()")
+    if not grad:  # CPU FlexAttention refuses inputs that require grad, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    block_mask = document_block_mask(cu_seqlens, T, causal, window, q.device)
+    fn = _compiled_flex() if T >= FLEX_COMPILE_MIN_TOKENS else flex_attention
+    with warnings.catch_warnings():  # eager on purpose for small T: a compile costs ~25 s on CPU
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask,
+               scale=scale, enable_gqa=k.shape[1] != H)
+    return o[0].transpose(0, 1)
