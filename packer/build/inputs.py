@@ -84,14 +84,3 @@ def expand_inputs(inputs) -> list[str]:
     if not files:
         raise FileNotFoundError(f"no input files found in {[fs.redact(str(i)) for i in inputs]}")
     return files
-
-
-def file_stamp(path: str) -> dict:
-    """Size and modification time, to notice a changed input; None for a file that cannot be read.
-
-    TODO(places): resume.fingerprint calls fs.stamp itself (see the readers report), then this goes."""
-    try:
-        size, mtime_ns = fs.stamp(path)
-    except OSError:
-        size = mtime_ns = None
-    return {"bytes": size, "mtime_ns": mtime_ns}

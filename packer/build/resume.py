@@ -14,7 +14,6 @@ import json
 import re
 from pathlib import Path
 
-from packer.build import inputs as sources
 from packer.io import atomic, fs, lock
 from packer.store import formats
 from packer.store.manifest import MANIFEST, STATS
@@ -29,9 +28,18 @@ _OWNED = re.compile(
 RUN_ONLY_KEYS = ("strict", "on_file_error")
 
 
+def _stamp(path) -> dict:
+    """Size and modification time, to notice a changed input; None for a file that cannot be read."""
+    try:
+        size, mtime_ns = fs.stamp(path)
+    except OSError:
+        size = mtime_ns = None
+    return {"bytes": size, "mtime_ns": mtime_ns}
+
+
 def fingerprint(config, info, files) -> dict:
     # redacted: new credentials for the same data resume it, and none are written to disk
-    inputs = [{"path": fs.redact(str(f)), **sources.file_stamp(str(f))} for f in files]
+    inputs = [{"path": fs.redact(str(f)), **_stamp(f)} for f in files]
     # strict / on_file_error only decide whether a bad input stops the run; a failed unit leaves no
     # unit file, so resuming with the other choice (the usual fix for a corrupt file) is safe.
     settings = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}

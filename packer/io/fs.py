@@ -224,14 +224,14 @@ class RemotePath:
         self.fs.delete_file(self.path)
 
     def read_bytes(self) -> bytes:
-        with self.fs.open_input_stream(self.path) as f:
+        with self.fs.open_input_stream(self.path, compression=None) as f:  # not 'detect': bytes as stored
             return f.read()
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
 
     def write_bytes(self, data):
-        with self.fs.open_output_stream(self.path) as f:
+        with self.fs.open_output_stream(self.path, compression=None) as f:
             f.write(data)
 
     def write_text(self, text: str, encoding: str = "utf-8"):
@@ -243,7 +243,7 @@ class RemotePath:
 
     def open_output(self):
         """A pyarrow output stream; on object stores the object appears when it is closed."""
-        return self.fs.open_output_stream(self.path)
+        return self.fs.open_output_stream(self.path, compression=None)  # a .gz name is not gzipped again
 
     def open(self, mode: str = "rb"):
         """`Path.open("rb")`'s twin, so readers open either place the same way: a pyarrow
@@ -274,6 +274,20 @@ def for_numpy(loc):
     """What np.load takes: the path itself locally, the file's bytes for a remote one."""
     loc = location(loc)
     return io.BytesIO(loc.read_bytes()) if isinstance(loc, RemotePath) else loc
+
+
+def map_bytes(loc):
+    """A file's bytes as a read-only uint8 array: memory-mapped locally (no page read until touched),
+    read whole from a remote filesystem (nothing remote can be mapped). Plain ndarray views of one
+    mapping: slicing a np.memmap subclass object costs more."""
+    import numpy as np
+
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        return np.frombuffer(loc.read_bytes(), dtype=np.uint8)
+    if os.path.getsize(loc) == 0:  # mmap cannot map an empty file
+        return np.zeros(0, np.uint8)
+    return np.memmap(loc, dtype=np.uint8, mode="r").view(np.ndarray)
 
 
 def stamp(loc) -> tuple:

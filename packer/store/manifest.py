@@ -24,7 +24,7 @@ REPORT = "report.html"  # stats.json drawn as a page (packer/stats/report.py)
 def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
     h = hashlib.sha256()
     path = fs.location(path)
-    with path.open_input() if isinstance(path, fs.RemotePath) else open(path, "rb") as f:
+    with path.open("rb") as f:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()

@@ -82,17 +82,10 @@ def write(layout: Layout, tokens_of, sinks):
                               allow_pickle=False)
 
 
-def _bytes(path) -> np.ndarray:
-    """The file as uint8: memory-mapped locally, read whole from a remote filesystem."""
-    if isinstance(path, fs.RemotePath):
-        return np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray) if path.stat().st_size else np.zeros(0, np.uint8)
-
-
 def read_index(path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
     """(token dtype, sequence_lengths, sequence_pointers, document_indices) of a .idx file,
     checked against itself; ValueError naming the file otherwise."""
-    raw = _bytes(path)
+    raw = fs.map_bytes(path)
     where = fs.redact(path)
     if len(raw) < HEADER.size:
         raise ValueError(f"{where}: {len(raw)} bytes, shorter than the {HEADER.size}-byte Megatron index header (truncated?)")
@@ -139,7 +132,7 @@ def blocks(paths):
     offset_starts = document_indices + np.arange(len(document_indices))
     row = np.repeat(np.arange(len(document_indices) - 1), np.diff(offset_starts))  # the row of each offset
     offsets = (cumulative[np.arange(len(row)) - row] - token_starts[row]).astype(np.int32)
-    raw = _bytes(bin_path)
+    raw = fs.map_bytes(bin_path)
     if len(raw) != cumulative[-1] * dtype.itemsize:
         raise ValueError(f"{fs.redact(bin_path)}: {len(raw)} bytes, its index says {cumulative[-1]} tokens of "
                          f"{dtype.itemsize} bytes (truncated?)")

@@ -22,7 +22,6 @@ maps both files and slices them: one block per shard, nothing copied.
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import numpy as np
 
@@ -53,13 +52,9 @@ def index_bytes(token_starts, offset_starts, doc_ids, offsets, itemsize: int) ->
 def read_header(path) -> tuple[int, int, int]:
     """(token itemsize, S rows, D segments) of an .idx file; ValueError if it is not one."""
     path = fs.location(path)
-    if isinstance(path, fs.RemotePath):
-        with path.open_input() as f:
-            head, size = f.read_at(HEADER.size, 0), f.size()
-    else:
-        with open(path, "rb") as f:
-            head = f.read(HEADER.size)
-        size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(HEADER.size)
+    size = fs.size(path)
     if len(head) < HEADER.size:
         raise ValueError(f"{fs.redact(path)}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
     magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head)
@@ -81,14 +76,7 @@ def open_shard(bin_path, idx_path):
     bin_path, idx_path = fs.location(bin_path), fs.location(idx_path)
     itemsize, n_rows, n_segments = read_header(idx_path)
     dtype = TOKEN_DTYPES[itemsize]
-    if isinstance(idx_path, fs.RemotePath):
-        raw = np.frombuffer(idx_path.read_bytes(), dtype=np.uint8)
-        data = bin_path.read_bytes()
-        size, tokens = len(data), lambda: np.frombuffer(data, dtype=dtype)
-    else:
-        # One mapping per file; plain ndarray views of it (slicing a np.memmap subclass costs more).
-        raw = np.memmap(idx_path, dtype=np.uint8, mode="r").view(np.ndarray)
-        size, tokens = None, lambda: np.memmap(bin_path, dtype=dtype, mode="r").view(np.ndarray)
+    raw, data = fs.map_bytes(idx_path), fs.map_bytes(bin_path)
     pos = HEADER.size
 
     def section(dtype, count):
@@ -103,10 +91,10 @@ def open_shard(bin_path, idx_path):
     doc_ids = section("<i8", n_segments)
     offsets = section("<i4", n_segments + n_rows)
     n_tokens = int(token_starts[-1])
-    size = Path(bin_path).stat().st_size if size is None else size
-    if size != n_tokens * itemsize:
-        raise ValueError(f"{fs.redact(bin_path)}: {size} bytes, its index says {n_tokens} tokens of {itemsize} bytes (truncated?)")
-    return (tokens() if n_tokens else np.zeros(0, dtype)), token_starts, offsets, offset_starts, doc_ids
+    if len(data) != n_tokens * itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {len(data)} bytes, its index says {n_tokens} tokens of {itemsize} bytes "
+                         "(truncated?)")
+    return data.view(dtype), token_starts, offsets, offset_starts, doc_ids
 
 
 def write(layout: Layout, tokens_of, sinks):
