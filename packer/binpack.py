@@ -45,7 +45,8 @@ import heapq
 
 import numpy as np
 
-ALGORITHMS = ("ffd", "bfd")
+from packer.config import ALGORITHMS
+
 _CHUNK = 1 << 18  # sorted items expanded back onto the output per step (bounds temporaries)
 
 
