@@ -22,12 +22,13 @@ def corpus_lengths(inputs, tokenizer: str, config: BuildConfig, *, sample: int |
     Returns (lengths int64, sample info {"documents", "of_documents", "seed"}, or None when every
     document was measured)."""
     from packer.build import readers
+    from packer.build.inputs import expand_inputs
     from packer.build.tokenize import encode_stream
     from packer.build.tokenizer import load_tokenizer, tokenizer_info
 
     if sample is not None and sample < 1:
         raise ValueError(f"--sample must be >= 1 documents, got {sample}")
-    files = readers.expand_inputs(inputs)
+    files = expand_inputs(inputs)
     info = tokenizer_info(tokenizer, config)
     tok = load_tokenizer(info.path)
     skipped_files = [] if config.on_file_error == "skip" else None

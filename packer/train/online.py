@@ -162,6 +162,9 @@ class OnlinePackedDataset(IterableDataset):
 
     `source` yields texts, token-id lists (then `tokenizer` may be None) or dicts holding
     `text_field` (an HF `datasets` dataset); it may also be a function returning a fresh iterable.
+    Texts become exactly the ids `packer build` stores (the one encode path, encode_stream in
+    packer/build/tokenize.py); `tokenizer` is a tokenizer.json path, or a tokenizers.Tokenizer, which
+    is copied and the copy configured (packer/build/tokenizer.py), never changed itself.
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
     dataset is indexed directly), so the source must give the same documents in the same order.
     """
