@@ -18,13 +18,14 @@ import platform
 import sys
 import time
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer.binpack import pack, summarize  # noqa: E402
+from packer.binpack import lower_bound, pack  # noqa: E402
 from packer.build.plan import pack_groups, split_documents  # noqa: E402
 
 SEED = 0
@@ -74,6 +75,24 @@ def race(fns: dict, repeats=REPEATS) -> dict:
             fn()
             best[name] = min(best[name], time.perf_counter() - t)
     return best
+
+
+@dataclass(frozen=True)
+class PackSummary:
+    n_bins: int
+    n_tokens: int
+    capacity: int
+    lower_bound: int
+
+    @property
+    def fill_rate(self) -> float:
+        return self.n_tokens / (self.n_bins * self.capacity) if self.n_bins else 1.0
+
+
+def summarize(lengths, bins, capacity: int) -> PackSummary:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n_bins = int(bins.max()) + 1 if len(bins) else 0
+    return PackSummary(n_bins, int(lengths.sum()), capacity, lower_bound(lengths, capacity))
 
 
 def fill(lengths, bins, capacity):

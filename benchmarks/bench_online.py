@@ -124,7 +124,7 @@ def drain(iterable) -> tuple[int, int]:
 
 def throughput_table():
     from packer.build.pipeline import build
-    from packer.build.tokenize import load_tokenizer
+    from packer.build.tokenizer import load_tokenizer
     from packer.config import BuildConfig, Job
     from packer.data import PackedDataset
 

@@ -96,7 +96,7 @@ STAGE = textwrap.dedent("""
     from packer.config import BuildConfig
     from packer.build.executors import make_executor
     from packer.build.pipeline import _tokenize_stage
-    from packer.build.tokenize import tokenizer_info
+    from packer.build.tokenizer import tokenizer_info
     files, workers, mode = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
     config = BuildConfig(unit_bytes=int(sys.argv[5]))
     def cpu():

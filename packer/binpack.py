@@ -42,11 +42,11 @@ memory 18 bytes an item; 20k items pack in 5-10 ms where the textbook loop takes
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 import numpy as np
 
-ALGORITHMS = ("ffd", "bfd")
+from packer.config import ALGORITHMS
+
 _CHUNK = 1 << 18  # sorted items expanded back onto the output per step (bounds temporaries)
 
 
@@ -175,21 +175,3 @@ def lower_bound(lengths, capacity: int) -> int:
     """ceil(sum / capacity): no packing can use fewer bins."""
     total = int(np.asarray(lengths, dtype=np.int64).sum())
     return -(-total // capacity)
-
-
-@dataclass(frozen=True)
-class PackSummary:
-    n_bins: int
-    n_tokens: int
-    capacity: int
-    lower_bound: int
-
-    @property
-    def fill_rate(self) -> float:
-        return self.n_tokens / (self.n_bins * self.capacity) if self.n_bins else 1.0
-
-
-def summarize(lengths, bins, capacity: int) -> PackSummary:
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n_bins = int(bins.max()) + 1 if len(bins) else 0
-    return PackSummary(n_bins, int(lengths.sum()), capacity, lower_bound(lengths, capacity))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packer.binpack import lower_bound, pack, summarize
+from packer.binpack import lower_bound, pack
 
 
 def textbook(lengths, capacity, algorithm):
@@ -157,13 +157,6 @@ def test_bad_inputs_name_the_value_and_the_fix():
         pack([[1]], 8)
     with pytest.raises(ValueError, match="capacity must be"):
         pack([1], 0)
-
-
-def test_summary_fill_rate():
-    lengths = np.array([5, 3, 4, 2])
-    s = summarize(lengths, pack(lengths, 8), 8)
-    assert (s.n_bins, s.n_tokens, s.lower_bound) == (2, 14, 2)
-    assert s.fill_rate == 14 / 16
 
 
 def ffd_segment_tree(lengths, capacity):

@@ -126,6 +126,21 @@ def test_texts_get_eos_and_document_ids_and_masks():
     assert not item["attention_mask"][cu[1], cu[1] - 1] and item["attention_mask"][cu[1] + 1, cu[1]]
 
 
+def test_texts_encode_as_the_build_does_also_in_a_pickled_copy():
+    """"<|endoftext|>" in a text is text (only the appended eos is the eos id), in the dataset and in a
+    pickled copy (a spawned DataLoader worker), though a tokenizer's JSON does not carry that setting."""
+    import pickle
+
+    from tokenizers import Tokenizer
+
+    texts = ["a <|endoftext|> b", "plain text", "<|endoftext|>"]
+    ds = OnlinePackedDataset(texts, tokenizer=Tokenizer.from_file(TOKENIZER), context_length=64)
+    (item,) = list(ds)
+    docs = segments(item)
+    assert len(docs) == 3 and all(d.count(ds.eos_id) == 1 and d[-1] == ds.eos_id for d in docs)
+    assert rows(pickle.loads(pickle.dumps(ds))) == rows(ds)
+
+
 @pytest.mark.parametrize("buffer_docs", [50, 60])  # 500 docs: the stream ends on a full buffer, or not
 def test_online_fill_rate_counts_what_the_dataset_yields(buffer_docs):
     docs = numbered_docs(9, 500, 150)
@@ -244,6 +259,10 @@ def test_bad_inputs_name_the_fix():
         OnlinePackedDataset([[1]], context_length=8, eos=False, pad_to=4)
     with pytest.raises(ValueError, match="buffer_docs"):
         OnlinePackedDataset([[1]], context_length=8, eos=False, buffer_docs=0)
+    with pytest.raises(ValueError, match="rank and world_size together"):
+        OnlinePackedDataset([[1]], context_length=8, eos=False, rank=1)
+    with pytest.raises(ValueError, match="a path to a tokenizer.json or a tokenizers.Tokenizer; got dict"):
+        OnlinePackedDataset(["text"], tokenizer={}, context_length=8)
 
 
 def test_stats_cli_reports_online_fill_rate(tmp_path):

@@ -15,6 +15,7 @@ from conftest import SAMPLE_INPUTS, TOKENIZER
 
 from packer.binpack import pack
 from packer.cli import main
+from packer.config import BuildConfig
 from packer.stats import figures as st
 from packer.stats.corpus import corpus_lengths
 
@@ -210,7 +211,7 @@ def test_figures_match_the_schema_and_the_checker_can_fail():
 
 @pytest.fixture(scope="module")
 def sample_lengths():
-    lengths, sampled = corpus_lengths(SAMPLE_INPUTS, TOKENIZER)
+    lengths, sampled = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig())
     assert sampled is None
     return lengths
 
@@ -221,13 +222,37 @@ def test_corpus_lengths_count_what_build_counts(sample_dataset, sample_lengths):
     totals = open_dataset(sample_dataset).manifest["totals"]
     lengths = sample_lengths
     assert len(lengths) == totals["docs_accepted"] and lengths.sum() == totals["tokens_in"]
-    part, info = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4)
-    no_eos, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4, eos=False)
+    part, info = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig(), sample=300, seed=4)
+    no_eos, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig(eos=False), sample=300, seed=4)
     assert np.array_equal(no_eos, part - 1)  # the same documents, one end-of-text token fewer
+    with_bos, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig(bos=True, bos_token="<|endoftext|>"),
+                                 sample=300, seed=4)
+    assert np.array_equal(with_bos, part + 1)
     assert info == {"documents": 300, "of_documents": len(lengths), "seed": 4}
     assert not Counter(part.tolist()) - Counter(lengths.tolist())  # a sub-multiset
-    again, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, sample=300, seed=4)
-    assert np.array_equal(part, again)
+    again, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig(), sample=300, seed=4)
+    other, _ = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig(), sample=300, seed=5)
+    assert np.array_equal(part, again) and not np.array_equal(part, other)
+    everything, info = corpus_lengths(SAMPLE_INPUTS, TOKENIZER, BuildConfig(), sample=len(lengths), seed=4)
+    assert np.array_equal(everything, lengths) and info is None  # a sample of all is all, in input order
+
+
+def test_corpus_sample_is_uniform_and_in_input_order(tmp_path):
+    """Every document is picked with probability sample / n, across units; picks keep input order."""
+    from packer.build.readers import plan_units
+    from packer.stats.corpus import _sample_texts
+
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(10)))
+    units = plan_units([str(path)], 40)
+    assert len(units) > 3
+    counts = Counter()
+    for seed in range(1000):
+        picked, n_docs = _sample_texts(units, BuildConfig(), 3, seed)
+        assert n_docs == 10 and len(picked) == 3
+        assert picked == sorted(picked, key=lambda t: int(t.split()[1]))
+        counts.update(picked)
+    assert len(counts) == 10 and all(abs(n - 300) < 75 for n in counts.values()), counts  # 300 +- 5 sigma
 
 
 def _assert_close(a, b, where):

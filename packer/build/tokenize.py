@@ -1,4 +1,7 @@
-"""Tokenizer loading and the tokenize stage for one work unit: texts in, unit files out.
+"""THE encode path (texts -> token ids, for build, `stats INPUT` and online packing) and the tokenize stage
+for one work unit: texts in, unit files out.
+
+    encode_texts(tok, ["hi there", "a"], dtype=np.uint16, eos_id=0)  ->  ids [530, 1146, 0, 65, 0], lengths [3, 2]
 
 Unit files, in the work directory (all written atomically; the .json last, so its
 presence means the unit is complete and is never redone):
@@ -16,113 +19,135 @@ starting a 2-worker pool costs ~1.2 s once. Runs on that machine vary by +-20%.
 
 from __future__ import annotations
 
-import functools
-import glob
-import hashlib
 import itertools
 import json
 import os
 import re
 import struct
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from packer.build.readers import FileError, SkipLog, Unit, read_unit
+from packer.build.tokenizer import (
+    TokenizerInfo,
+    load_tokenizer,
+    tokenizer_info,  # noqa: F401  (pipeline.py imports it from here)
+)
 from packer.config import BuildConfig
 from packer.io import atomic, fs
 
-EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
-BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
 ENCODE_BATCH_DOCS = 1024
 ENCODE_BATCH_CHARS = 1 << 20  # tokenizers holds ~500 bytes per token while encoding: bound the batch
 PIECE_CHARS = 1 << 20  # longer documents are encoded in pieces of about this size
 
 
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """What the manifest records about a tokenizer, and the special ids a build uses."""
+def _pieces(text: str, piece_chars: int):
+    """Cut a long text before a single space between two non-spaces, about every piece_chars.
 
-    path: str
-    sha256: str
-    vocab_size: int
-    eos_id: int | None
-    bos_id: int | None
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.uint16 if self.vocab_size <= 2**16 else np.uint32)
-
-
-def resolve_tokenizer(name_or_path: str) -> str:
-    """A tokenizer.json path or URI, a directory holding one, or a hub name already in the local HF
-    cache ("gpt2", "org/name"; looked up offline, never downloaded) -> the tokenizer.json path."""
-    if fs.is_uri(name_or_path):  # s3://, gs://, ... (packer/io/fs.py): read, never downloaded to disk
-        loc = fs.location(name_or_path)
-        if isinstance(loc, fs.RemotePath):
-            for candidate in (loc, loc / "tokenizer.json"):
-                if candidate.is_file():
-                    return str(candidate)
-            raise FileNotFoundError(f"tokenizer not found: {fs.redact(name_or_path)} (neither a tokenizer.json nor a directory holding one)")
-        name_or_path = str(loc)  # file:// -> its path
-    if os.path.isfile(name_or_path):
-        return name_or_path
-    if os.path.isfile(os.path.join(name_or_path, "tokenizer.json")):
-        return os.path.join(name_or_path, "tokenizer.json")
-    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    cache = os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
-    repo = os.path.join(cache, "models--" + name_or_path.replace("/", "--"))
-    ref = os.path.join(repo, "refs", "main")
-    if os.path.isfile(ref):
-        with open(ref, encoding="utf-8") as f:
-            candidate = os.path.join(repo, "snapshots", f.read().strip(), "tokenizer.json")
-        if os.path.isfile(candidate):
-            return candidate
-    found = sorted(glob.glob(os.path.join(glob.escape(repo), "snapshots", "*", "tokenizer.json")))
-    if found:
-        return found[-1]
-    raise FileNotFoundError(
-        f"tokenizer not found: {name_or_path} (not a file, and not in the local HF cache {cache}; "
-        "give the path of a local tokenizer.json, e.g. sample_data/tokenizer.json; nothing is downloaded)"
-    )
+    For byte-level BPE (GPT-2 style pre-tokenization) no pre-token spans such a point, so the
+    pieces encode to exactly the tokens of the whole text (tests/test_tokenize.py checks it).
+    A stretch with no such point within 64K characters is cut where it stands; a tail with none
+    (the text ends within those 64K) stays whole."""
+    start = 0
+    while len(text) - start > piece_chars:
+        match = _CUT.search(text, start + piece_chars, start + piece_chars + 65536)
+        if match is None and start + piece_chars + 65536 >= len(text):
+            break
+        cut = match.start() if match else start + piece_chars
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
 
 
-@functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str):
-    """Load a tokenizer (path or cached hub name, see resolve_tokenizer) once per process."""
-    from tokenizers import Tokenizer
-
-    path = resolve_tokenizer(path)
-    try:
-        if fs.is_remote(path):
-            return Tokenizer.from_str(fs.location(path).read_text())
-        return Tokenizer.from_file(path)
-    except Exception as e:  # tokenizers raises a plain Exception on bad JSON
-        raise ValueError(f"{fs.redact(path)}: not a valid tokenizer.json ({fs.redact_text(e)})") from None
+_CUT = re.compile(r"(?<=\S) (?=\S)")
 
 
-def _special_id(tok, explicit: str | None, candidates, what: str, flag: str) -> int:
-    names = (explicit,) if explicit else candidates
-    for name in names:
-        token_id = tok.token_to_id(name)
-        if token_id is not None:
-            return token_id
-    if explicit:
-        raise ValueError(f"the tokenizer has no token {explicit!r} (given by {flag})")
-    raise ValueError(
-        f"cannot find a {what} token in the tokenizer (tried {', '.join(candidates)}); "
-        f"name it with {flag} or turn it off"
-    )
+def encode_texts(tok, texts: list[str], *, dtype, eos_id: int | None = None, bos_id: int | None = None,
+                 piece_chars: int = PIECE_CHARS) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of documents -> (flat ids of all of them in order, `dtype`; int64 length of each).
+
+        texts ["hi there", "a <|endoftext|>"], eos_id 0, sample_data/tokenizer.json:
+        ids      [530, 1146,  0,   65, 612, 92, 1100, 1297, 423,  92, 30,  0]    lengths [3, 9]
+        tokens    hi   there  eos  a   " <" |   end   of    text  |   >   eos
+
+    `tok` comes configured from load_tokenizer or configured_copy (packer/build/tokenizer.py):
+    "<|endoftext|>" in a text is text, nothing is truncated or padded. The tokenizer's own
+    template is never applied (add_special_tokens=False): bos/eos are added here, one each per
+    document. A text longer than `piece_chars` is encoded piece by piece (_pieces: the same
+    tokens for byte-level BPE, bounded tokenizer memory)."""
+    long_at = [i for i, text in enumerate(texts) if len(text) > piece_chars]
+    if long_at:
+        short = [text for i, text in enumerate(texts) if len(text) <= piece_chars]
+        long_ids = [np.concatenate([_encode_batch(tok, [piece], dtype)[0] for piece in _pieces(texts[i], piece_chars)])
+                    for i in long_at]
+        flat, lengths = _splice(*_encode_batch(tok, short, dtype), long_at, long_ids)
+    else:
+        flat, lengths = _encode_batch(tok, texts, dtype)
+    return _add_specials(flat, lengths, eos_id, bos_id)
 
 
-def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
-    path = resolve_tokenizer(path)
-    tok = load_tokenizer(path)
-    digest = hashlib.sha256(fs.location(path).read_bytes()).hexdigest()
-    eos_id = _special_id(tok, config.eos_token, EOS_CANDIDATES, "end-of-text", "--eos-token") if config.eos else None
-    bos_id = _special_id(tok, config.bos_token, BOS_CANDIDATES, "begin-of-text", "--bos-token") if config.bos else None
-    return TokenizerInfo(path, digest, tok.get_vocab_size(with_added_tokens=True), eos_id, bos_id)
+def encode_stream(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None, bos_id: int | None = None,
+                  piece_chars: int = PIECE_CHARS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """encode_texts over a stream of documents, in batches of at most ENCODE_BATCH_DOCS documents
+    or about ENCODE_BATCH_CHARS characters (bounded memory): yields (ids, lengths) per batch."""
+    batch, batch_chars = [], 0
+    for text in texts:
+        batch.append(text)
+        batch_chars += len(text)
+        if len(batch) >= ENCODE_BATCH_DOCS or batch_chars >= ENCODE_BATCH_CHARS:
+            yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
+            batch, batch_chars = [], 0
+    if batch:
+        yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
+
+
+def _encode_batch(tok, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+    encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
+    lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
+    # One pass over every document's ids, no list per document kept: 19 ms of CPU per 1 MiB batch
+    # that took 755 ms to encode (2.5%); building the lists first cost 32 ms (2026-11-29).
+    ids = itertools.chain.from_iterable(e.ids for e in encodings)
+    return np.fromiter(ids, dtype=dtype, count=int(lengths.sum())), lengths
+
+
+def _splice(flat, lengths, long_at: list[int], long_ids: list[np.ndarray]):
+    """Put the long documents' ids back at their places among the short documents' ids."""
+    n = len(lengths) + len(long_at)
+    all_lengths = np.empty(n, dtype=np.int64)
+    is_long = np.zeros(n, dtype=bool)
+    is_long[long_at] = True
+    all_lengths[~is_long] = lengths
+    all_lengths[long_at] = [len(ids) for ids in long_ids]
+    short_ends = np.concatenate([[0], np.cumsum(lengths)])
+    parts, start = [], 0
+    for k, (i, ids) in enumerate(zip(long_at, long_ids)):
+        cut = int(short_ends[i - k])  # the i - k short documents before document i end here
+        parts += [flat[start:cut], ids.astype(flat.dtype, copy=False)]
+        start = cut
+    parts.append(flat[start:])
+    return np.concatenate(parts), all_lengths
+
+
+def _add_specials(flat, lengths, eos_id: int | None, bos_id: int | None):
+    """Insert bos/eos around every document in one numpy pass (no per-document Python lists)."""
+    if bos_id is None and eos_id is None:
+        return flat, lengths
+    extra = (bos_id is not None) + (eos_id is not None)
+    out = np.empty(len(flat) + extra * len(lengths), dtype=flat.dtype)
+    new_lengths = lengths + extra
+    ends = np.cumsum(new_lengths)
+    starts = ends - new_lengths
+    body = np.ones(len(out), dtype=bool)
+    if bos_id is not None:
+        out[starts] = bos_id
+        body[starts] = False
+    if eos_id is not None:
+        out[ends - 1] = eos_id
+        body[ends - 1] = False
+    out[body] = flat
+    return out, new_lengths
 
 
 def unit_paths(work_dir, index: int) -> dict:
@@ -173,61 +198,6 @@ class _NpyAppender:
             self.tmp.unlink(missing_ok=True)
 
 
-def _pieces(text: str, piece_chars: int):
-    """Cut a long text before a single space between two non-spaces, about every piece_chars.
-
-    For byte-level BPE (GPT-2 style pre-tokenization) no pre-token spans such a point, so the
-    pieces encode to exactly the tokens of the whole text (tests/test_tokenize.py checks it).
-    A stretch with no such point within 64K characters is cut where it stands."""
-    start = 0
-    while len(text) - start > piece_chars:
-        match = _CUT.search(text, start + piece_chars, start + piece_chars + 65536)
-        cut = match.start() if match else start + piece_chars
-        yield text[start:cut]
-        start = cut
-    yield text[start:]
-
-
-_CUT = re.compile(r"(?<=\S) (?=\S)")
-
-
-def _encode(tok, texts, info: TokenizerInfo):
-    """Encode a batch: flat token ids of all documents (eos/bos added) and each one's length."""
-    encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
-    lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-    # One pass over every document's ids, no list per document kept: 19 ms of CPU per 1 MiB batch
-    # that took 755 ms to encode (2.5%); building the lists first cost 32 ms (2026-11-29).
-    ids = itertools.chain.from_iterable(e.ids for e in encodings)
-    flat = np.fromiter(ids, dtype=info.dtype, count=int(lengths.sum()))
-    if info.bos_id is None and info.eos_id is None:
-        return flat, lengths
-    # Insert bos/eos around every document in one numpy pass (no per-document Python lists).
-    extra = (info.bos_id is not None) + (info.eos_id is not None)
-    out = np.empty(len(flat) + extra * len(lengths), dtype=info.dtype)
-    new_lengths = lengths + extra
-    ends = np.cumsum(new_lengths)
-    starts = ends - new_lengths
-    body = np.ones(len(out), dtype=bool)
-    if info.bos_id is not None:
-        out[starts] = info.bos_id
-        body[starts] = False
-    if info.eos_id is not None:
-        out[ends - 1] = info.eos_id
-        body[ends - 1] = False
-    out[body] = flat
-    return out, new_lengths
-
-
-def _encode_long(tok, text: str, info: TokenizerInfo, piece_chars: int = PIECE_CHARS):
-    """One long document encoded piece by piece (bounded tokenizer memory)."""
-    parts = [np.asarray(tok.encode_batch_fast([p], add_special_tokens=False)[0].ids, dtype=info.dtype)
-             for p in _pieces(text, piece_chars)]
-    head = [np.array([info.bos_id], info.dtype)] if info.bos_id is not None else []
-    tail = [np.array([info.eos_id], info.dtype)] if info.eos_id is not None else []
-    flat = np.concatenate(head + parts + tail)
-    return flat, np.array([len(flat)], dtype=np.int64)
-
-
 def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: str) -> dict:
     """Tokenize one unit into its unit files (skipped if already complete); return its counters.
 
@@ -275,28 +245,11 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
 
 def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender) -> int:
     tok = load_tokenizer(info.path)
-    tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not the eos id
-    batch, batch_chars, n_tokens = [], 0, 0
-
-    def write(flat, doc_lengths):
-        tokens.append(flat)
-        lengths.append(doc_lengths)
-        return len(flat)
-
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
                       max_doc_bytes=config.max_doc_bytes)
-    for text in texts:
-        if len(text) > PIECE_CHARS:
-            if batch:
-                n_tokens += write(*_encode(tok, batch, info))
-                batch, batch_chars = [], 0
-            n_tokens += write(*_encode_long(tok, text, info))
-            continue
-        batch.append(text)
-        batch_chars += len(text)
-        if len(batch) >= ENCODE_BATCH_DOCS or batch_chars >= ENCODE_BATCH_CHARS:
-            n_tokens += write(*_encode(tok, batch, info))
-            batch, batch_chars = [], 0
-    if batch:
-        n_tokens += write(*_encode(tok, batch, info))
+    n_tokens = 0
+    for flat, doc_lengths in encode_stream(tok, texts, dtype=info.dtype, eos_id=info.eos_id, bos_id=info.bos_id):
+        tokens.append(flat)
+        lengths.append(doc_lengths)
+        n_tokens += len(flat)
     return n_tokens

@@ -1,52 +1,92 @@
-"""Lengths of a raw corpus, counted as `packer build` would store them (the input of `packer stats INPUT...`)."""
+"""Lengths of a raw corpus, counted exactly as `packer build` stores them (the input of `packer stats INPUT...`).
+
+Same inputs, readers, skip rules and encode path as the build (packer/build/readers, encode_stream in
+packer/build/tokenize.py): every input format, `text_split`, `max_doc_bytes`, `strict`, and a unit
+whose file fails under on_file_error="skip" counts none of its documents, as the build keeps none.
+"""
 
 from __future__ import annotations
 
+import heapq
+import random
+
 import numpy as np
 
+from packer.config import BuildConfig
 
-def _texts(files, text_field: str, unit_bytes: int):
+
+def corpus_lengths(inputs, tokenizer: str, config: BuildConfig, *, sample: int | None = None, seed: int = 0):
+    """Tokens per document of raw inputs, as `packer build INPUT... --tokenizer T` with `config`
+    stores them (eos/bos included per config): of every document in input order, or of a seeded
+    uniform sample of `sample` documents (only the sample is tokenized), in input order.
+    Returns (lengths int64, sample info {"documents", "of_documents", "seed"}, or None when every
+    document was measured)."""
     from packer.build import readers
-
-    for unit in readers.plan_units(files, unit_bytes):
-        yield from readers.read_jsonl_unit(unit, text_field, readers.SkipLog.empty())
-
-
-def corpus_lengths(inputs, tokenizer: str, *, text_field: str = "text", eos: bool = True,
-                   sample: int | None = None, seed: int = 0, unit_bytes: int = 64 * 2**20):
-    """Tokens per document of raw inputs, counted as `packer build` counts them (end-of-text
-    token included when `eos`): of every document, or of a seeded uniform sample of `sample`
-    documents (reservoir sampling; only the sample is tokenized). Returns (lengths, sample info
-    or None when every document was measured)."""
-    import random
-
-    from packer.build import readers
-    from packer.build.tokenize import ENCODE_BATCH_DOCS, load_tokenizer, tokenizer_info
-    from packer.config import BuildConfig
+    from packer.build.inputs import expand_inputs
+    from packer.build.tokenize import encode_stream
+    from packer.build.tokenizer import load_tokenizer, tokenizer_info
 
     if sample is not None and sample < 1:
         raise ValueError(f"--sample must be >= 1 documents, got {sample}")
-    files = readers.expand_inputs(inputs)
-    info = tokenizer_info(tokenizer, BuildConfig(eos=eos, text_field=text_field))
-    tok = load_tokenizer(tokenizer)
-    extra = (info.eos_id is not None) + (info.bos_id is not None)
-    texts, n_seen = _texts(files, text_field, unit_bytes), 0
-    if sample is not None:
-        rng, reservoir = random.Random(seed), []
-        for n_seen, text in enumerate(texts, 1):
-            if len(reservoir) < sample:
-                reservoir.append(text)
-            elif (j := rng.randrange(n_seen)) < sample:
-                reservoir[j] = text
-        texts = iter(reservoir)
-    parts, batch = [], []
-    for text in texts:
-        batch.append(text)
-        if len(batch) == ENCODE_BATCH_DOCS:
-            parts.append([len(e.ids) + extra for e in tok.encode_batch_fast(batch, add_special_tokens=False)])
-            batch = []
-    if batch:
-        parts.append([len(e.ids) + extra for e in tok.encode_batch_fast(batch, add_special_tokens=False)])
-    lengths = np.array([x for p in parts for x in p], dtype=np.int64)
-    sampled = sample is not None and n_seen > sample
-    return lengths, ({"documents": len(lengths), "of_documents": n_seen, "seed": seed} if sampled else None)
+    files = expand_inputs(inputs)
+    info = tokenizer_info(tokenizer, config)
+    tok = load_tokenizer(info.path)
+    skipped_files = [] if config.on_file_error == "skip" else None
+    units = readers.plan_units(files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files)
+
+    def lengths_of(texts) -> list[np.ndarray]:
+        return [n for _, n in encode_stream(tok, texts, dtype=info.dtype, eos_id=info.eos_id, bos_id=info.bos_id)]
+
+    if sample is None:
+        parts = [part for unit in units for part in _read_unit(unit, config, lengths_of) or ()]
+        return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), None
+    picked, n_docs = _sample_texts(units, config, sample, seed)
+    parts = lengths_of(picked)
+    lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return lengths, ({"documents": len(lengths), "of_documents": n_docs, "seed": seed} if n_docs > sample else None)
+
+
+def _read_unit(unit, config: BuildConfig, consume):
+    """consume(the unit's texts), or None when the unit's file fails and config says skip it."""
+    from packer.build import readers
+
+    skips = readers.SkipLog.empty(strict=config.strict)
+    texts = readers.read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
+                              max_doc_bytes=config.max_doc_bytes)
+    try:
+        return consume(texts)
+    except readers.FileError:
+        if config.on_file_error != "skip":
+            raise
+        return None
+
+
+def _sample_texts(units, config: BuildConfig, sample: int, seed: int) -> tuple[list[str], int]:
+    """(texts of a seeded uniform sample of `sample` accepted documents, in input order; the number
+    of accepted documents). Bottom-k sampling: each document draws a random key, the `sample`
+    smallest keys win. A unit's candidates join the winners only once the whole unit was read, so a
+    unit dropped by on_file_error="skip" leaves no trace and the sample stays uniform."""
+    rng = random.Random(seed)
+    winners: list = []  # a max-heap on the key: (-key, document number, text)
+    n_docs = 0
+    for unit in units:
+        def candidates(texts, first=n_docs):
+            heap, n_read = [], 0
+            for n_read, text in enumerate(texts, 1):
+                _offer(heap, (-rng.random(), first + n_read - 1, text), sample)
+            return heap, n_read
+
+        result = _read_unit(unit, config, candidates)
+        if result is not None:
+            heap, n_read = result
+            for entry in heap:
+                _offer(winners, entry, sample)
+            n_docs += n_read
+    return [text for _, _, text in sorted(winners, key=lambda entry: entry[1])], n_docs
+
+
+def _offer(heap: list, entry: tuple, size: int):
+    if len(heap) < size:
+        heapq.heappush(heap, entry)
+    elif entry[0] > heap[0][0]:  # a smaller key than the largest kept
+        heapq.heapreplace(heap, entry)

@@ -19,15 +19,16 @@ baseline: batches 29% (26% on a busy box), items + collate_varlen 21%, a per-ite
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.store.dataset import open_dataset, read_rows
 from packer.train.items import _block_batch, _block_items, _make_block, collate_padded, collate_varlen
+from packer.train.partition import check_rank, current_split, rank_world
 
 # Rows built per vectorized step: about this many tokens (64 rows of 4096). Measured 2026-11-29
 # (busy 2-core box, context 4096, bench_loader): blocks of 8 / 32 / 64 / 128 rows gave 7 / 10 /
@@ -111,10 +112,7 @@ class PackedDataset(IterableDataset):
         if pad_to is not None and pad_to < self.context_length:
             raise ValueError(f"pad_to={pad_to} is shorter than the dataset's context length {self.context_length} "
                              f"({path}); use pad_to >= {self.context_length}, or None")
-        if (rank is None) != (world_size is None):
-            raise ValueError(f"pass rank and world_size together (got rank={rank}, world_size={world_size})")
-        if world_size is not None and not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        check_rank(rank, world_size)
         self.shuffle, self.seed, self.epoch, self.pad_to, self.drop_last = shuffle, seed, epoch, pad_to, drop_last
         self.rank, self.world_size = rank, world_size
         if batch_size is not None and batch_size < 1:
@@ -139,18 +137,8 @@ class PackedDataset(IterableDataset):
             self._resume = None
         self.epoch = epoch
 
-    def _rank_world(self) -> tuple[int, int]:
-        if self.world_size is not None:
-            return self.rank, self.world_size
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-
     def _split(self) -> dict:
-        rank, world = self._rank_world()
-        info = get_worker_info()
-        worker, n_workers = (info.id, info.num_workers) if info else (0, 1)
-        return {"rank": rank, "world_size": world, "worker": worker, "num_workers": n_workers}
+        return dataclasses.asdict(current_split(self.rank, self.world_size, get_worker_info()))
 
     def _rank_count(self, rank: int, world: int) -> int:
         n = self.n_sequences // world * world if self.drop_last else self.n_sequences
@@ -158,7 +146,7 @@ class PackedDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Sequences this rank yields per epoch (over all its workers); with batch_size, batches."""
-        n = self._rank_count(*self._rank_world())
+        n = self._rank_count(*rank_world(self.rank, self.world_size))
         return n if self.batch_size is None else -(-n // self.batch_size)
 
     def state_dict(self) -> dict:

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from packer.masks import IGNORE_INDEX
 from packer.train.attention import PackedSelfAttention
-
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True, kw_only=True)

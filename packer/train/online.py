@@ -26,18 +26,28 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from packer.binpack import ALGORITHMS, pack
+from packer.binpack import pack
 from packer.build.plan import split_documents
-from packer.build.tokenize import BOS_CANDIDATES, EOS_CANDIDATES, load_tokenizer
+from packer.build.tokenize import encode_stream
+from packer.build.tokenizer import (
+    BOS_CANDIDATES,
+    EOS_CANDIDATES,
+    configure,
+    configured_copy,
+    load_tokenizer,
+    special_id,
+)
+from packer.config import ALGORITHMS, LONG_DOC_POLICIES
 
 try:  # the lengths-only part (online_fill_rate, for `packer stats`) must import without torch
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
+
+    from packer.train.partition import check_rank, current_split
 except ImportError:  # pragma: no cover - exercised only on a box without torch
     torch = None
     IterableDataset = object
 
-LONG_DOC_POLICIES = ("split", "truncate", "drop")
 # 2026-11-29, 300k lognormal web-like lengths (median 300, mean 600), context 2048, 10k-doc buffer:
 # 0.0053% padding against offline FFD's 0.0019% (-0.003 pp fill), at most 1 bin (2,008 tokens) carried;
 # without any carry 0.024% (benchmarks/bench_online.py).
@@ -152,6 +162,9 @@ class OnlinePackedDataset(IterableDataset):
 
     `source` yields texts, token-id lists (then `tokenizer` may be None) or dicts holding
     `text_field` (an HF `datasets` dataset); it may also be a function returning a fresh iterable.
+    Texts become exactly the ids `packer build` stores (the one encode path, encode_stream in
+    packer/build/tokenize.py); `tokenizer` is a tokenizer.json path, or a tokenizers.Tokenizer, which
+    is copied and the copy configured (packer/build/tokenizer.py), never changed itself.
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
     dataset is indexed directly), so the source must give the same documents in the same order.
     """
@@ -169,9 +182,12 @@ class OnlinePackedDataset(IterableDataset):
         if pad_to is not None and pad_to < context_length:
             raise ValueError(f"pad_to={pad_to} is shorter than context_length={context_length}; "
                              "pad to at least the context length or leave pad_to=None")
+        check_rank(rank, world_size)
         self.source, self.text_field = source, text_field
         if isinstance(tokenizer, (str, os.PathLike)):
-            tokenizer = load_tokenizer(os.fspath(tokenizer))
+            tokenizer = load_tokenizer(os.fspath(tokenizer))  # shared, configured on load, never changed
+        elif tokenizer is not None:
+            tokenizer = configured_copy(tokenizer)  # the caller's object stays as it was
         self.tokenizer = tokenizer
         self.eos_id = _special_id(self.tokenizer, eos_id, EOS_CANDIDATES, "eos") if eos else None
         self.bos_id = _special_id(self.tokenizer, bos_id, BOS_CANDIDATES, "bos") if bos else None
@@ -184,6 +200,13 @@ class OnlinePackedDataset(IterableDataset):
         self.epoch = 0
         self._resume: dict | None = None
         self._state: dict | None = None
+
+    def __setstate__(self, state: dict):
+        """A pickled copy (a spawned DataLoader worker) loses encode_special_tokens, which a
+        tokenizer's JSON does not carry: configure the worker's own copy again."""
+        self.__dict__.update(state)
+        if self.tokenizer is not None:
+            configure(self.tokenizer)
 
     # -- resume ---------------------------------------------------------------------------------
     def _config(self) -> dict:
@@ -220,15 +243,8 @@ class OnlinePackedDataset(IterableDataset):
 
     # -- iteration ------------------------------------------------------------------------------
     def _partition(self) -> tuple[int, int]:
-        rank, world = self.rank, self.world_size
-        if world is None:
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-            else:
-                rank, world = 0, 1
-        info = get_worker_info()
-        worker, n_workers = (info.id, info.num_workers) if info else (0, 1)
-        return rank * n_workers + worker, world * n_workers
+        split = current_split(self.rank, self.world_size, get_worker_info())
+        return split.rank * split.num_workers + split.worker, split.world_size * split.num_workers
 
     def _documents(self, start: int, partition: int, n_partitions: int):
         """(source position just after the document, the raw document) for this partition, from `start`."""
@@ -256,15 +272,19 @@ class OnlinePackedDataset(IterableDataset):
             else:
                 raise ValueError(f"source document {pos - 1}: expected a text, a list of token ids or a dict "
                                  f"with {self.text_field!r}; got {type(doc).__name__}")
-        if texts:
-            if self.tokenizer is None:
-                raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
-            for k, enc in zip(where, self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)):
-                out[k] = np.asarray(enc.ids, dtype=np.int64)
         head = [self.bos_id] if self.bos_id is not None else []
         tail = [self.eos_id] if self.eos_id is not None else []
         if head or tail:
-            out = [np.concatenate([np.asarray(head, np.int64), x, np.asarray(tail, np.int64)]) for x in out]
+            out = [x if x is None else np.concatenate([np.asarray(head, np.int64), x, np.asarray(tail, np.int64)])
+                   for x in out]
+        if texts:  # the build's encode path: the same ids, bos/eos included, as `packer build` stores
+            if self.tokenizer is None:
+                raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
+            batches = list(encode_stream(self.tokenizer, texts, dtype=np.int64, eos_id=self.eos_id, bos_id=self.bos_id))
+            flat = np.concatenate([ids for ids, _ in batches])
+            lengths = np.concatenate([n for _, n in batches])
+            for k, ids in zip(where, np.split(flat, np.cumsum(lengths)[:-1])):
+                out[k] = ids
         return out
 
     def _pieces(self, docs: list[np.ndarray]) -> list[np.ndarray]:
@@ -317,10 +337,5 @@ class OnlinePackedDataset(IterableDataset):
 def _special_id(tokenizer, given: int | None, candidates, what: str) -> int:
     if given is not None:
         return int(given)
-    for name in candidates if tokenizer is not None else ():
-        token_id = tokenizer.token_to_id(name)
-        if token_id is not None:
-            return token_id
-    where = "the tokenizer has none of " + ", ".join(candidates) if tokenizer is not None else "no tokenizer was given"
-    raise ValueError(f"{what}=True needs a {what} token id, but {where}; pass {what}_id=ID, "
-                     f"or {what}=False if the token ids already carry it")
+    return special_id(tokenizer, None, candidates, what,
+                      f"pass {what}_id=ID, or {what}=False if the token ids already carry it")
