@@ -79,7 +79,7 @@ def unmasked_batches(rows):
             flat = np.concatenate(row)
             offsets = np.concatenate([[0], np.cumsum([len(d) for d in row])])
             ids[r, : len(flat)] = torch.from_numpy(flat)
-            labels[r, : len(flat)] = torch.from_numpy(masks.offsets_to_labels(flat, offsets))
+            labels[r, : len(flat)] = torch.from_numpy(masks.labels(flat, offsets))
         yield sum(len(d) for row in chunk for d in row), {"input_ids": ids, "labels": labels}
 
 
@@ -90,8 +90,8 @@ def varlen_batches(rows):
         offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
         yield len(flat), {
             "input_ids": torch.from_numpy(flat),
-            "labels": torch.from_numpy(masks.offsets_to_labels(flat, offsets)),
-            "position_ids": torch.from_numpy(masks.offsets_to_position_ids(offsets)),
+            "labels": torch.from_numpy(masks.labels(flat, offsets)),
+            "position_ids": torch.from_numpy(masks.position_ids(offsets)),
             "cu_seqlens": torch.from_numpy(offsets.astype(np.int32)),
             "max_seqlen": int(np.diff(offsets).max()),
         }

@@ -57,6 +57,11 @@ def _print_summary(manifest: dict, output: str):
         click.echo(f"  skipped {ex['reason']}: {ex['where']}")
     for f in t.get("files_skipped", []):
         click.echo(f"  skipped file {f['path']}: {f['error']}")
+    shipped = manifest.get("tokenizer", {})
+    if "shipped_truncation" in shipped or "shipped_padding" in shipped:
+        on = [f"truncation at {shipped['shipped_truncation']} tokens"] if "shipped_truncation" in shipped else []
+        on += ["padding"] if shipped.get("shipped_padding") else []
+        click.echo(f"tokenizer: its file turns on {' and '.join(on)}; packer turned them off (every token kept, none added)")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
     click.echo(f"fill rate: {t['fill_rate']:.4f}")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
@@ -215,7 +220,7 @@ def inspect(dataset, seq, raw):
     click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents")
     tok = None
     if not raw:
-        from packer.build.tokenize import load_tokenizer
+        from packer.build.tokenizer import load_tokenizer
 
         tok = load_tokenizer(str(ds.path / "tokenizer.json"))
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):

@@ -229,16 +229,3 @@ def batch_flex_block_mask(offsets_list, length: int, *, device=None, block_size:
 
     return create_block_mask(document_causal, len(offsets_list), None, length, length, device=device,
                              BLOCK_SIZE=block_size)
-
-
-# -- names kept from the first version: still read by stats/report.py, tests/test_model.py and
-# benchmarks/bench_train.py; delete this block once those say position_ids, document_ids,
-# block_causal_mask and labels -------------------------------------------------------------
-
-offsets_to_position_ids = position_ids
-offsets_to_document_ids = document_ids
-offsets_to_block_causal_mask = block_causal_mask
-
-
-def offsets_to_labels(input_ids, offsets):
-    return labels(input_ids, offsets)

@@ -15,7 +15,8 @@ from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
 from packer import config
 from packer.build.executors import EXECUTORS, InlineExecutor, LocalExecutor, describe_call, make_executor
 from packer.build.readers import Unit
-from packer.build.tokenize import tokenize_unit, tokenizer_info
+from packer.build.tokenize import tokenize_unit
+from packer.build.tokenizer import tokenizer_info
 from packer.build.writer import write_shard
 from packer.cli import main
 from packer.config import BuildConfig, Job, load_job

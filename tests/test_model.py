@@ -38,8 +38,8 @@ def packed_batch(seed, n_rows=2, context=48, vocab=97):
     ids = np.concatenate(docs)
     return {
         "input_ids": torch.from_numpy(ids),
-        "labels": torch.from_numpy(masks.offsets_to_labels(ids, offsets)),
-        "position_ids": torch.from_numpy(masks.offsets_to_position_ids(offsets)),
+        "labels": torch.from_numpy(masks.labels(ids, offsets)),
+        "position_ids": torch.from_numpy(masks.position_ids(offsets)),
         "cu_seqlens": torch.from_numpy(offsets.astype(np.int32)),
         "max_seqlen": max(lengths),
     }, docs
@@ -58,7 +58,7 @@ def per_document_loss_and_grads(model, docs):
     total, count = 0.0, 0
     for doc in docs:
         ids = torch.from_numpy(doc)
-        labels = masks.offsets_to_labels(doc, [0, len(doc)])
+        labels = masks.labels(doc, [0, len(doc)])
         logits = model(ids, torch.arange(len(doc)), torch.tensor([0, len(doc)], dtype=torch.int32), len(doc))
         total = total + next_token_loss(logits, torch.from_numpy(labels), reduction="sum")
         count += len(doc) - 1

@@ -19,7 +19,8 @@ from packer.build import executors  # noqa: E402
 from packer.build.executors import RayExecutor  # noqa: E402
 from packer.build.pipeline import build  # noqa: E402
 from packer.build.readers import Unit  # noqa: E402
-from packer.build.tokenize import tokenize_unit, tokenizer_info  # noqa: E402
+from packer.build.tokenize import tokenize_unit  # noqa: E402
+from packer.build.tokenizer import tokenizer_info  # noqa: E402
 from packer.build.writer import write_shard  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402

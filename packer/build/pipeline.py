@@ -25,7 +25,8 @@ from packer import __version__
 from packer.build import readers, resume, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
-from packer.build.tokenize import tokenize_unit, tokenizer_info, unit_paths
+from packer.build.tokenize import tokenize_unit, unit_paths
+from packer.build.tokenizer import tokenizer_info
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.stats import report
@@ -123,6 +124,17 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
     }
 
 
+def _shipped(info) -> dict:
+    """What the tokenizer file turned on that packer turns off (written only when on: sample builds
+    keep their bytes)."""
+    out = {}
+    if info.shipped_truncation is not None:
+        out["shipped_truncation"] = info.shipped_truncation
+    if info.shipped_padding:
+        out["shipped_padding"] = True
+    return out
+
+
 def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, work,
               skipped_files=()) -> dict:
     config = job.config
@@ -145,7 +157,8 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
             "pad_id": info.eos_id if info.eos_id is not None else 0,
             "token_dtype": info.dtype.name,
         },
-        "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size},
+        "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
+                      **_shipped(info)},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
         "totals": _totals(counters, plan, config, skipped_files),

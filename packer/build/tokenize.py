@@ -30,11 +30,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from packer.build.readers import FileError, SkipLog, Unit, read_unit
-from packer.build.tokenizer import (
-    TokenizerInfo,
-    load_tokenizer,
-    tokenizer_info,  # noqa: F401  (pipeline.py imports it from here)
-)
+from packer.build.tokenizer import TokenizerInfo, load_tokenizer
 from packer.config import BuildConfig
 from packer.io import atomic, fs
 

@@ -230,12 +230,12 @@ def write_mask_png(offsets, context_length: int, path, title: str = "") -> None:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Rectangle
 
-    from packer.masks import offsets_to_block_causal_mask, offsets_to_document_ids
+    from packer.masks import block_causal_mask, document_ids
 
     offsets = np.asarray(offsets, dtype=np.int64)
     n = int(offsets[-1])
-    doc = offsets_to_document_ids(offsets)
-    image = np.where(offsets_to_block_causal_mask(offsets), (doc % 10 + 1)[:, None], 0)
+    doc = document_ids(offsets)
+    image = np.where(block_causal_mask(offsets), (doc % 10 + 1)[:, None], 0)
     ax = fig.add_axes((0.08, 0.06, 0.88, 0.88))
     colors = ["white"] + [f"C{k}" for k in range(10)]
     ax.imshow(image, cmap=ListedColormap(colors), vmin=0, vmax=10, interpolation="nearest",
