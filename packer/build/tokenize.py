@@ -43,7 +43,7 @@ def _pieces(text: str, piece_chars: int):
     """Cut a long text before a single space between two non-spaces, about every piece_chars.
 
     For byte-level BPE (GPT-2 style pre-tokenization) no pre-token spans such a point, so the
-    pieces encode to exactly the tokens of the whole text (tests/test_tokenize.py checks it).
+    pieces encode to exactly the tokens of the whole text (tests/build/test_tokenize.py checks it).
     A stretch with no such point within 64K characters is cut where it stands; a tail with none
     (the text ends within those 64K) stays whole."""
     start = 0

@@ -18,7 +18,7 @@ from packer.io import failpoints, fs
 from packer.store.dataset import open_dataset
 from packer.store.verify import verify_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_ARGS = ["--context-length", "1024", "--shard-size", "200000"]  # as conftest's sample_dataset
 
 

@@ -333,7 +333,7 @@ def test_remote_unit_spool_leaves_nothing_when_its_process_dies(tmp_path):
             "f.append(np.arange(100000, dtype=np.uint16))\n"
             "print(len(os.listdir(os.environ['TMPDIR'])), flush=True)\n"
             "os._exit(9)  # killed before commit\n")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "TMPDIR": str(spool_dir), "PYTHONPATH": str(root)})
     assert result.returncode == 9, result.stderr

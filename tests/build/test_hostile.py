@@ -25,7 +25,7 @@ from packer.cli import main
 from packer.store.dataset import open_dataset
 from packer.store.manifest import read_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BAD_LINES = (
     b'{"text": "good one"}\n{"text": \n{"other": 1}\n{"text": null}\n{"text": 5}\n{"text": ""}\n'
     b'{"text": "caf\xe9"}\n{"text": "good <|endoftext|> two \\u0000"}\n'

@@ -18,7 +18,7 @@ from packer.build.pipeline import build
 from packer.config import BuildConfig, Job
 from packer.io import failpoints
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMESTAMPS = ("created_unix", "build_seconds")
 
 

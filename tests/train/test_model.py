@@ -14,7 +14,7 @@ from packer import masks  # noqa: E402
 from packer.attention import available_backends  # noqa: E402
 from packer.train.model import GPTConfig, TinyGPT, next_token_loss  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]
 
 
