@@ -18,7 +18,7 @@ built by packer.build.pipeline.build (the real offline loader), against OnlinePa
           bucketed pow2 22.7%, 64 quantile buckets 2.5%; one doc per row padded 72.8%
     short offline and every online buffer 0.0039%; bucketed pow2 28.8%, 64 quantile 13.2%; padded 94.2%
     loaders: online from token ids 0.2-0.3x the offline loader (~2 M slots/s); from texts ~0.01x
-(the README section "Offline, online or bucketed?" summarizes them.)
+(docs/loading.md, section "Offline, online or bucketed?", summarizes them.)
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_arrow_shards_load_with_hf_datasets(tmp_path, monkeypatch):
     hf = datasets.load_dataset("arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache"))
     assert len(files) > 1 and len(hf) == len(reference)
     assert [(r["input_ids"], r["offsets"]) for r in hf] == reference
-    # the copy-free view the README shows
+    # the copy-free view docs/format.md shows
     table = pa.concat_tables(ipc.open_file(pa.memory_map(f)).read_all() for f in files)
     view = datasets.Dataset(datasets.table.InMemoryTable(table))
     assert [(r["input_ids"], r["offsets"]) for r in view] == reference
