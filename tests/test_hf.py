@@ -187,7 +187,7 @@ def test_negative_control_without_the_packed_path(packed_batch, attn, overrides,
     assert d["logits"] > 1e-3 and d["loss"] > 1e-5, d
 
 
-@pytest.mark.slow  # torch.compile of flex_attention on CPU: about 80 s on a 2-core box (2026-12)
+@pytest.mark.slow  # torch.compile of flex_attention on CPU: 55-80 s cold, 20 s with inductor's cache (2-core box, 2026-12)
 def test_flex_attention_cpu_forward(packed_batch):
     """flex_attention on CPU (torch 2.13): float32 only, and no backward ("FlexAttention does not support
     backward on CPU"), so logits and loss, in float32."""
@@ -318,6 +318,22 @@ def test_hf_batches_every_row_once_same_count_per_rank(small_dataset, world, wor
         assert len(seen) == len(set(seen)) == n // world * world
     else:
         assert sorted(seen) == list(range(n))
+
+
+def test_hf_dataloader_with_workers_passes_through_accelerate(small_dataset):
+    """Real DataLoader workers: every row once, len() the batches they make; Accelerator.prepare keeps it."""
+    accelerate = pytest.importorskip("accelerate")
+    from packer.hf import hf_dataloader
+
+    loader = hf_dataloader(PackedDataset(small_dataset, seed=1), 4, num_workers=2, return_row_ids=True)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 10  # 37 rows, 19 + 18 per worker: 5 + 5 batches
+    assert sorted(r for b in batches for r in b["row_ids"].tolist()) == list(range(37))
+    assert all(b["use_cache"] is False and type(b["max_length_q"]) is int for b in batches)
+    try:
+        assert accelerate.Accelerator(cpu=True).prepare(loader) is loader
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)  # no accelerate state for later tests
 
 
 # -- HF datasets reads the shards ------------------------------------------------------------

@@ -88,3 +88,35 @@ def test_one_epoch_every_row_once(small_dataset, tmp_path, script, n_proc):
     first_rows = sum((rank_rows[:rank_steps[0]["rows"]] for rank_rows, rank_steps in zip(rows, steps)), [])
     first_loss = sum(rank[0]["loss"] for rank in steps) / n_proc  # each rank's share x world: their mean
     assert abs(first_loss - per_document_loss(small_dataset, first_rows)) < 2e-5
+
+
+MISMATCH = """
+import sys
+from transformers import TrainingArguments
+from packer.data import PackedDataset
+from packer.hf import PackedTrainer
+sys.path.insert(0, sys.argv[2])
+from hf_trainer import tiny_model
+
+args = TrainingArguments(output_dir=sys.argv[3], max_steps=1, report_to="none")  # no use_cpu on a CPU box
+assert args.world_size == 1
+trainer = PackedTrainer(model=tiny_model(sys.argv[1]), args=args, train_dataset=PackedDataset(sys.argv[1]))
+try:
+    trainer.get_train_dataloader()
+except ValueError as e:
+    assert "use_cpu=True" in str(e), e
+else:
+    raise AssertionError("2 processes trained as 2 separate runs")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the trap is accelerate's CPU default")
+def test_trainer_refuses_ranks_that_would_train_separately(small_dataset, tmp_path):
+    """On CPU, TrainingArguments without use_cpu=True under torchrun: the process group is up, but accelerate
+    runs each rank as a run of its own (world_size 1). PackedTrainer stops instead of training 2 models."""
+    (tmp_path / "mismatch.py").write_text(MISMATCH)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(tmp_path / "mismatch.py"), str(small_dataset), str(EXAMPLES), str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
