@@ -38,9 +38,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from packer.train.data import PackedDataset, permute
 from packer.train.items import collate_varlen
 
-HF_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-           "use_cache")
-
 # -- the batch -----------------------------------------------------------------------------
 
 
