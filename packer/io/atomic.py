@@ -83,10 +83,6 @@ def _save(path, save):
     os.replace(tmp, path)
 
 
-def save_npy(path, array: np.ndarray):
-    _save(path, lambda f: np.save(f, array))
-
-
 def save_npz(path, **arrays):
     _save(path, lambda f: np.savez(f, **arrays))
 

@@ -74,7 +74,7 @@ def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300
     for u in range(int(rng.integers(1, 4))):
         lengths = rng.integers(1, 2 * context_length, size=int(rng.integers(0, 30)))
         tokens = rng.integers(0, high, size=int(lengths.sum())).astype(dtype)
-        atomic.save_npy(work / "units" / f"unit-{u:06d}.tokens.npy", tokens)
+        np.save(work / "units" / f"unit-{u:06d}.tokens.npy", tokens)
         unit_tokens.append(tokens.tolist())
         unit_lengths.append(lengths.astype(np.int64))
     plan = plan_bins(unit_lengths, context_length=context_length, seed=int(rng.integers(100)), shard_size=shard_size)
