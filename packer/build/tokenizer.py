@@ -361,22 +361,25 @@ def specials_manifest(info: TokenizerInfo) -> dict:
     return {"specials": specials}
 
 
-def describe_specials(info: TokenizerInfo) -> str:
-    """One line for the build summary:
+def describe_specials(specials: dict) -> str:
+    """The manifest's "specials" entry (specials_manifest) as one line for the build summary:
 
-        eos <｜end▁of▁sentence｜> (id 1, tokenizer_config.json); bos <｜begin▁of▁sentence｜> (id 0, tokenizer_config.json;
-        on: tokenizer_config.json add_bos_token); pad = eos
+        eos <｜end▁of▁sentence｜> (id 1, from tokenizer_config.json); bos <｜begin▁of▁sentence｜> (id 0,
+        from tokenizer_config.json; on: its add_bos_token); pad = eos
     """
-    parts = [f"eos {info.eos_token} (id {info.eos_id}, {info.eos_source})" if info.eos_id is not None else "eos off"]
-    if info.bos_id is not None:
-        on = "--bos" if info.bos_added_by == "flag" else f"{info.bos_added_by} add_bos_token"
-        parts.append(f"bos {info.bos_token} (id {info.bos_id}, {info.bos_source}; on: {on})")
-    else:
-        parts.append("bos off")
-    if info.pad_source == "eos":
+    parts = []
+    for role in ("eos", "bos"):
+        s = specials.get(role)
+        if s is None:
+            parts.append(f"{role} off")
+            continue
+        on = {None: "", "flag": "; on: --bos"}.get(s.get("added_by"), "; on: its add_bos_token")
+        parts.append(f"{role} {s['token']} (id {s['id']}, from {s['source']}{on})")
+    pad = specials.get("pad", {})
+    if pad.get("source") == "eos":
         parts.append("pad = eos")
-    elif info.pad_source == "none":
+    elif pad.get("source") == "none":
         parts.append("pad id 0")
-    else:
-        parts.append(f"pad {info.pad_token} (id {info.pad_id}, {info.pad_source})")
+    elif pad:
+        parts.append(f"pad {pad['token']} (id {pad['id']}, from {pad['source']})")
     return "; ".join(parts)

@@ -278,7 +278,6 @@ def test_what_the_manifest_and_summary_record(tmp_path):
     sample = tokenizer_info(TOKENIZER, BuildConfig())
     assert specials_manifest(sample) == {} and resolved_config(BuildConfig(), sample) == BuildConfig()
     assert (sample.eos_token, sample.eos_source, sample.pad_source) == ("<|endoftext|>", "guess", "eos")
-    assert describe_specials(sample) == "eos <|endoftext|> (id 0, guess); bos off; pad = eos"
     d = _tokenizer_dir(tmp_path / "deepseek", DEEPSEEK)
     bos, eos = _ids(d, BOS, EOS)
     info = tokenizer_info(str(d), BuildConfig(bos=None))
@@ -288,8 +287,12 @@ def test_what_the_manifest_and_summary_record(tmp_path):
         "bos": {"token": BOS, "id": bos, "source": src, "added_by": src},
         "pad": {"token": EOS, "id": eos, "source": src}}}
     assert resolved_config(BuildConfig(bos=None), info) == BuildConfig(bos=True, eos_token=EOS, bos_token=BOS)
-    assert describe_specials(info) == (f"eos {EOS} (id {eos}, {src}); bos {BOS} (id {bos}, {src}; on: {src} add_bos_token); "
-                                       f"pad {EOS} (id {eos}, {src})")
+    assert describe_specials(specials_manifest(info)["specials"]) == (
+        f"eos {EOS} (id {eos}, from {src}); bos {BOS} (id {bos}, from {src}; on: its add_bos_token); pad {EOS} (id {eos}, from {src})")
+    no_pad = _tokenizer_dir(tmp_path / "no-pad", {"tokenizer_config.json": {"eos_token": EOS}})
+    info = tokenizer_info(str(no_pad), BuildConfig(bos=True, bos_token="<|endoftext|>"))
+    assert describe_specials(specials_manifest(info)["specials"]) == (
+        f"eos {EOS} (id {eos}, from {src}); bos <|endoftext|> (id 0, from flag; on: --bos); pad = eos")
     flagged = tokenizer_info(TOKENIZER, BuildConfig(eos_token="<|endoftext|>"))
     assert specials_manifest(flagged) == {} and resolved_config(BuildConfig(eos_token="<|endoftext|>"), flagged).eos_token == "<|endoftext|>"
 
