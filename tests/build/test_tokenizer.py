@@ -276,7 +276,7 @@ def test_config_files_are_read_only_beside_a_tokenizer_json(tmp_path):
 
 def test_what_the_manifest_and_summary_record(tmp_path):
     sample = tokenizer_info(TOKENIZER, BuildConfig())
-    assert specials_manifest(sample) == {} and resolved_config(BuildConfig(), sample) == BuildConfig()
+    assert specials_manifest(sample) == {} and resolved_config(BuildConfig(), sample) == BuildConfig(eos=True, bos=False)
     assert (sample.eos_token, sample.eos_source, sample.pad_source) == ("<|endoftext|>", "guess", "eos")
     d = _tokenizer_dir(tmp_path / "deepseek", DEEPSEEK)
     bos, eos = _ids(d, BOS, EOS)
