@@ -11,6 +11,7 @@ import click
 
 from packer import __version__
 from packer.build.executors import WorkerDied
+from packer.build.tokenizer import describe_specials
 from packer.config import CHOICES, BuildConfig, Job, load_job
 from packer.io import fs
 from packer.io.fs import redact, redact_text
@@ -62,6 +63,8 @@ def _print_summary(manifest: dict, output: str):
         on = [f"truncation at {shipped['shipped_truncation']} tokens"] if "shipped_truncation" in shipped else []
         on += ["padding"] if shipped.get("shipped_padding") else []
         click.echo(f"tokenizer: its file turns on {' and '.join(on)}; packer turned them off (every token kept, none added)")
+    if "specials" in shipped:  # written only when a tokenizer config file chose eos/bos/pad
+        click.echo(f"tokenizer: {describe_specials(shipped['specials'])}")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
     click.echo(f"fill rate: {t['fill_rate']:.4f}" if t["fill_rate"] is not None else "fill rate: n/a (no sequences)")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
@@ -75,7 +78,7 @@ def _option(name: str, *, prefix: str = "", **overrides):
     spec = {f.name: f for f in (*dataclasses.fields(BuildConfig), *dataclasses.fields(Job))}[name]
     flag = "--" + name.replace("_", "-")
     kwargs = {"default": spec.default, "help": prefix + spec.metadata["help"], "show_default": spec.default is not None}
-    if isinstance(spec.default, bool):
+    if isinstance(spec.default, bool) or spec.type == "bool | None":  # --bos/--no-bos; unset: None
         flag = f"{flag}/--no-{name.replace('_', '-')}"
     elif name in CHOICES:
         kwargs["type"] = click.Choice(CHOICES[name])

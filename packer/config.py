@@ -34,7 +34,8 @@ class BuildConfig:
     seed: int = _field(0, "Seed of the bin shuffle.")
     text_field: str = _field("text", "JSON field / Parquet or Arrow column holding the document text.")
     eos: bool = _field(True, "Append the end-of-text token to each document.")
-    bos: bool = _field(False, "Prepend the begin-of-text token to each document.")
+    bos: bool | None = _field(None, "Prepend the begin-of-text token to each document (default: as the tokenizer's "
+                                    "tokenizer_config.json add_bos_token says, else off).")
     eos_token: str | None = _field(None, "Name of the end-of-text token (default: found in the tokenizer).")
     bos_token: str | None = _field(None, "Name of the begin-of-text token (default: found in the tokenizer).")
     format: str = _field("arrow", "Shard format: Arrow IPC; memmap (flat .bin tokens + .idx for np.memmap); or megatron "
@@ -65,6 +66,8 @@ class BuildConfig:
                 f"pack_group must be a whole number of documents >= 1 (or unset to pack all at once), "
                 f"got {self.pack_group!r}"
             )
+        if self.bos not in (None, True, False):
+            raise ValueError(f"bos must be true, false or unset (as the tokenizer says), got {self.bos!r}")
         if self.max_doc_bytes < 1:
             raise ValueError(f"max_doc_bytes must be >= 1, got {self.max_doc_bytes}")
 

@@ -16,6 +16,7 @@ shard's .json and the manifest, written after them, say what is complete, and no
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -26,7 +27,7 @@ from packer.build import readers, resume, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, unit_paths
-from packer.build.tokenizer import tokenizer_info
+from packer.build.tokenizer import resolved_config, specials_manifest, tokenizer_info
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.stats import report
@@ -154,11 +155,11 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
             **config.to_dict(),
             "eos_id": info.eos_id,
             "bos_id": info.bos_id,
-            "pad_id": info.eos_id if info.eos_id is not None else 0,
+            "pad_id": info.pad_id,
             "token_dtype": info.dtype.name,
         },
         "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
-                      **_shipped(info)},
+                      **_shipped(info), **specials_manifest(info)},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
         "totals": _totals(counters, plan, config, skipped_files),
@@ -181,6 +182,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         raise ValueError(f"--output {fs.redact(out)} is in this process's memory, which worker processes do not share; use --workers 1")
     files = readers.expand_inputs(job.inputs)
     info = tokenizer_info(job.tokenizer, config)
+    job = dataclasses.replace(job, config=resolved_config(config, info))  # bos/eos as used, never None
+    config = job.config
     with lock.hold(out):
         resume.refuse_foreign(out)
         work = out / WORK
