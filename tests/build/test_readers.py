@@ -153,7 +153,7 @@ def test_lines_longer_than_a_block_and_no_final_newline(tmp_path):
         assert _read_all([str(path)], unit_bytes)[0] == texts
     got, skips = _read_all([str(path)], max_doc_bytes=2_000_000)
     assert got == texts[1:] and dict(skips.counts) == {"too_large": 1}
-    assert skips.examples[0]["where"] == f"{path}:1"
+    assert skips.examples[0]["where"] == f"{path}:1: longer than --max-doc-bytes (raise the limit with --max-doc-bytes N)"
 
 
 def test_bad_records_are_counted_by_reason(tmp_path):
@@ -231,7 +231,8 @@ def test_file_error_pickles_with_its_message():
     import pickle
 
     e = pickle.loads(pickle.dumps(FileError("a.jsonl.gz", "truncated")))
-    assert str(e) == "a.jsonl.gz: truncated" and e.cause == "truncated"
+    assert str(e) == "a.jsonl.gz: truncated; --on-file-error skip would leave the file out and list it"
+    assert e.cause == "truncated"
 
 
 def test_formats_by_name():
@@ -253,7 +254,7 @@ def _lines_reader():
         return whole_file(place)
 
     def texts(unit, place, skips, *, text_field, text_split, max_doc_bytes):
-        f, _ = open_lines(unit, place)
+        f, _, _, _ = open_lines(unit, place)
         with f:
             for line_no, line in enumerate(f.read().split(b"\n"), 1):
                 if line and (text := decode(line, where(unit, line_no, 0), skips)) is not None:
@@ -324,13 +325,19 @@ def test_expand_inputs_directories_and_errors(tmp_path):
 
 
 def test_symlinks_followed_and_loops_refused(tmp_path):
+    """A loop is listed as the link, not walked, and planning refuses it (or skips it)."""
     (tmp_path / "d" / "real").mkdir(parents=True)
     (tmp_path / "d" / "real" / "a.jsonl").write_text("")
     os.symlink(tmp_path / "d" / "real", tmp_path / "d" / "link")
     assert [f.split("/d/")[1] for f in expand_inputs([str(tmp_path / "d")])] == ["link/a.jsonl", "real/a.jsonl"]
     os.symlink(tmp_path / "d", tmp_path / "d" / "real" / "loop")
-    with pytest.raises(ValueError, match=r"symlink loop: .*loop leads back to"):
-        expand_inputs([str(tmp_path / "d")])
+    files = expand_inputs([str(tmp_path / "d")])
+    assert [f.split("/d/")[1] for f in files] == ["link/a.jsonl", "link/loop", "real/a.jsonl", "real/loop"]
+    with pytest.raises(FileError, match=rf"link/loop: symlink loop: it leads back to {tmp_path / 'd'}, a directory"):
+        plan_units(files, 10**6)
+    skipped = []
+    assert [u.path for u in plan_units(files, 10**6, skipped_files=skipped)] == [files[0], files[2]]
+    assert [s["path"] for s in skipped] == [files[1], files[3]] and "symlink loop" in skipped[0]["error"]
 
 
 def test_hf_directory_contributes_only_its_data_files(tmp_path):
@@ -360,6 +367,8 @@ LINE_KINDS = [
     b'{"text": ""}   ', b'[%d]', b'"%d"', b'{"text": "bad \xe9 %d"}', b'{"x": "bad \xff", "text": "t%d"}',
     b'{"text": "lone \\udc00 %d"}', b'{"text": "trailing %d",}', b'', b'   \r', b'{"text": "crlf %d"}\r',
     b'{"text": "' + b"long " * 40 + b'%d"}', b'[' * 3000 + b'%d',
+    b'{"text": "   ", "n": %d}', b'{"text": " \\t\\u3000 ", "n": %d}', b'{"text": "cesu \xed\xa0\x80 %d"}',
+    b'{"text": "hangul \xed\x9f\xbb %d"}',
 ]
 
 
@@ -390,7 +399,7 @@ def _reference_jsonl(data: bytes, max_bytes: int):
             skip("null_text")
         elif not isinstance(record["text"], str):
             skip("non_string_text")
-        elif record["text"] == "":
+        elif not record["text"].strip():  # empty or whitespace only, as in .txt
             skip("empty_text")
         else:
             try:
@@ -420,7 +429,7 @@ def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch)
         good_only = trial % 3 == 0  # whole blocks of good lines take the fast path
         kinds = LINE_KINDS[:5] if good_only else LINE_KINDS
         lines = [rng.choice(kinds).replace(b"%d", str(i).encode()) for i in range(rng.randint(1, 300))]
-        data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+        data = rng.choice([b"", b"\xef\xbb\xbf"]) + b"\n".join(lines) + rng.choice([b"", b"\n"])  # BOM or not
         path = tmp_path / f"t{trial}.jsonl"
         path.write_bytes(data)
         monkeypatch.setattr(line_reader, "BLOCK_BYTES", rng.choice([64, 333, 4096, 1 << 20]))
