@@ -64,7 +64,7 @@ def _make_work(root: Path, n_tokens: int, shard_size: int, rng):
     lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), n_tokens)) + 1]
     unit_lengths = np.array_split(lengths, N_UNITS)
     for u, ls in enumerate(unit_lengths):
-        atomic.save_npy(units / f"unit-{u:06d}.tokens.npy", rng.integers(0, 50_000, int(ls.sum()), dtype=np.uint16))
+        np.save(units / f"unit-{u:06d}.tokens.npy", rng.integers(0, 50_000, int(ls.sum()), dtype=np.uint16))
     plan = plan_bins(unit_lengths, context_length=CONTEXT_LENGTH, seed=SEED, shard_size=shard_size)
     atomic.save_npz(root / "_work" / "plan.npz", **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
     return plan

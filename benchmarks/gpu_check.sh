@@ -16,6 +16,7 @@ for name, info in available_backends("cuda").items():
     print(f"  {name:<13} forward={info['forward']} backward={info['backward']}  {info['note']}")
 PY
 timeout 150 "$PY" -m pytest tests/train/test_attention.py -k cuda -q -rs -p no:cacheprovider
+timeout 150 "$PY" -m pytest tests/train/test_hf.py -k cuda -q -rs -p no:cacheprovider  # HF flash_attention_2 exactness
 timeout 240 "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16
 # training throughput, padded vs packed vs varlen (the seeds' table), a GPU-sized model in bf16
 # (added after the 2026-11-29 H200 run, whose lease ended first: checked on CPU only, bf16 autocast)

@@ -63,7 +63,7 @@ def _print_summary(manifest: dict, output: str):
         on += ["padding"] if shipped.get("shipped_padding") else []
         click.echo(f"tokenizer: its file turns on {' and '.join(on)}; packer turned them off (every token kept, none added)")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
-    click.echo(f"fill rate: {t['fill_rate']:.4f}")
+    click.echo(f"fill rate: {t['fill_rate']:.4f}" if t["fill_rate"] is not None else "fill rate: n/a (no sequences)")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
     if t["docs_accepted"]:
         click.echo(f"report:    {redact(fs.location(location) / REPORT)} (packer stats {output} prints the table)")

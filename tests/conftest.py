@@ -13,6 +13,16 @@ SAMPLE_INPUTS = (str(SAMPLE / "prose.jsonl"), str(SAMPLE / "code.jsonl"))
 TOKENIZER = str(SAMPLE / "tokenizer.json")
 
 
+def schema_errors(value) -> list[str]:
+    """What in `value` breaks packer/stats/stats_schema.json, one line per problem (jsonschema)."""
+    import jsonschema
+
+    from packer.stats.figures import SCHEMA
+
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    return [f"{'.'.join(map(str, e.absolute_path)) or '$'}: {e.message}" for e in validator.iter_errors(value)]
+
+
 def sample_texts() -> list[str]:
     """Every document of the sample corpus, in build order."""
     texts = []

@@ -94,3 +94,12 @@ def test_run_rejects_unknown_pipeline_keys(tmp_path):
     job.write_text('inputs = ["a.jsonl"]\ntokenizer = "t.json"\noutput = "o"\n[config]\ncontext_lenght = 4\n')
     result = CliRunner().invoke(main, ["run", str(job)])
     assert result.exit_code == 1 and "context_lenght" in result.output
+
+
+def test_a_build_with_no_sequence_says_so_instead_of_a_fill_rate(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"body": "no text field"}\n', encoding="utf-8")
+    result = CliRunner().invoke(main, ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
+                                       "--workers", "1"])
+    assert "0 accepted of 1 read" in result.output and "fill rate: n/a (no sequences)" in result.output
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["totals"]["fill_rate"] is None

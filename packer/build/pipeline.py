@@ -120,7 +120,7 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
         "tokens_truncated": plan.n_truncated_tokens,
         "sequences": plan.n_sequences,
         "pieces": len(plan.piece_len),
-        "fill_rate": tokens_out / slots if slots else 1.0,
+        "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
     }
 
 

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import struct
-import tempfile
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -155,18 +153,14 @@ def unit_paths(work_dir, index: int) -> dict:
 class _NpyAppender:
     """A 1-D .npy file written in pieces: a fixed 128-byte header first, rewritten with the final
     length on commit, so a unit of any size streams to disk instead of gathering in memory.
-    A remote file (no seek, no rename) is spooled in a nameless local temporary file, then uploaded."""
+    Staged (packer/io/atomic.py): it appears under its name only when committed, locally or remote."""
 
     HEADER_BYTES = 128
 
     def __init__(self, path, dtype):
-        self.path, self.dtype, self.n = path, np.dtype(dtype), 0
-        if isinstance(path, fs.RemotePath):  # nameless: nothing is left behind if this process is killed
-            self.tmp, self.f = None, tempfile.TemporaryFile(prefix="packer-unit-")
-        else:
-            self.tmp = atomic.tmp_path(path)
-            self.f = open(self.tmp, "wb")
-        self.f.write(self._header())
+        self.dtype, self.n = np.dtype(dtype), 0
+        self._staged = atomic.Staged(path)
+        self._staged.f.write(self._header())
 
     def _header(self) -> bytes:
         body = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (self.dtype.str, self.n)
@@ -174,24 +168,16 @@ class _NpyAppender:
         return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
 
     def append(self, array: np.ndarray):
-        self.f.write(np.ascontiguousarray(array, dtype=self.dtype).data)
+        self._staged.f.write(np.ascontiguousarray(array, dtype=self.dtype).data)
         self.n += len(array)
 
     def commit(self):
-        self.f.seek(0)
-        self.f.write(self._header())
-        if isinstance(self.path, fs.RemotePath):
-            self.f.seek(0)
-            with self.f:
-                fs.upload(self.f, self.path)
-        else:
-            self.f.close()
-            os.replace(self.tmp, self.path)
+        self._staged.f.seek(0)
+        self._staged.f.write(self._header())
+        self._staged.commit()
 
     def abort(self):
-        self.f.close()
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
+        self._staged.abort()
 
 
 def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: str) -> dict:

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,35 @@ def write_bytes(path, data: bytes):
     os.replace(tmp, path)
 
 
+class Staged:
+    """A seekable binary file that becomes `path` only on commit(): locally a temporary name
+    beside it, renamed into place; for a remote path (no rename, no seek) a nameless local
+    temporary file, uploaded on commit, so a killed process leaves nothing anywhere.
+    abort() discards it. `f` is the open file."""
+
+    def __init__(self, path):
+        self.path = fs.location(path)
+        if isinstance(self.path, fs.RemotePath):
+            self.tmp, self.f = None, tempfile.TemporaryFile(prefix="packer-")
+        else:
+            self.tmp = _tmp(self.path)
+            self.f = open(self.tmp, "wb")
+
+    def commit(self):
+        if self.tmp is None:
+            self.f.seek(0)
+            with self.f:
+                fs.upload(self.f, self.path)
+        else:
+            self.f.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self):
+        self.f.close()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
 def write_json(path, obj):
     """`obj` as indented JSON, with credentials in any URI it names redacted (packer/io/fs.py)."""
     write_bytes(path, (json.dumps(fs.redact_json(obj), indent=2) + "\n").encode("utf-8"))
@@ -51,10 +81,6 @@ def _save(path, save):
     with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
         save(f)
     os.replace(tmp, path)
-
-
-def save_npy(path, array: np.ndarray):
-    _save(path, lambda f: np.save(f, array))
 
 
 def save_npz(path, **arrays):

@@ -74,7 +74,7 @@ def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300
     for u in range(int(rng.integers(1, 4))):
         lengths = rng.integers(1, 2 * context_length, size=int(rng.integers(0, 30)))
         tokens = rng.integers(0, high, size=int(lengths.sum())).astype(dtype)
-        atomic.save_npy(work / "units" / f"unit-{u:06d}.tokens.npy", tokens)
+        np.save(work / "units" / f"unit-{u:06d}.tokens.npy", tokens)
         unit_tokens.append(tokens.tolist())
         unit_lengths.append(lengths.astype(np.int64))
     plan = plan_bins(unit_lengths, context_length=context_length, seed=int(rng.integers(100)), shard_size=shard_size)
@@ -160,7 +160,7 @@ def test_arrow_shards_load_with_hf_datasets(tmp_path, monkeypatch):
     hf = datasets.load_dataset("arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache"))
     assert len(files) > 1 and len(hf) == len(reference)
     assert [(r["input_ids"], r["offsets"]) for r in hf] == reference
-    # the copy-free view the README shows
+    # the copy-free view docs/format.md shows
     table = pa.concat_tables(ipc.open_file(pa.memory_map(f)).read_all() for f in files)
     view = datasets.Dataset(datasets.table.InMemoryTable(table))
     assert [(r["input_ids"], r["offsets"]) for r in view] == reference

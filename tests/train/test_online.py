@@ -270,10 +270,9 @@ def test_stats_cli_reports_online_fill_rate(tmp_path):
     import json
 
     from click.testing import CliRunner
-    from conftest import SAMPLE_INPUTS, TOKENIZER
+    from conftest import SAMPLE_INPUTS, TOKENIZER, schema_errors
 
     from packer.cli import main
-    from packer.stats.figures import schema_errors
 
     out = tmp_path / "s.json"
     result = CliRunner().invoke(main, ["stats", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--context-length", "512",

@@ -1,0 +1,122 @@
+"""examples/hf_trainer.py (transformers.Trainer + packer.hf.PackedTrainer) and examples/hf_accelerate.py (a plain
+accelerate loop over packer.hf.hf_dataloader), run as a user runs them, in 1 process and in 2 under torchrun
+(gloo, CPU): over one epoch every packed row is trained exactly once across ranks, each rank trains its own
+share (no rank starves, accelerate does not split again), ranks take the same number of steps, and the first
+step's loss equals the per-document loss of the rows it trained.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import torch.nn.functional as F  # noqa: E402
+from conftest import ROOT  # noqa: E402
+from test_hf import build_small  # noqa: E402
+
+from packer.store.dataset import open_dataset  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+BATCH = 6  # 37 rows: 2 ranks own 19 and 18, so rank 0's last row joins its third batch (a batch of 7)
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory):
+    return build_small(tmp_path_factory.mktemp("hf-trainer") / "ds")
+
+
+def _run(script: str, n_proc: int, args: list[str], cwd):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    launcher = [sys.executable] if n_proc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                     f"--nproc_per_node={n_proc}"]
+    done = subprocess.run(launcher + [str(EXAMPLES / script)] + args, cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _example_module():
+    spec = importlib.util.spec_from_file_location("hf_trainer_example", EXAMPLES / "hf_trainer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def per_document_loss(data, rows: list[int]) -> float:
+    """The example's model (its seed, before any step), each document of these rows run alone: token-weighted loss."""
+    model = _example_module().tiny_model(data, seed=0)
+    stored = open_dataset(data)
+    loss_sum, n_tokens = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            tokens, offsets = stored[r]
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+                doc = torch.from_numpy(tokens[a:b].astype("int64"))
+                logits = model(input_ids=doc[None], use_cache=False).logits[0].double()
+                loss_sum += F.cross_entropy(logits[:-1], doc[1:], reduction="sum").item()
+                n_tokens += b - a - 1
+    return loss_sum / n_tokens
+
+
+@pytest.mark.parametrize("n_proc", [1, 2])
+@pytest.mark.parametrize("script", ["hf_trainer.py", "hf_accelerate.py"])
+def test_one_epoch_every_row_once(small_dataset, tmp_path, script, n_proc):
+    n_rows = len(open_dataset(small_dataset))
+    shares = [len(range(r, n_rows, n_proc)) for r in range(n_proc)]  # PackedDataset's rank split
+    steps_per_epoch = -(-shares[-1] // BATCH)
+    _run(script, n_proc, ["--data", str(small_dataset), "--max-steps", str(steps_per_epoch), "--batch-size",
+                          str(BATCH), "--rows-seen", str(tmp_path / "rows"), "--loss-log", str(tmp_path / "loss")],
+         tmp_path)
+    rows = [[int(line) for line in (tmp_path / f"rows.rank{r}").read_text().split()] for r in range(n_proc)]
+    steps = [[json.loads(line) for line in (tmp_path / f"loss.rank{r}").read_text().splitlines()]
+             for r in range(n_proc)]
+    assert sorted(sum(rows, [])) == list(range(n_rows))  # each row once over the ranks
+    assert [len(r) for r in rows] == shares  # each rank its own share: no starving, no second split
+    assert [len(s) for s in steps] == [steps_per_epoch] * n_proc  # ranks in lockstep
+    assert [sum(s["rows"] for s in rank) for rank in steps] == shares
+    if n_proc == 2:
+        assert [s["rows"] for s in steps[0]] == [6, 6, 7] and [s["rows"] for s in steps[1]] == [6, 6, 6]
+    first_rows = sum((rank_rows[:rank_steps[0]["rows"]] for rank_rows, rank_steps in zip(rows, steps)), [])
+    first_loss = sum(rank[0]["loss"] for rank in steps) / n_proc  # each rank's share x world: their mean
+    assert abs(first_loss - per_document_loss(small_dataset, first_rows)) < 2e-5
+
+
+MISMATCH = """
+import sys
+from transformers import TrainingArguments
+from packer.data import PackedDataset
+from packer.hf import PackedTrainer
+sys.path.insert(0, sys.argv[2])
+from hf_trainer import tiny_model
+
+args = TrainingArguments(output_dir=sys.argv[3], max_steps=1, report_to="none")  # no use_cpu on a CPU box
+assert args.world_size == 1
+trainer = PackedTrainer(model=tiny_model(sys.argv[1]), args=args, train_dataset=PackedDataset(sys.argv[1]))
+try:
+    trainer.get_train_dataloader()
+except ValueError as e:
+    assert "use_cpu=True" in str(e), e
+else:
+    raise AssertionError("2 processes trained as 2 separate runs")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the trap is accelerate's CPU default")
+def test_trainer_refuses_ranks_that_would_train_separately(small_dataset, tmp_path):
+    """On CPU, TrainingArguments without use_cpu=True under torchrun: the process group is up, but accelerate
+    runs each rank as a run of its own (world_size 1). PackedTrainer stops instead of training 2 models."""
+    (tmp_path / "mismatch.py").write_text(MISMATCH)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(tmp_path / "mismatch.py"), str(small_dataset), str(EXAMPLES), str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
