@@ -439,3 +439,31 @@ def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch)
             got, skips = _read_all([str(path)], unit_bytes, max_doc_bytes=max_bytes)
             assert (got, dict(skips.counts)) == expected, (trial, unit_bytes)
     assert n_fast > 10  # the fast path really ran, and agreed
+
+
+def test_a_bom_at_every_unit_size_yields_every_record_once(tmp_path):
+    """A UTF-8 BOM belongs to the first line, whatever the cut: units ending inside it (1, 2, 3
+    bytes) or just after it still give every record once, without the BOM."""
+    texts = [f"doc {i} " + "y" * (i % 5) for i in range(30)]
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + _jsonl_bytes(texts))
+    data = b"\xef\xbb\xbf" + "\n\n".join(texts).encode()
+    (tmp_path / "p.txt").write_bytes(data)
+    (tmp_path / "q.txt").write_bytes(b"\xef\xbb\xbf\n\n" + "\n\n".join(texts).encode())  # a blank first line
+    for unit_bytes in [1, 2, 3, 4, 5, 7, 64, 10**6]:
+        assert _read_all([str(tmp_path / "a.jsonl")], unit_bytes)[0] == texts, unit_bytes
+        for name in ("p.txt", "q.txt"):
+            assert _read_all([str(tmp_path / name)], unit_bytes, text_split="blank-line")[0] == texts, (name, unit_bytes)
+
+
+def test_utf16_is_read_whole_by_the_first_unit_and_bad_code_units_are_invalid_utf8(tmp_path):
+    texts = ["one", "two \u00e9", "three \U0001F642"]
+    data = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts).encode("utf-16")
+    (tmp_path / "a.jsonl").write_bytes(data)
+    units = plan_units([str(tmp_path / "a.jsonl")], 8)
+    assert len(units) > 10
+    per_unit = [list(read_unit(u, SkipLog.empty())) for u in units]
+    assert per_unit[0] == texts and not any(per_unit[1:])
+    bad = '{"text": "fine"}\n{"text": "x'.encode("utf-16-le") + b"\x00\xd8" + '"}\n'.encode("utf-16-le") + b"!"
+    (tmp_path / "b.jsonl").write_bytes(b"\xff\xfe" + bad)  # a lone surrogate, then half a code unit at the end
+    got, skips = _read_all([str(tmp_path / "b.jsonl")])
+    assert got == ["fine"] and dict(skips.counts) == {"invalid_utf8": 2}  # the record, and the cut-off last line
