@@ -42,10 +42,10 @@ READERS: dict[str, Reader] = {
 
 def _match(path: str) -> tuple[Reader, str | None]:
     """(reader, codec) of a file by its name: 'x/a.JSONL.zst' -> (jsonl, 'zstd')."""
-    reader = _match_or_none(path)
-    if reader is None:
+    match = _match_or_none(path)
+    if match is None:
         raise ValueError(f"unsupported input format: {fs.redact(path)} ({_unsupported_fix()})")
-    return reader
+    return match
 
 
 def _match_or_none(path: str) -> tuple[Reader, str | None] | None:
