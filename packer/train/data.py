@@ -137,22 +137,38 @@ class PackedDataset(IterableDataset):
             self._resume = None
         self.epoch = epoch
 
-    def _split(self) -> dict:
+    def split(self) -> dict:
+        """{rank, world_size, worker, num_workers} of the calling process (its rank, its DataLoader worker)."""
         return dataclasses.asdict(current_split(self.rank, self.world_size, get_worker_info()))
 
-    def _rank_count(self, rank: int, world: int) -> int:
+    def rank_world(self) -> tuple[int, int]:
+        """(rank, world size) this dataset reads as: the given ones, else torch.distributed's, else (0, 1)."""
+        return rank_world(self.rank, self.world_size)
+
+    def rank_count(self, rank: int, world: int) -> int:
+        """Sequences rank `rank` of `world` yields per epoch (over all its workers)."""
         n = self.n_sequences // world * world if self.drop_last else self.n_sequences
         return len(range(rank, n, world))
 
+    def epoch_rows(self, split: dict) -> np.ndarray:
+        """int64: the stored row index of each item `split` yields this epoch, in order."""
+        positions = self._positions(split, 0)
+        return permute(positions, self.n_sequences, self.seed, self.epoch) if self.shuffle else positions
+
+    @property
+    def resuming(self) -> bool:
+        """True when a loaded state_dict has not been consumed by an iteration yet."""
+        return self._resume is not None
+
     def __len__(self) -> int:
         """Sequences this rank yields per epoch (over all its workers); with batch_size, batches."""
-        n = self._rank_count(*rank_world(self.rank, self.world_size))
+        n = self.rank_count(*self.rank_world())
         return n if self.batch_size is None else -(-n // self.batch_size)
 
     def state_dict(self) -> dict:
         """{seed, shuffle, epoch, yielded, rank, world_size, worker, num_workers}: where this process
         is in the epoch (`yielded` items so far, as its split sees them)."""
-        split = self._iter_split or self._split()
+        split = self._iter_split or self.split()
         yielded = self._yielded if self._resume is None else self._resume["yielded"]
         if self._resume is None and self._block_iter is not None:  # items taken from the current block
             block_iter, n_units, n_items, per_unit = self._block_iter
@@ -181,11 +197,11 @@ class PackedDataset(IterableDataset):
     def _positions(self, split: dict, skip: int) -> np.ndarray:
         """Epoch positions this process yields, in order, after its first `skip`."""
         rank, world, worker, n_workers = split["rank"], split["world_size"], split["worker"], split["num_workers"]
-        local = np.arange(worker + n_workers * skip, self._rank_count(rank, world), n_workers, dtype=np.int64)
+        local = np.arange(worker + n_workers * skip, self.rank_count(rank, world), n_workers, dtype=np.int64)
         return rank + world * local
 
     def __iter__(self):
-        split = self._iter_split = self._split()
+        split = self._iter_split = self.split()
         skip = self._check_resume(split)
         if self._ds is None:
             self._ds = open_dataset(self.path)  # opened per process: memory maps do not pickle

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from packer.train.data import PackedDataset, permute
+from packer.train.data import PackedDataset
 from packer.train.items import collate_varlen
 
 # -- the batch -----------------------------------------------------------------------------
@@ -109,28 +109,26 @@ class HFBatches(IterableDataset):
         """(rows of this process, rows of the same worker on the rank with the fewest)."""
         ds, rank, world = self.dataset, split["rank"], split["world_size"]
         worker, n_workers = split["worker"], split["num_workers"]
-        mine, smallest = ds._rank_count(rank, world), ds._rank_count(world - 1, world)
+        mine, smallest = ds.rank_count(rank, world), ds.rank_count(world - 1, world)
         return len(range(worker, mine, n_workers)), len(range(worker, smallest, n_workers))
 
     def __len__(self) -> int:
         """Batches per rank and epoch (the same on every rank), over all `num_workers` workers."""
-        rank, world = self.dataset._rank_world()
+        rank, world = self.dataset.rank_world()
         split = {"rank": rank, "world_size": world, "num_workers": max(1, self.num_workers)}
         return sum(len(_split_sizes(*self._shares({**split, "worker": w}), self.batch_size))
                    for w in range(split["num_workers"]))
 
     def _row_ids(self, split: dict) -> np.ndarray:
         """Stored row index of each item this process yields this epoch, in order (PackedDataset's order)."""
-        ds = self.dataset
-        positions = ds._positions(split, 0)
-        return permute(positions, ds.n_sequences, ds.seed, ds.epoch) if ds.shuffle else positions
+        return self.dataset.epoch_rows(split)
 
     def __iter__(self):
         ds = self.dataset
-        if ds._resume is not None:
+        if ds.resuming:
             raise ValueError("HFBatches: the PackedDataset has a loaded resume state; resume the HF loader by "
                              "skipping batches (Trainer and accelerate.skip_first_batches do)")
-        split = ds._split()
+        split = ds.split()
         sizes = _split_sizes(*self._shares(split), self.batch_size)
         row_ids = self._row_ids(split) if self.return_row_ids else None
         items, start = iter(ds), 0
