@@ -53,15 +53,16 @@ def _exit_with_driver():
 
 
 def describe_call(fn, item, index: int) -> str:
-    """Name a call for error messages by its domain arguments:
-    'tokenize_unit, unit 3 (a.jsonl bytes 0-65536)', 'write_shard, shard 2', else 'fn, item 5'."""
+    """Name a call for error messages by its domain arguments: 'tokenize_unit, unit 3 (a.jsonl bytes
+    0-65536)' ('... (a.jsonl.gz whole file)'), 'write_shard, shard 2', else 'fn, item 5'."""
     try:
         args = inspect.signature(fn).bind(*item).arguments
     except (TypeError, ValueError):
         args = {}
     unit = args.get("unit")
     if unit is not None and hasattr(unit, "index"):
-        return f"{fn.__name__}, unit {unit.index} ({redact(unit.path)} bytes {unit.start}-{unit.end})"
+        span = getattr(unit, "span", None) or f"bytes {unit.start}-{unit.end}"
+        return f"{fn.__name__}, unit {unit.index} ({redact(unit.path)} {span})"
     if "shard" in args:
         return f"{fn.__name__}, shard {args['shard']}"
     return f"{getattr(fn, '__name__', fn)}, item {index}"

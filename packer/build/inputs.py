@@ -6,10 +6,12 @@
 Each file keeps the name it was reached by (a URI stays a URI, credentials and query included:
 it re-opens the file in a worker); every listing, stat and read goes through the place
 `fs.location` resolves it to, once per input. Directories are walked in sorted order, hidden
-entries (a name starting with ".") are skipped, symlinked directories are followed and a link
-that leads back to one of its own ancestors is an error (a loop would list the same files
-forever). A directory written by HF `datasets.save_to_disk` (it holds `state.json`)
-contributes only its `*.arrow` data files.
+entries (a name starting with ".") are skipped, symlinked directories are followed, and a link
+that leads back to one of its own ancestors (a loop would list the same files forever) is
+listed as itself, not walked. Every other entry is listed whatever it is (a FIFO, a README):
+planning (readers.plan_units) refuses what cannot be read, before opening it, and that is
+where `on_file_error` decides between failing and skipping. A directory written by HF
+`datasets.save_to_disk` (it holds `state.json`) contributes only its `*.arrow` data files.
 """
 
 from __future__ import annotations
@@ -53,11 +55,9 @@ def _walk(directory: str, place, ancestors: dict) -> list[str]:
         if not is_dir:
             files.append(child)
             continue
-        if identity in ancestors:
-            raise ValueError(
-                f"symlink loop: {fs.redact(child)} leads back to {fs.redact(ancestors[identity])} "
-                "(remove the link, or list the inputs without it)"
-            )
+        if identity in ancestors:  # a loop: planning names it (or skips it) like any bad file
+            files.append(child)
+            continue
         files.extend(_walk(child, place / name, {**ancestors, identity: child}))
     return files
 
@@ -71,7 +71,7 @@ def _expand_one(item: str) -> list[str]:
     place = fs.location(item)
     if item and place.is_dir():  # Path("") is the current directory: not an input
         return sorted(_walk(item, place, {fs.identity(place): item}))
-    if place.is_file():
+    if place.is_file() or fs.not_regular(place):  # a FIFO named here is refused when planned, like one in a directory
         return [item]
     if fs.is_uri(item):
         raise FileNotFoundError(f"input not found: {fs.redact(item)}")

@@ -365,3 +365,23 @@ def identity(loc):
         return loc.uri
     st = os.stat(loc)
     return st.st_dev, st.st_ino
+
+
+_KINDS = ((stat_module.S_ISDIR, "directory"), (stat_module.S_ISFIFO, "FIFO (named pipe)"),
+          (stat_module.S_ISSOCK, "socket"), (stat_module.S_ISCHR, "character device"),
+          (stat_module.S_ISBLK, "block device"))
+
+
+def not_regular(loc) -> str | None:
+    """What a local path is when it exists and is not a regular file ('FIFO (named pipe)',
+    'socket', 'character device', 'block device', 'directory'; links followed), else None: a
+    regular file, a missing one, or any remote object (a store has only files and directories,
+    so it is not asked: one request saved per file)."""
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        return None
+    try:
+        mode = os.stat(loc).st_mode
+    except OSError:
+        return None
+    return next((name for is_kind, name in _KINDS if is_kind(mode)), None)

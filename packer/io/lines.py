@@ -4,11 +4,23 @@
 
 A line longer than max_bytes is reported as (pos, None) and dropped while it streams past,
 so a 300 MB line costs one block of memory, not 300 MB. Positions are byte offsets in the file.
+
+A byte-order mark at a file's start names its encoding (`bom_encoding`): UTF-8's is dropped,
+UTF-16/32 text is read through `Utf8Stream`, which hands out the same text as UTF-8 bytes:
+
+    b'\xff\xfeh\x00i\x00\n\x00'  (UTF-16-LE, BOM)  ->  b'hi\n'
 """
 
 from __future__ import annotations
 
+import codecs
+
 BLOCK_BYTES = 1 << 20
+UTF8_BOM = b"\xef\xbb\xbf"
+BOMS = (  # longest first: a UTF-32-LE mark starts with UTF-16-LE's
+    (b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"), (UTF8_BOM, "utf-8"),
+    (b"\xfe\xff", "utf-16-be"), (b"\xff\xfe", "utf-16-le"),
+)
 
 
 def line_blocks(f, pos: int, max_bytes: int):
@@ -79,9 +91,69 @@ def previous_line_blank(f, pos: int) -> bool:
         f.seek(begin)
         chunk = f.read(end - begin)
         i = chunk.rfind(b"\n")
-        if chunk[i + 1:].strip():
+        line = chunk[i + 1:] if i >= 0 or begin > 0 else chunk.removeprefix(UTF8_BOM)  # a BOM is no text
+        if line.strip():
             return False
         if i >= 0:
             return True
         end = begin
     return True
+
+
+def bom_encoding(head: bytes) -> tuple[str, int]:
+    """(encoding, byte-order mark length) of a file that starts with `head`: ('utf-8', 0) without a mark."""
+    for mark, encoding in BOMS:
+        if head.startswith(mark):
+            return encoding, len(mark)
+    return "utf-8", 0
+
+
+class Joined:
+    """A stream that first hands out `head` (bytes already read from `f`), then the rest of `f`."""
+
+    def __init__(self, head: bytes, f):
+        self.head, self.f = head, f
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.f.read() if n is None or n < 0 else self.f.read(n)
+        if n is None or n < 0:
+            out, self.head = self.head + self.f.read(), b""
+        elif n <= len(self.head):
+            out, self.head = self.head[:n], self.head[n:]
+        else:
+            out, self.head = self.head + self.f.read(n - len(self.head)), b""
+        return out
+
+    def close(self):
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _mark_invalid(e: UnicodeDecodeError):
+    return "\udcff", e.end  # a lone surrogate: encoded below it is bytes no UTF-8 reader accepts
+
+
+codecs.register_error("packer.mark_invalid", _mark_invalid)
+
+
+class Utf8Stream(Joined):
+    """UTF-16/32 bytes (after their BOM) read as UTF-8: `read(n)` returns about n bytes, b'' only at
+    the end. Undecodable input (a lone surrogate, a cut-off last character) comes out as bytes that
+    are not UTF-8, so the record holding it is skipped as invalid_utf8, never silently replaced."""
+
+    def __init__(self, f, encoding: str):
+        super().__init__(b"", f)
+        self.decoder = codecs.getincrementaldecoder(encoding)(errors="packer.mark_invalid")
+
+    def read(self, n: int = -1) -> bytes:
+        while True:
+            raw = self.f.read() if n is None or n < 0 else self.f.read(n)
+            text = self.decoder.decode(raw, final=not raw)
+            if text or not raw:
+                return text.encode("utf-8", "surrogatepass")

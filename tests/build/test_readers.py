@@ -153,7 +153,7 @@ def test_lines_longer_than_a_block_and_no_final_newline(tmp_path):
         assert _read_all([str(path)], unit_bytes)[0] == texts
     got, skips = _read_all([str(path)], max_doc_bytes=2_000_000)
     assert got == texts[1:] and dict(skips.counts) == {"too_large": 1}
-    assert skips.examples[0]["where"] == f"{path}:1"
+    assert skips.examples[0]["where"] == f"{path}:1: longer than --max-doc-bytes (raise the limit with --max-doc-bytes N)"
 
 
 def test_bad_records_are_counted_by_reason(tmp_path):
@@ -231,7 +231,8 @@ def test_file_error_pickles_with_its_message():
     import pickle
 
     e = pickle.loads(pickle.dumps(FileError("a.jsonl.gz", "truncated")))
-    assert str(e) == "a.jsonl.gz: truncated" and e.cause == "truncated"
+    assert str(e) == "a.jsonl.gz: truncated; --on-file-error skip would leave the file out and list it"
+    assert e.cause == "truncated"
 
 
 def test_formats_by_name():
@@ -253,7 +254,7 @@ def _lines_reader():
         return whole_file(place)
 
     def texts(unit, place, skips, *, text_field, text_split, max_doc_bytes):
-        f, _ = open_lines(unit, place)
+        f, _, _, _ = open_lines(unit, place)
         with f:
             for line_no, line in enumerate(f.read().split(b"\n"), 1):
                 if line and (text := decode(line, where(unit, line_no, 0), skips)) is not None:
@@ -324,13 +325,19 @@ def test_expand_inputs_directories_and_errors(tmp_path):
 
 
 def test_symlinks_followed_and_loops_refused(tmp_path):
+    """A loop is listed as the link, not walked, and planning refuses it (or skips it)."""
     (tmp_path / "d" / "real").mkdir(parents=True)
     (tmp_path / "d" / "real" / "a.jsonl").write_text("")
     os.symlink(tmp_path / "d" / "real", tmp_path / "d" / "link")
     assert [f.split("/d/")[1] for f in expand_inputs([str(tmp_path / "d")])] == ["link/a.jsonl", "real/a.jsonl"]
     os.symlink(tmp_path / "d", tmp_path / "d" / "real" / "loop")
-    with pytest.raises(ValueError, match=r"symlink loop: .*loop leads back to"):
-        expand_inputs([str(tmp_path / "d")])
+    files = expand_inputs([str(tmp_path / "d")])
+    assert [f.split("/d/")[1] for f in files] == ["link/a.jsonl", "link/loop", "real/a.jsonl", "real/loop"]
+    with pytest.raises(FileError, match=rf"link/loop: symlink loop: it leads back to {tmp_path / 'd'}, a directory"):
+        plan_units(files, 10**6)
+    skipped = []
+    assert [u.path for u in plan_units(files, 10**6, skipped_files=skipped)] == [files[0], files[2]]
+    assert [s["path"] for s in skipped] == [files[1], files[3]] and "symlink loop" in skipped[0]["error"]
 
 
 def test_hf_directory_contributes_only_its_data_files(tmp_path):
@@ -360,6 +367,8 @@ LINE_KINDS = [
     b'{"text": ""}   ', b'[%d]', b'"%d"', b'{"text": "bad \xe9 %d"}', b'{"x": "bad \xff", "text": "t%d"}',
     b'{"text": "lone \\udc00 %d"}', b'{"text": "trailing %d",}', b'', b'   \r', b'{"text": "crlf %d"}\r',
     b'{"text": "' + b"long " * 40 + b'%d"}', b'[' * 3000 + b'%d',
+    b'{"text": "   ", "n": %d}', b'{"text": " \\t\\u3000 ", "n": %d}', b'{"text": "cesu \xed\xa0\x80 %d"}',
+    b'{"text": "hangul \xed\x9f\xbb %d"}',
 ]
 
 
@@ -390,7 +399,7 @@ def _reference_jsonl(data: bytes, max_bytes: int):
             skip("null_text")
         elif not isinstance(record["text"], str):
             skip("non_string_text")
-        elif record["text"] == "":
+        elif not record["text"].strip():  # empty or whitespace only, as in .txt
             skip("empty_text")
         else:
             try:
@@ -420,7 +429,7 @@ def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch)
         good_only = trial % 3 == 0  # whole blocks of good lines take the fast path
         kinds = LINE_KINDS[:5] if good_only else LINE_KINDS
         lines = [rng.choice(kinds).replace(b"%d", str(i).encode()) for i in range(rng.randint(1, 300))]
-        data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+        data = rng.choice([b"", b"\xef\xbb\xbf"]) + b"\n".join(lines) + rng.choice([b"", b"\n"])  # BOM or not
         path = tmp_path / f"t{trial}.jsonl"
         path.write_bytes(data)
         monkeypatch.setattr(line_reader, "BLOCK_BYTES", rng.choice([64, 333, 4096, 1 << 20]))
@@ -430,3 +439,31 @@ def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch)
             got, skips = _read_all([str(path)], unit_bytes, max_doc_bytes=max_bytes)
             assert (got, dict(skips.counts)) == expected, (trial, unit_bytes)
     assert n_fast > 10  # the fast path really ran, and agreed
+
+
+def test_a_bom_at_every_unit_size_yields_every_record_once(tmp_path):
+    """A UTF-8 BOM belongs to the first line, whatever the cut: units ending inside it (1, 2, 3
+    bytes) or just after it still give every record once, without the BOM."""
+    texts = [f"doc {i} " + "y" * (i % 5) for i in range(30)]
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + _jsonl_bytes(texts))
+    data = b"\xef\xbb\xbf" + "\n\n".join(texts).encode()
+    (tmp_path / "p.txt").write_bytes(data)
+    (tmp_path / "q.txt").write_bytes(b"\xef\xbb\xbf\n\n" + "\n\n".join(texts).encode())  # a blank first line
+    for unit_bytes in [1, 2, 3, 4, 5, 7, 64, 10**6]:
+        assert _read_all([str(tmp_path / "a.jsonl")], unit_bytes)[0] == texts, unit_bytes
+        for name in ("p.txt", "q.txt"):
+            assert _read_all([str(tmp_path / name)], unit_bytes, text_split="blank-line")[0] == texts, (name, unit_bytes)
+
+
+def test_utf16_is_read_whole_by_the_first_unit_and_bad_code_units_are_invalid_utf8(tmp_path):
+    texts = ["one", "two \u00e9", "three \U0001F642"]
+    data = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts).encode("utf-16")
+    (tmp_path / "a.jsonl").write_bytes(data)
+    units = plan_units([str(tmp_path / "a.jsonl")], 8)
+    assert len(units) > 10
+    per_unit = [list(read_unit(u, SkipLog.empty())) for u in units]
+    assert per_unit[0] == texts and not any(per_unit[1:])
+    bad = '{"text": "fine"}\n{"text": "x'.encode("utf-16-le") + b"\x00\xd8" + '"}\n'.encode("utf-16-le") + b"!"
+    (tmp_path / "b.jsonl").write_bytes(b"\xff\xfe" + bad)  # a lone surrogate, then half a code unit at the end
+    got, skips = _read_all([str(tmp_path / "b.jsonl")])
+    assert got == ["fine"] and dict(skips.counts) == {"invalid_utf8": 2}  # the record, and the cut-off last line

@@ -14,11 +14,16 @@ here, once per file when units are planned and once per unit when it is read: re
 the place they are given (packer/io/fs.py), never a name.
 
 Skip reasons: malformed_json, invalid_utf8, missing_field, null_text, non_string_text,
-empty_text, too_large. A problem with a whole file (unreadable, corrupt stream, no text
-column) raises FileError naming the file and the cause.
+empty_text (empty or whitespace only), too_large. A problem with a whole file (unreadable,
+corrupt stream, no text column; and, found when units are planned, before any byte is read:
+not a regular file, a symlink loop, a name no reader claims) raises FileError naming the file
+and the cause, or with on_file_error="skip" the file is left out and listed in files_skipped.
+Text files are UTF-8; a byte-order mark is honoured (common.open_lines).
 """
 
 from __future__ import annotations
+
+import os
 
 from packer.build.inputs import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
 from packer.build.readers import arrow, jsonl, parquet, text
@@ -37,6 +42,13 @@ READERS: dict[str, Reader] = {
 
 def _match(path: str) -> tuple[Reader, str | None]:
     """(reader, codec) of a file by its name: 'x/a.JSONL.zst' -> (jsonl, 'zstd')."""
+    match = _match_or_none(path)
+    if match is None:
+        raise ValueError(f"unsupported input format: {fs.redact(path)} ({_unsupported_fix()})")
+    return match
+
+
+def _match_or_none(path: str) -> tuple[Reader, str | None] | None:
     if fs.is_uri(path):
         path = path.split("?", 1)[0]  # s3://b/a.jsonl?region=x: the name ends before the query
     name = path.rsplit("/", 1)[-1].lower()
@@ -48,8 +60,23 @@ def _match(path: str) -> tuple[Reader, str | None]:
     for suffix, reader in READERS.items():
         if name.endswith(suffix) and (compression is None or reader.COMPRESSIBLE):
             return reader, compression
-    raise ValueError(f"unsupported input format: {fs.redact(path)} (supported: {_supported()}, HF save_to_disk "
-                     "directories; select files with a glob)")
+    return None
+
+
+def _not_readable(path: str, place) -> str | None:
+    """Why a listed file cannot be planned before any byte of it is read, or None: not a regular
+    file (a FIFO would block its reader forever), a symlink loop (listed as the link), or a name
+    no reader claims."""
+    kind = fs.not_regular(place)
+    if kind == "directory":  # inputs.py lists a link that leads back to its own ancestor as itself
+        return (f"symlink loop: it leads back to {os.path.realpath(path)}, a directory above it "
+                "(remove the link, or list the inputs without it)")
+    if kind is not None:
+        return (f"a {kind}, not a regular file: never opened (packer reads inputs by byte ranges and reads "
+                "them again to resume; copy it to a file first)")
+    if _match_or_none(path) is None:
+        return f"unsupported input format ({_unsupported_fix()})"
+    return None
 
 
 def _supported() -> str:
@@ -64,6 +91,10 @@ def _supported() -> str:
     if compressible:
         compressible[-1] += f", each optionally {'/'.join(codecs.values())}"
     return ", ".join(compressible + ["/".join(s) for r, s in suffixes.items() if not r.COMPRESSIBLE])
+
+
+def _unsupported_fix() -> str:
+    return f"supported: {_supported()}, HF save_to_disk directories; select files with a glob"
 
 
 def file_format(path: str) -> tuple[str, str | None]:
@@ -81,19 +112,25 @@ def reader_for(fmt: str) -> Reader:
 
 
 def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_files: list | None = None) -> list[Unit]:
-    """Cut each file into units. A file that cannot be planned raises FileError, or, when
-    `skipped_files` is a list, is appended there as {"path", "error"} and left out."""
+    """Cut each file into units. A file that cannot be planned (unreadable, not a regular file, a
+    symlink loop, an unsupported name) raises FileError, or, when `skipped_files` is a list, is
+    appended there as {"path", "error"} and left out."""
     import pyarrow as pa
 
     units = []
     for path in files:
-        reader, compression = _match(path)
+        place = fs.location(path)
         try:
-            planned = reader.plan(fs.location(path), unit_bytes, compression=compression, text_split=text_split)
-        except (OSError, pa.ArrowException) as e:
+            why = _not_readable(path, place)
+            if why is not None:
+                raise FileError(path, why)
+            reader, compression = _match(path)
+            planned = reader.plan(place, unit_bytes, compression=compression, text_split=text_split)
+        except (FileError, OSError, pa.ArrowException) as e:
+            why = e.cause if isinstance(e, FileError) else cause(e)
             if skipped_files is None:
-                raise FileError(path, cause(e)) from None
-            skipped_files.append({"path": path, "error": cause(e)})
+                raise FileError(path, why) from None
+            skipped_files.append({"path": path, "error": why})
             continue
         for start, end, size in planned:
             units.append(Unit(len(units), path, start, end, reader.NAME, compression, size))
@@ -132,6 +169,6 @@ def input_descriptions(files) -> list[dict]:
 
 def _size_or_none(path: str) -> int | None:
     try:
-        return fs.size(path)
+        return None if fs.not_regular(path) else fs.size(path)
     except OSError:  # a file skipped as unreadable (--on-file-error skip)
         return None

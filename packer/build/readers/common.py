@@ -10,17 +10,20 @@ checked against the codec its name claims before it is read.
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from packer.io import fs
-from packer.io.lines import first_line_start
+from packer.io.lines import Joined, Utf8Stream, bom_encoding, first_line_start
 
+SPAN_NAMES = {"parquet": "row groups"}  # Unit.format -> what its start and end count (else bytes)
 MAX_EXAMPLES = 5  # skipped-record examples kept per unit
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
-UNBOUNDED = 1 << 62
+UNBOUNDED = 1 << 62  # the end of a unit that reads its file to the end
+HEAD_BYTES = 4096  # read at a file's start: its BOM, and (.json) whether it is one JSON array
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,13 @@ class Unit:
     compression: str | None = None
     size: int = -1
 
+    @property
+    def span(self) -> str:
+        """What of its file the unit covers, for messages: 'bytes 0-65536', 'whole file', 'row groups 2-3'."""
+        if self.end >= UNBOUNDED:
+            return "whole file"
+        return f"{SPAN_NAMES.get(self.format, 'bytes')} {self.start}-{self.end}"
+
 
 class FileError(ValueError):
     """A whole file cannot be read: `str(e)` is one line naming the file and the cause."""
@@ -48,7 +58,11 @@ class FileError(ValueError):
         self.path, self.cause = path, cause
 
     def __str__(self):
-        return f"{fs.redact(self.path)}: {fs.redact_text(self.cause)}"
+        return f"{fs.redact(self.path)}: {fs.redact_text(self.cause)}; {SKIP_FILES_HINT}"
+
+
+SKIP_FILES_HINT = "--on-file-error skip would leave the file out and list it"
+FIXES = {"too_large": "longer than --max-doc-bytes (raise the limit with --max-doc-bytes N)"}  # reason -> fix, in examples
 
 
 @dataclass
@@ -67,6 +81,8 @@ class SkipLog:
 
     def add(self, reason: str, where: str):
         where = fs.redact_text(where)  # names the file: no credentials from its URI
+        if reason in FIXES:
+            where = f"{where}: {FIXES[reason]}"
         if self.strict:
             raise ValueError(f"{where}: {reason} (--strict stops at the first bad record; "
                              "without it bad records are skipped and counted)")
@@ -101,11 +117,39 @@ def byte_ranges(place, unit_bytes: int) -> list[tuple[int, int, int]]:
 
 
 def open_lines(unit: Unit, place):
-    """(stream, position): the unit's file positioned at the first line that starts in the unit,
-    or decompressing from 0 after checking the codec's magic bytes."""
-    if unit.compression is None:
-        f = place.open("rb")
-        return f, first_line_start(f, unit.start)
+    """(stream, pos, end, head): the unit's text as UTF-8 bytes, the stream positioned at `pos`, the
+    first line that starts in the unit; the unit owns the lines that start before `end`, counted
+    in the stream's own bytes; `head` is the file's first bytes of text (about HEAD_BYTES).
+
+    A compressed file is decompressed from 0 after checking its codec's magic bytes. A UTF-8
+    byte-order mark is dropped (the first line starts after it, and still belongs to the unit
+    at 0). A UTF-16/32 file (by its BOM) is decoded to UTF-8 while read, whole, by the unit at
+    byte 0; its other units read nothing (byte ranges of UTF-16 cannot be cut at newlines)."""
+    if unit.compression is not None:
+        _check_magic(unit, place)
+    f = fs.open_stream(place, unit.compression)
+    try:
+        head = f.read(HEAD_BYTES)
+        encoding, bom = bom_encoding(head)
+        if unit.start > 0:  # a later byte range of an uncompressed file
+            if encoding != "utf-8":
+                f.close()
+                return io.BytesIO(), unit.start, unit.start, b""
+            return f, first_line_start(f, unit.start), unit.end, head[bom:]
+        if unit.compression is None:
+            f.seek(bom)
+        else:
+            f = Joined(head[bom:], f)
+        if encoding != "utf-8":
+            return Utf8Stream(f, encoding), 0, UNBOUNDED, head[bom:].decode(encoding, "ignore").encode("utf-8", "replace")
+        end = UNBOUNDED if unit.compression else max(unit.end, bom + 1) if bom else unit.end
+        return f, bom, end, head[bom:]
+    except BaseException:
+        f.close()
+        raise
+
+
+def _check_magic(unit: Unit, place):
     with place.open("rb") as raw:
         head = raw.read(4)
     for codec, magic in MAGIC.items():
@@ -113,7 +157,11 @@ def open_lines(unit: Unit, place):
             raise FileError(unit.path, f"named as {unit.compression} but it is {codec} data (rename it)")
     if head and not head.startswith(MAGIC[unit.compression]):
         raise FileError(unit.path, f"not {unit.compression} data (bad magic bytes {head.hex()})")
-    return fs.open_stream(place, unit.compression), 0
+
+
+def is_blank(text: str) -> bool:
+    """Empty or only whitespace (str.isspace: Unicode's too): such a document is empty_text in every reader."""
+    return not text or text.isspace()
 
 
 def where(unit: Unit, line_no: int, pos: int) -> str:

@@ -3,17 +3,33 @@
     {"text": "first doc", "id": 0}\\n          -> "first doc"
     {"text": null}\\n                          -> skipped: null_text
     {"text": \\n                               -> skipped: malformed_json
+    {"text": "a \\xed\\xa0\\x80 b"}\\n                -> skipped: invalid_utf8 (raw surrogate bytes, CESU-8)
+    {"text": "  "}\\n                         -> skipped: empty_text (whitespace only, as in .txt)
 
 Units: byte ranges of ~unit_bytes for an uncompressed file (a unit owns every line that
 *starts* inside [start, end)), one unit per compressed file. Lines are read in 1 MiB blocks
 and a line longer than max_doc_bytes is never held whole: it is skipped as `too_large`.
+
+A .json file whose text starts with "[" is one JSON array of records instead,
+`[{"text": "a"}, {"text": "b"}]`: read whole by its first unit (so the whole file must fit in
+max_doc_bytes, else it fails as a file) and each element counted as a line would be.
 """
 
 from __future__ import annotations
 
 import json
 
-from packer.build.readers.common import SkipLog, Unit, byte_ranges, open_lines, where, whole_file
+from packer.build.readers.common import (
+    COMPRESSION,
+    FileError,
+    SkipLog,
+    Unit,
+    byte_ranges,
+    is_blank,
+    open_lines,
+    where,
+    whole_file,
+)
 from packer.io.lines import line_blocks
 
 NAME = "jsonl"
@@ -25,22 +41,26 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
 
 
 def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
-    f, pos = open_lines(unit, place)
+    f, pos, end, head = open_lines(unit, place)
     with f:
-        yield from _jsonl_texts(f, pos, unit, text_field, skips, max_doc_bytes)
+        if _is_array(unit.path, head):
+            if unit.start == 0:  # later byte ranges of an array file read nothing
+                yield from _array_texts(f, unit, text_field, skips, max_doc_bytes)
+        elif pos < end:
+            yield from _jsonl_texts(f, pos, end, unit, text_field, skips, max_doc_bytes)
 
 
-def _jsonl_texts(f, pos, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
+def _jsonl_texts(f, pos, end, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
     line_no = 1
     for pos, block in line_blocks(f, pos, max_bytes):
-        if pos >= unit.end:
+        if pos >= end:
             break
         if block is None:
             skips.add("too_large", where(unit, line_no, pos))
             line_no += 1
             continue
-        if pos + len(block) > unit.end:  # keep the lines that start inside the unit
-            block = block[: block.find(b"\n", unit.end - pos - 1) + 1 or len(block)]
+        if pos + len(block) > end:  # keep the lines that start inside the unit
+            block = block[: block.find(b"\n", end - pos - 1) + 1 or len(block)]
         texts = _parse_block(block, field, max_bytes)
         if texts is None:
             yield from _parse_lines(block, pos, line_no, unit, field, skips, max_bytes)
@@ -81,7 +101,10 @@ def _parse_block(block: bytes, field: str, max_bytes: int) -> list[str] | None:
         return None  # two objects on one line
     if column.null_count or (len(column) and pc.min(pc.binary_length(column)).as_py() == 0):
         return None  # missing, null or empty text
-    return column.to_pylist()
+    texts = column.to_pylist()
+    if any(map(str.isspace, texts)):  # stops at a text's first non-space: ~free
+        return None  # whitespace-only text
+    return texts
 
 
 _LINE_STARTS_BLANK = (b"\n\n", b"\n ", b"\n\t", b"\n\r", b"\n\x0b", b"\n\x0c")
@@ -96,8 +119,8 @@ def _longest_line(block: bytes) -> int:
 
 
 def _parse_lines(block: bytes, pos: int, line_no: int, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
-    """The per-line path: json.loads each line; every problem is counted by reason."""
-    missing = object()
+    """The per-line path: decode (strict UTF-8: no raw surrogates) and json.loads each line; every
+    problem is counted by reason."""
     for line_no, line in enumerate(block.split(b"\n"), line_no):
         where_pos, pos = pos, pos + len(line) + 1
         if not line or line.isspace():
@@ -106,7 +129,7 @@ def _parse_lines(block: bytes, pos: int, line_no: int, unit: Unit, field: str, s
             skips.add("too_large", where(unit, line_no, where_pos))
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line.decode("utf-8"))  # json.loads(bytes) would let CESU-8 surrogates through
         except UnicodeDecodeError:
             skips.add("invalid_utf8", where(unit, line_no, where_pos))
             continue
@@ -116,19 +139,31 @@ def _parse_lines(block: bytes, pos: int, line_no: int, unit: Unit, field: str, s
         except RecursionError:  # e.g. a line of 100,000 "["
             skips.add("malformed_json", f"{where(unit, line_no, where_pos)}: nested too deeply")
             continue
-        text = record.get(field, missing) if isinstance(record, dict) else missing
-        if text is missing:
-            skips.add("missing_field", where(unit, line_no, where_pos))
-        elif text is None:
-            skips.add("null_text", where(unit, line_no, where_pos))
-        elif not isinstance(text, str):
-            skips.add("non_string_text", where(unit, line_no, where_pos))
-        elif not text:
-            skips.add("empty_text", where(unit, line_no, where_pos))
-        elif (b"\\ud" in line or b"\\uD" in line) and not _encodable(text):  # lone surrogate escapes
-            skips.add("invalid_utf8", where(unit, line_no, where_pos))
+        text, reason = _record_text(record, field, b"\\ud" in line or b"\\uD" in line)
+        if reason:
+            skips.add(reason, where(unit, line_no, where_pos))
         else:
             yield text
+
+
+_MISSING = object()
+
+
+def _record_text(record, field: str, may_hold_surrogates: bool = True) -> tuple[str | None, str | None]:
+    """(text, None) of a usable record, else (None, the skip reason). A lone surrogate (from a
+    \\ud800 escape) cannot be encoded, so it is invalid_utf8 like a bad byte."""
+    text = record.get(field, _MISSING) if isinstance(record, dict) else _MISSING
+    if text is _MISSING:
+        return None, "missing_field"
+    if text is None:
+        return None, "null_text"
+    if not isinstance(text, str):
+        return None, "non_string_text"
+    if is_blank(text):
+        return None, "empty_text"
+    if may_hold_surrogates and not _encodable(text):
+        return None, "invalid_utf8"
+    return text, None
 
 
 def _encodable(text: str) -> bool:
@@ -137,3 +172,36 @@ def _encodable(text: str) -> bool:
         return True
     except UnicodeEncodeError:
         return False
+
+
+def _is_array(path: str, head: bytes) -> bool:
+    """A .json file (optionally .gz/.zst) whose text starts with '['."""
+    name = path.split("?", 1)[0].lower() if "://" in path else path.lower()
+    for suffix in COMPRESSION:
+        name = name.removesuffix(suffix)
+    return name.endswith(".json") and head.lstrip()[:1] == b"["
+
+
+def _array_texts(f, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
+    """The records of a file holding one JSON array, held whole: at most max_bytes of it."""
+    chunks, n = [], 0
+    while n <= max_bytes and (chunk := f.read(min(16 << 20, max_bytes + 1 - n))):
+        chunks.append(chunk)
+        n += len(chunk)
+    if n > max_bytes:
+        raise FileError(unit.path, f"a JSON array over --max-doc-bytes ({max_bytes:,} bytes): an array is read whole; "
+                                   "raise the limit with --max-doc-bytes N, or convert the file to JSON Lines "
+                                   "(jq -c '.[]' FILE > FILE.jsonl)")
+    data = b"".join(chunks).decode("utf-8", "surrogateescape")  # a bad byte in a text: that record is invalid_utf8
+    try:
+        records = json.loads(data)
+    except (json.JSONDecodeError, RecursionError) as e:
+        why = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+        raise FileError(unit.path, f"starts with '[' but is not one JSON array ({why}); a .json input is JSON Lines "
+                                   "or one array of records") from None
+    for i, record in enumerate(records):
+        text, reason = _record_text(record, field)
+        if reason:
+            skips.add(reason, f"{unit.path} record {i}")
+        else:
+            yield text

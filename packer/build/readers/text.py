@@ -4,13 +4,15 @@
     text_split="blank-line"   "a\\nb\\n\\n  \\nc\\n" -> ["a\\nb", "c"]        units: byte ranges (uncompressed)
 
 A blank-line unit owns the documents whose first line starts inside [start, end), so any cut
-of the file yields every document once. Invalid UTF-8 is skipped as invalid_utf8, a file of
-only whitespace as empty_text, and a document over max_doc_bytes as too_large (not held whole).
+of the file yields every document once. Invalid UTF-8 (raw surrogates included) is skipped as
+invalid_utf8, a document of only whitespace as empty_text, and one over max_doc_bytes as
+too_large (not held whole). A UTF-8 BOM is dropped; UTF-16/32 text (by its BOM) is decoded
+(common.open_lines).
 """
 
 from __future__ import annotations
 
-from packer.build.readers.common import SkipLog, Unit, byte_ranges, decode, open_lines, where, whole_file
+from packer.build.readers.common import SkipLog, Unit, byte_ranges, decode, is_blank, open_lines, where, whole_file
 from packer.io.lines import iter_lines, previous_line_blank
 
 NAME = "txt"
@@ -24,25 +26,27 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
 
 
 def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
-    f, pos = open_lines(unit, place)
+    f, pos, end, _ = open_lines(unit, place)
     with f:
+        if pos >= end and unit.start > 0:
+            return  # no line starts in this byte range (or its file is UTF-16/32, read by the unit at 0)
         if text_split == "blank-line":
-            yield from _paragraph_texts(f, pos, unit, skips, max_doc_bytes)
+            yield from _paragraph_texts(f, pos, end, unit, skips, max_doc_bytes)
         else:
             yield from _whole_file_text(f, unit, skips, max_doc_bytes)
 
 
-def _paragraph_texts(f, pos, unit: Unit, skips: SkipLog, max_bytes: int):
+def _paragraph_texts(f, pos, end, unit: Unit, skips: SkipLog, max_bytes: int):
     """Documents separated by blank lines; a unit owns those whose first line starts inside it."""
-    blank_before = pos == 0
-    if pos > 0:  # byte ranges of uncompressed files only
+    blank_before = True  # the file's first line (after any BOM) has nothing before it
+    if unit.start > 0:  # byte ranges of uncompressed files only
         blank_before = previous_line_blank(f, pos)
         f.seek(pos)
     lines, size, first = None, 0, ""  # lines is None between documents
     for line_no, (pos, line) in enumerate(iter_lines(f, pos, max_bytes), 1):
         blank = line is not None and (not line or line.isspace())
         if lines is None and not blank and blank_before:
-            if pos >= unit.end:
+            if pos >= end:
                 break
             lines, size, first = [], 0, where(unit, line_no, pos)
         elif lines is not None and blank:
@@ -64,7 +68,9 @@ def _paragraph(lines, size, first, skips, max_bytes):
         skips.add("too_large", first)
         return
     text = decode(b"\n".join(lines).rstrip(b"\r"), first, skips)
-    if text is not None:
+    if text is not None and is_blank(text):  # lines of Unicode spaces (bytes.isspace knows ASCII only)
+        skips.add("empty_text", first)
+    elif text is not None:
         yield text
 
 
@@ -77,7 +83,7 @@ def _whole_file_text(f, unit: Unit, skips: SkipLog, max_bytes: int):
         skips.add("too_large", unit.path)
         return
     text = decode(b"".join(chunks), unit.path, skips)
-    if text is not None and not text.strip():
+    if text is not None and is_blank(text):
         skips.add("empty_text", unit.path)
     elif text is not None:
         yield text
