@@ -54,6 +54,9 @@ def _print_summary(manifest: dict, output: str):
         f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"
         + (f" ({skipped:,} skipped: {t['docs_skipped']})" if skipped else "")
     )
+    if t["docs_skipped"].get("too_large"):
+        click.echo(f"  too_large: {t['docs_skipped']['too_large']:,} documents over --max-doc-bytes "
+                   f"{manifest['config']['max_doc_bytes']:,}; raise the limit with --max-doc-bytes N")
     for ex in t.get("skip_examples", [])[:3]:
         click.echo(f"  skipped {ex['reason']}: {ex['where']}")
     for f in t.get("files_skipped", []):

@@ -195,14 +195,16 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
             if work.exists() and not keep_work:
                 fs.rmtree(work)  # a run killed after its manifest, before this
             return {**manifest, "already_complete": True}
-        resume.start_or_resume(work, resume.fingerprint(config, info, files))
-        for d in (out, work, work / "units", work / "shards"):
-            atomic.remove_leftovers(d)
         started = time.time()
         skipped_files = [] if config.on_file_error == "skip" else None
+        # Planned before any work file is written: a refused input (unsupported, a FIFO, a loop) leaves
+        # nothing behind, so fixing it and running the same command starts cleanly.
         units = readers.plan_units(
             files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
         )
+        resume.start_or_resume(work, resume.fingerprint(config, info, files))
+        for d in (out, work, work / "units", work / "shards"):
+            atomic.remove_leftovers(d)
         (work / "units").mkdir(parents=True, exist_ok=True)
         executor = make_executor(job)
         try:
