@@ -1,12 +1,16 @@
 """Parquet and Arrow text columns as the world ships them: every Arrow text layout (dictionary,
 large, view, binary; a dictionary per chunk) reads and builds exactly as a plain string column,
 with the same skips; a file of many row groups is a few units, read in file order with its rows
-numbered across the file, and the unit layout never changes the bytes of a build."""
+numbered across the file, the unit layout never changes the bytes of a build, and a build
+stopped between units resumes to them."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +24,9 @@ from packer.build.readers import FileError, SkipLog, plan_units, read_unit
 from packer.build.readers.columns import column_texts
 from packer.build.readers.parquet import group_runs
 from packer.config import BuildConfig, Job
+from packer.io import failpoints
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MAX_DOC_BYTES = 300
 BIG = "x " * 200  # 400 bytes: too_large under MAX_DOC_BYTES
@@ -231,3 +238,22 @@ def test_skip_examples_are_the_first_five_of_each_unit(tmp_path):
     assert few["totals"]["skip_examples"] == one["totals"]["skip_examples"][:5]
     assert few["totals"]["docs_skipped"] == one["totals"]["docs_skipped"] == {"null_text": 10}
     assert _shards(tmp_path / "one-unit-per-group") == _shards(tmp_path / "few-units")
+
+
+def test_a_build_stopped_between_row_group_units_resumes_to_the_same_bytes(tmp_path):
+    path = tmp_path / "many.parquet"
+    _many_groups(path, n_rows=2000, group_rows=10)
+    unit_bytes = pq.ParquetFile(path).metadata.row_group(0).total_byte_size * 40  # about 5 units of ~40 row groups
+    assert 4 <= len(plan_units([str(path)], unit_bytes)) <= 7
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(f'inputs = ["{path}"]\ntokenizer = "{TOKENIZER}"\noutput = "{out}"\nworkers = 1\n'
+                   f"[config]\ncontext_length = 256\nmax_doc_bytes = {MAX_DOC_BYTES}\nunit_bytes = {unit_bytes}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "packer", "run", str(job)]
+    stopped = subprocess.run(cmd, env={**env, failpoints.ENV: "unit:3=exit"}, capture_output=True, text=True)
+    assert stopped.returncode != 0 and not (out / "manifest.json").exists()
+    assert sorted(p.name for p in (out / "_work" / "units").glob("*.json")) == [f"unit-{i:06d}.json" for i in range(3)]
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    _build([str(path)], tmp_path / "whole", unit_bytes=unit_bytes)
+    assert _shards(out) == _shards(tmp_path / "whole")
