@@ -16,12 +16,16 @@ The same 200k texts (sample_data sentences, 20-200 characters) written as Parque
 "reader x" and "build x" are those times over read_table's; "ms/1k rg" is the build's extra time per
 1,000 row groups over the 10-group file: flat when the cost is linear in rows, growing when it is not.
 
-Measured 2026-12-01 (busy 2-core machine, pyarrow 26, 200k texts; seconds):
+Measured 2026-12-01 (shared 2-core machine, pyarrow 26, 200k texts; encode floor 6.4-7.8 s in these
+runs, 3.2 s on a quiet machine: builds are tokenizer-bound and their wall times noisy, cpu s steadier):
 
-    row groups   units   reader  build   read_table   (main: one unit per row group)
-    10           1       0.40    1.7     0.03         main: 10 units,      0.40 / 1.7
-    1,000        1       0.49    1.8     0.05         main: 1,000 units,   1.9 / 6.3
-    10,000       1       1.3     2.7     0.33         main: 10,000 units,  94 / 125
+    row groups   units   reader s   build s   cpu s   read_table s   (main, one unit per row group: units, reader s, build s, cpu s)
+    10           1       0.43       6.6       5.8     0.040          10       0.75     9.4    6.5
+    1,000        1       0.23       5.7       5.8     0.10           1,000    1.9     11.7    8.8
+    10,000       1       0.36       6.1       5.9     0.82           10,000   155     137    107
+
+The reader is 0.4-11x read_table (it makes a Python str per row: read_table + to_pylist is 0.11-0.72 s),
+and the build's cpu s no longer grow with the row groups (main: +10 s per 1,000 row groups at 10k).
 """
 
 from __future__ import annotations
@@ -94,7 +98,9 @@ def encode_seconds(texts: list[str]) -> float:
 
 def run_reader(code: Path, path: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    done = subprocess.run([sys.executable, "-c", READER, str(path)], env=env, capture_output=True, text=True, check=True)
+    # cwd too: `python -c` puts the working directory before PYTHONPATH on sys.path
+    done = subprocess.run([sys.executable, "-c", READER, str(path)], env=env, cwd=code, capture_output=True, text=True,
+                          check=True)
     return json.loads(done.stdout)
 
 
