@@ -2,6 +2,13 @@
 
     column ["one", None, "", b"caf\\xe9", "two"]  (string or binary)
         -> "one", "two";  skipped: row 1 null_text, row 2 empty_text, row 3 invalid_utf8 (binary only)
+
+Every Arrow text layout reads the same: string / binary, their large_ (64-bit offsets) and _view
+forms, and a dictionary of any of them (pandas categoricals, Spark, Parquet's dictionary pages
+read with their Arrow schema), each chunk with its own dictionary:
+
+    dictionary<values=string, indices=int8>  indices [0, 1, 0, null], dictionary ["a", None]
+        -> "a", "a";  skipped: row 1 null_text (a null value), row 3 null_text (a null index)
 """
 
 from __future__ import annotations
@@ -9,26 +16,65 @@ from __future__ import annotations
 from packer.build.readers.common import FileError, SkipLog, decode
 
 
-def check_text_column(schema, field: str, path: str):
-    """FileError unless `schema` has a string or binary column `field`."""
-    import pyarrow as pa
+def _is_string(kind) -> bool:
+    import pyarrow.types as t
 
+    return t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind)
+
+
+def _is_binary(kind) -> bool:
+    import pyarrow.types as t
+
+    return t.is_binary(kind) or t.is_large_binary(kind) or t.is_binary_view(kind)
+
+
+def _is_text(kind) -> bool:
+    import pyarrow.types as t
+
+    if t.is_dictionary(kind):
+        kind = kind.value_type
+    return _is_string(kind) or _is_binary(kind)
+
+
+def check_text_column(schema, field: str, path: str):
+    """FileError unless `schema` has a text column `field` (string or binary, any of the layouts above)."""
     if field not in schema.names:
         raise FileError(path, f"no column {field!r} (columns: {', '.join(schema.names)}; choose one with --text-field)")
     kind = schema.field(field).type
-    if not any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                                         pa.types.is_large_binary)):
-        raise FileError(path, f"column {field!r} is {kind}, not text (choose another with --text-field)")
+    if not _is_text(kind):
+        raise FileError(path, f"column {field!r} is {kind}, not text (string or binary, plain, large, view or "
+                              "dictionary-encoded; choose another with --text-field)")
+
+
+def _plain(column):
+    """The same values as a string or binary array with offsets: dictionary decoded, view cast.
+
+    binary_length has no kernel for dictionaries or views (pyarrow 26), and to_pylist of a
+    dictionary would look every row up in Python."""
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    if t.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if t.is_string_view(column.type):
+        column = column.cast(pa.large_string())
+    elif t.is_binary_view(column.type):
+        column = column.cast(pa.large_binary())
+    return column
 
 
 def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: int):
-    """Texts of one Arrow string/binary column chunk; rows are numbered from first_row."""
-    import pyarrow as pa
+    """Texts of one Arrow text column chunk (any layout check_text_column accepts); rows are numbered from first_row."""
     import pyarrow.compute as pc
 
+    column = _plain(column)
+    values = column.to_pylist()
+    is_binary = _is_binary(column.type)
+    if not is_binary and column.null_count == 0 and _all_sized(column, 1, max_bytes):
+        yield from values  # the common chunk: nothing to skip, no per-row checks in Python
+        return
     sizes = pc.binary_length(column).to_numpy(zero_copy_only=False)
-    is_binary = pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)
-    for i, value in enumerate(column.to_pylist()):
+    for i, value in enumerate(values):
         if value is None:
             skips.add("null_text", f"{path} row {first_row + i}")
         elif sizes[i] > max_bytes:
@@ -39,3 +85,13 @@ def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: i
             yield value
         elif (text := decode(value, f"{path} row {first_row + i}", skips)) is not None:
             yield text
+
+
+def _all_sized(column, low: int, high: int) -> bool:
+    """Every (non-null) value of `column` has low..high bytes."""
+    import pyarrow.compute as pc
+
+    if len(column) == 0:
+        return True
+    bounds = pc.min_max(pc.binary_length(column))
+    return bounds["min"].as_py() >= low and bounds["max"].as_py() <= high
