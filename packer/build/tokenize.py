@@ -187,7 +187,14 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
     its counters ("file_error")."""
     paths = unit_paths(work_dir, unit.index)
     if paths["json"].exists():
-        return json.loads(paths["json"].read_text(encoding="utf-8"))
+        counters = json.loads(paths["json"].read_text(encoding="utf-8"))
+        if (counters.get("path"), counters.get("start"), counters.get("end")) != (unit.path, unit.start, unit.end):
+            # e.g. a _work/ cut into units by another packer version: reusing it would lose documents
+            raise ValueError(f"{fs.redact(paths['json'])} holds another unit ({fs.redact(str(counters.get('path')))} "
+                             f"{counters.get('start')}-{counters.get('end')}, not {fs.redact(unit.path)} "
+                             f"{unit.start}-{unit.end}): this _work/ was cut into units differently; "
+                             "pass --overwrite to start over")
+        return counters
     skips = SkipLog.empty(strict=config.strict)
     tokens = _NpyAppender(paths["tokens.npy"], info.dtype)
     lengths = _NpyAppender(paths["lengths.npy"], np.int64)

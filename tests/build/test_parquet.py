@@ -262,3 +262,14 @@ def test_a_build_stopped_between_row_group_units_resumes_to_the_same_bytes(tmp_p
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     _build([str(path)], tmp_path / "whole", unit_bytes=unit_bytes)
     assert _shards(out) == _shards(tmp_path / "whole")
+
+
+def test_blank_text_in_a_column_is_empty_text_as_in_every_reader(tmp_path):
+    """Whitespace-only values (string and binary columns) are skipped as empty_text, like JSONL and .txt."""
+    from packer.build.readers import SkipLog
+    from packer.build.readers.columns import column_texts
+
+    for column in (pa.chunked_array([["a", "  ", "\u3000\n", "b"]]).chunks[0], pa.array([b"a", b" \t", b"b", b""])):
+        skips = SkipLog.empty()
+        assert list(column_texts(column, 0, "f.parquet", skips, 100)) == ["a", "b"]
+        assert skips.counts["empty_text"] == 2

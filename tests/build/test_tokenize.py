@@ -145,6 +145,20 @@ def test_file_error_skip_leaves_an_empty_unit_that_says_why(tmp_path):
         "unit-000000.json", "unit-000000.lengths.npy", "unit-000000.tokens.npy"]
 
 
+def test_a_finished_unit_of_another_span_is_refused_not_reused(tmp_path):
+    """Unit files are matched by index: a unit 0 cut differently (another packer version's _work/)
+    must not stand in for this unit 0, which would lose documents silently."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(50)), encoding="utf-8")
+    info, work = tokenizer_info(TOKENIZER, BuildConfig()), tmp_path / "work"
+    work.mkdir()
+    small, whole = plan_units([str(corpus)], 100), plan_units([str(corpus)], 1 << 20)
+    tokenize_unit(small[0], info, BuildConfig(), str(work))
+    assert tokenize_unit(small[0], info, BuildConfig(), str(work))["end"] == small[0].end  # the same unit: reused
+    with pytest.raises(ValueError, match=r"holds another unit .* pass --overwrite"):
+        tokenize_unit(whole[0], info, BuildConfig(), str(work))
+
+
 def test_interrupted_unit_leaves_no_files(tmp_path, monkeypatch):
     path = tmp_path / "a.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts()[:3000]))

@@ -13,7 +13,7 @@ read with their Arrow schema), each chunk with its own dictionary:
 
 from __future__ import annotations
 
-from packer.build.readers.common import FileError, SkipLog, decode
+from packer.build.readers.common import FileError, SkipLog, decode, is_blank
 
 
 def _is_string(kind) -> bool:
@@ -70,7 +70,7 @@ def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: i
     column = _plain(column)
     values = column.to_pylist()
     is_binary = _is_binary(column.type)
-    if not is_binary and column.null_count == 0 and _all_sized(column, 1, max_bytes):
+    if not is_binary and column.null_count == 0 and _all_sized(column, 1, max_bytes) and not any(map(str.isspace, values)):
         yield from values  # the common chunk: nothing to skip, no per-row checks in Python
         return
     sizes = pc.binary_length(column).to_numpy(zero_copy_only=False)
@@ -79,12 +79,17 @@ def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: i
             skips.add("null_text", f"{path} row {first_row + i}")
         elif sizes[i] > max_bytes:
             skips.add("too_large", f"{path} row {first_row + i}")
-        elif not value:
+        elif not is_binary and is_blank(value):  # the one rule of every reader (common.is_blank)
             skips.add("empty_text", f"{path} row {first_row + i}")
         elif not is_binary:
             yield value
+        elif not value:
+            skips.add("empty_text", f"{path} row {first_row + i}")
         elif (text := decode(value, f"{path} row {first_row + i}", skips)) is not None:
-            yield text
+            if is_blank(text):
+                skips.add("empty_text", f"{path} row {first_row + i}")
+            else:
+                yield text
 
 
 def _all_sized(column, low: int, high: int) -> bool:
