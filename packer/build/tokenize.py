@@ -188,7 +188,8 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
     paths = unit_paths(work_dir, unit.index)
     if paths["json"].exists():
         counters = json.loads(paths["json"].read_text(encoding="utf-8"))
-        if (counters.get("path"), counters.get("start"), counters.get("end")) != (unit.path, unit.start, unit.end):
+        # counters hold the path redacted (packer/io/fs.py): rotated credentials are the same unit
+        if (counters.get("path"), counters.get("start"), counters.get("end")) != (fs.redact(unit.path), unit.start, unit.end):
             # e.g. a _work/ cut into units by another packer version: reusing it would lose documents
             raise ValueError(f"{fs.redact(paths['json'])} holds another unit ({fs.redact(str(counters.get('path')))} "
                              f"{counters.get('start')}-{counters.get('end')}, not {fs.redact(unit.path)} "
