@@ -72,6 +72,7 @@ def _record_batches(path):
         for b in range(reader.num_record_batches):
             yield reader.get_batch(b)
         return
+    f.seek(0)  # read_at moves the position of some remote files (fsspec's, through pyarrow.PythonFile)
     yield from ipc.open_stream(f)
     end, size = f.tell(), f.size()
     if end != size or f.read_at(len(END_OF_STREAM), end - len(END_OF_STREAM)) != END_OF_STREAM:
