@@ -119,3 +119,4 @@ def test_hf_metadata_lists_the_shards_and_only_depends_on_them():
     assert arrow.hf_metadata([dict(s) for s in shards]) == files  # the same bytes for the same shards
     changed = [*shards[:2], {**shards[2], "sha256": "f" * 64}]
     assert json.loads(arrow.hf_metadata(changed)["state.json"])["_fingerprint"] != state["_fingerprint"]
+    assert arrow.hf_metadata([]) == {}

@@ -103,7 +103,10 @@ def hf_metadata(shards: list[dict]) -> dict[str, bytes]:
 
     `features` is left out so that datasets takes it from the shards' own schema (List(Value
     ("uint16")) and the rest): nothing to disagree with it, in any datasets version. The same
-    shards give the same bytes (sorted keys, no time)."""
+    shards give the same bytes (sorted keys, no time). No shards, no files: datasets cannot open a
+    dataset of no data files."""
+    if not shards:
+        return {}
     digest = hashlib.sha256("".join(f"{s['file']} {s['sha256']}\n" for s in shards).encode("utf-8"))
     state = {
         "_data_files": [{"filename": s["file"]} for s in shards],
