@@ -1,8 +1,10 @@
 """Shard writers and readers: the byte layouts by hand, both formats against a slow reference,
-get_many against ds[i], plain-pyarrow reading, and verify catching each kind of damage."""
+get_many against ds[i], plain-pyarrow reading (Arrow streams, and the older IPC files), and verify
+catching each kind of damage."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -16,7 +18,7 @@ from packer.build.writer import write_rows, write_shard
 from packer.io import atomic
 from packer.io.hashed import HashedFile
 from packer.store.dataset import Rows, open_dataset
-from packer.store.formats import FORMATS, memmap
+from packer.store.formats import FORMATS, arrow, memmap
 from packer.store.rows import Layout
 from packer.store.verify import verify_dataset
 
@@ -53,15 +55,29 @@ def test_memmap_bytes_match_the_documented_layout(tmp_path):
 
 
 def test_arrow_shard_reads_with_plain_pyarrow(tmp_path):
+    """An Arrow shard is an IPC stream: the schema message first (continuation marker ff ff ff ff), the
+    end-of-stream marker last, and pyarrow's open_stream reads its rows."""
     rows, doc_ids = _two_rows(np.uint32)
     _write(rows, doc_ids, tmp_path, 3, "arrow")
-    table = ipc.open_file(pa.memory_map(str(tmp_path / "shard-00003.arrow"))).read_all()
+    data = (tmp_path / "shard-00003.arrow").read_bytes()
+    assert data[:4] == b"\xff\xff\xff\xff" and data[-8:] == arrow.END_OF_STREAM
+    table = ipc.open_stream(pa.memory_map(str(tmp_path / "shard-00003.arrow"))).read_all()
     assert table.schema.field("input_ids").type == pa.list_(pa.uint32())
     assert table.schema.field("offsets").type == pa.list_(pa.int32())
     assert table.to_pylist() == [
         {"input_ids": [1, 1, 1, 2, 2], "offsets": [0, 3, 5], "doc_ids": [17, 4]},
         {"input_ids": [3, 3, 3, 3], "offsets": [0, 4], "doc_ids": [230]},
     ]
+
+
+def _as_ipc_file(shard) -> bytes:
+    """A stream shard rewritten as the IPC file packer wrote before 2026-12 (same batches)."""
+    batches = list(ipc.open_stream(pa.memory_map(str(shard))))
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, batches[0].schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
 
 
 def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300, doc_ids_out=None):
@@ -151,8 +167,8 @@ def test_out_of_range_and_empty_batch(tmp_path):
 
 
 def test_arrow_shards_load_with_hf_datasets(tmp_path, monkeypatch):
-    """`load_dataset("arrow", ...)` reads IPC files. (`Dataset.from_file` reads only the IPC
-    *stream* format, which has no footer for random access, so it does not apply.)"""
+    """`load_dataset("arrow", ...)` reads the shards (a copy into its cache), `Dataset.from_file` maps them
+    (tests/store/test_hf_datasets.py measures that one on a built dataset)."""
     datasets = pytest.importorskip("datasets")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     reference = _random_dataset(tmp_path / "ds", np.random.default_rng(2), "arrow", np.uint16)
@@ -160,10 +176,55 @@ def test_arrow_shards_load_with_hf_datasets(tmp_path, monkeypatch):
     hf = datasets.load_dataset("arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache"))
     assert len(files) > 1 and len(hf) == len(reference)
     assert [(r["input_ids"], r["offsets"]) for r in hf] == reference
-    # the copy-free view docs/format.md shows
-    table = pa.concat_tables(ipc.open_file(pa.memory_map(f)).read_all() for f in files)
-    view = datasets.Dataset(datasets.table.InMemoryTable(table))
+    view = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in files])
     assert [(r["input_ids"], r["offsets"]) for r in view] == reference
+
+
+def test_arrow_reads_shards_in_the_older_ipc_file_form(tmp_path):
+    """Datasets built before 2026-12 hold IPC files: the same stream between an 8-byte header and a
+    footer. open_dataset and verify read them as before."""
+    reference_doc_ids = []
+    reference = _random_dataset(tmp_path, np.random.default_rng(4), "arrow", np.uint16, doc_ids_out=reference_doc_ids)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for entry in manifest["shards"][::2]:  # every other shard old: a dataset may mix both (a resumed build)
+        shard = tmp_path / entry["file"]
+        stream, old = shard.read_bytes(), _as_ipc_file(shard)
+        assert old[:8] == b"ARROW1\0\0" and old[8 : 8 + len(stream)] == stream
+        shard.write_bytes(old)
+        entry["sha256"] = hashlib.sha256(old).hexdigest()
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    ds = open_dataset(tmp_path)
+    assert len(manifest["shards"]) > 2 and [(t.tolist(), o.tolist()) for t, o in ds] == reference
+    assert ds.doc_ids().tolist() == reference_doc_ids
+    assert verify_dataset(tmp_path)["sequences"] == len(reference)
+    first = tmp_path / manifest["shards"][0]["file"]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 1
+    first.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{first.name}: sha256 does not match"):
+        verify_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("cut", ["the end-of-stream marker", "every record batch", "nothing, bytes added"])
+def test_a_cut_or_extended_arrow_stream_is_refused(tmp_path, cut):
+    """A stream cut at a record batch boundary is still a readable stream: the end-of-stream marker at
+    the last byte is what tells a whole shard, for open_dataset and for the quick verify alike."""
+    manifest = _damaged(tmp_path, "arrow")
+    shard = tmp_path / manifest["shards"][0]["file"]
+    data = shard.read_bytes()
+    schema_end = len(ipc.open_stream(pa.memory_map(str(shard))).schema.serialize())  # then the first batch
+    assert data[-8:] == arrow.END_OF_STREAM and data[schema_end : schema_end + 4] == b"\xff\xff\xff\xff"
+    damaged, stream_end = {
+        "the end-of-stream marker": (data[:-8], len(data) - 8),
+        "every record batch": (data[:schema_end], schema_end),  # only the schema: a stream of no rows
+        "nothing, bytes added": (data + arrow.END_OF_STREAM, len(data)),
+    }[cut]
+    shard.write_bytes(damaged)
+    with pytest.raises(ValueError, match=f"{shard.name}: the Arrow stream ends at byte {stream_end} of {len(damaged)} "
+                                         "without its end-of-stream marker"):
+        open_dataset(tmp_path)
+    with pytest.raises(ValueError, match="end-of-stream marker"):
+        verify_dataset(tmp_path, checksums=False)
 
 
 def _damaged(tmp_path, fmt):

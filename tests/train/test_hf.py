@@ -350,7 +350,7 @@ def test_datasets_view_of_the_arrow_shards_without_a_copy(small_dataset):
     import pyarrow as pa
 
     before = pa.total_allocated_bytes()
-    tables = [pa.ipc.open_file(pa.memory_map(f)).read_all() for f in _shard_files(small_dataset)]
+    tables = [pa.ipc.open_stream(pa.memory_map(f)).read_all() for f in _shard_files(small_dataset)]
     view = datasets.Dataset(datasets.table.InMemoryTable(pa.concat_tables(tables)))
     assert pa.total_allocated_bytes() - before < 4096  # the tokens stay in the mapped files
     assert view.cache_files == []  # and were not written to datasets' cache
@@ -360,9 +360,17 @@ def test_datasets_view_of_the_arrow_shards_without_a_copy(small_dataset):
         assert np.array_equal(row["input_ids"], tokens) and np.array_equal(row["offsets"], offsets)
 
 
-@pytest.mark.xfail(strict=True, reason="Dataset.from_file / load_from_disk read only the Arrow IPC *stream* format; "
-                   "packer writes the IPC *file* format (a footer for random access): see docs/hf.md")
 def test_datasets_from_file_opens_a_shard(small_dataset):
+    """Shards are Arrow IPC streams, which `Dataset.from_file` memory-maps: its rows are open_dataset's and the
+    batches collate_hf makes of PackedDataset's items (tests/store/test_hf_datasets.py: load_from_disk too)."""
     datasets = pytest.importorskip("datasets")
-    shard = datasets.Dataset.from_file(_shard_files(small_dataset)[0])
-    assert shard["input_ids"][0] == open_dataset(small_dataset)[0][0].tolist()
+    files = _shard_files(small_dataset)
+    view = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in files])
+    assert view.cache_files == [{"filename": f} for f in files]  # the shards themselves, no copy
+    stored = open_dataset(small_dataset)
+    assert view["input_ids"][0] == stored[0][0].tolist() and len(view) == len(stored) > 10
+    batch = next(iter(PackedDataset(small_dataset, shuffle=False, batch_size=len(stored), collate_fn=collate_hf)))
+    assert batch["input_ids"][0].tolist() == [t for row in view["input_ids"] for t in row]
+    starts = np.cumsum([0] + [len(row) for row in view["input_ids"]])
+    cu = sorted({int(s + o) for s, row in zip(starts, view["offsets"]) for o in row})
+    assert batch["cu_seq_lens_q"].tolist() == cu
