@@ -5,7 +5,8 @@
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
     OUTPUT/_work/plan.npz                                         plan (lengths only)
     OUTPUT/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json     write (one per shard; the .json says done)
-    OUTPUT/stats.json, report.html, tokenizer.json, manifest.json finalize (manifest last)
+    OUTPUT/stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json
+                                                                  finalize (manifest last)
 
 Every file is written under a temporary name and renamed into place; each stage reads
 only what the one before wrote and skips work whose output exists, so re-running the
@@ -32,6 +33,7 @@ from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.stats import report
 from packer.stats.figures import plan_stats
+from packer.store.formats import arrow
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
 WORK = "_work"
@@ -148,6 +150,9 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
+    if config.format == "arrow":  # state.json, dataset_info.json: datasets.load_from_disk(out) maps the shards
+        for name, data in arrow.hf_metadata(entries).items():
+            atomic.write_bytes(out / name, data)
     manifest = {
         "format_version": FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},

@@ -21,7 +21,7 @@ from packer.store.manifest import MANIFEST, STATS
 FINGERPRINT = "fingerprint.json"
 _SHARD_SUFFIXES = "|".join(re.escape(s) for s in sorted(formats.suffixes()))  # every format's files
 _OWNED = re.compile(
-    rf"^(manifest\.json|stats\.json|report\.html|tokenizer\.json|_work|\.packer\.lock|shard-\d{{5}}({_SHARD_SUFFIXES}))(\.tmp\d+)?$"
+    rf"^(manifest\.json|stats\.json|report\.html|tokenizer\.json|state\.json|dataset_info\.json|_work|\.packer\.lock|shard-\d{{5}}({_SHARD_SUFFIXES}))(\.tmp\d+)?$"
 )
 
 

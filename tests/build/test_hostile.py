@@ -49,7 +49,7 @@ def _docs_by_id(out):
     ds = open_dataset(out)
     docs = {}
     for entry in ds.manifest["shards"]:
-        table = ipc.open_file(pa.memory_map(str(out / entry["file"]))).read_all()
+        table = ipc.open_stream(pa.memory_map(str(out / entry["file"]))).read_all()
         for ids, offs, doc_ids in zip(*(table[c].to_pylist() for c in ("input_ids", "offsets", "doc_ids"))):
             for a, b, d in zip(offs[:-1], offs[1:], doc_ids):
                 docs.setdefault(d, []).append(ids[a:b])

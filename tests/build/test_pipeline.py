@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ def _pieces_by_doc(path):
 
     pieces = collections.defaultdict(list)
     for entry in ds.manifest["shards"]:
-        table = ipc.open_file(pa.memory_map(str(path / entry["file"]))).read_all()
+        table = ipc.open_stream(pa.memory_map(str(path / entry["file"]))).read_all()
         for ids, offs, docs in zip(*(table[c].to_pylist() for c in ("input_ids", "offsets", "doc_ids"))):
             for a, b, d in zip(offs[:-1], offs[1:], docs):
                 pieces[d].append(ids[a:b])
@@ -224,3 +225,20 @@ def test_cli_memmap_build_verify_quick_inspect(tmp_path):
     assert raw.exit_code == 0 and f"{len(tokens)} tokens, {len(offsets) - 1} documents" in raw.output
     summary = runner.invoke(main, ["inspect", out])
     assert summary.exit_code == 0 and '"format": "memmap"' in summary.output and "shard-00000.bin" in summary.output
+
+
+def test_an_arrow_build_opens_with_datasets_load_from_disk_without_a_copy(tmp_path):
+    """state.json and dataset_info.json beside the stream shards: datasets maps the shards themselves."""
+    datasets = pytest.importorskip("datasets")
+    from packer.build.pipeline import build
+
+    out = tmp_path / "ds"
+    build(_small_job(tmp_path, shard_size=20_000))
+    hf = datasets.load_from_disk(str(out))
+    assert sorted(Path(c["filename"]).name for c in hf.cache_files) == sorted(p.name for p in out.glob("shard-*.arrow"))
+    ds = open_dataset(out)
+    assert len(hf) == len(ds) and len(ds) > 1
+    for i in (0, len(ds) // 2, len(ds) - 1):
+        assert hf[i]["input_ids"] == ds[i][0].tolist() and hf[i]["offsets"] == ds[i][1].tolist()
+    build(_small_job(tmp_path, format="memmap"), overwrite=True)
+    assert not (out / "state.json").exists() and not (out / "dataset_info.json").exists()
