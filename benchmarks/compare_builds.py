@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_data"
 VOLATILE = ("created_unix", "build_seconds")
 # Files a newer build writes that REV did not (they are listed, not compared): report.html is written
-# by `packer build` too since the restructure (before, only `packer run` wrote it).
-ADDED = {"report.html"}
+# by `packer build` too since the restructure (before, only `packer run` wrote it); an arrow build writes
+# state.json and dataset_info.json for datasets.load_from_disk since its shards became IPC streams.
+ADDED = {"report.html", "state.json", "dataset_info.json"}
 
 
 def _corpora(d: Path) -> dict[str, list[str]]:
