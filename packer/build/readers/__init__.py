@@ -158,11 +158,6 @@ def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_spli
         raise FileError(unit.path, why) from None
 
 
-def read_jsonl_unit(unit: Unit, text_field: str, skips: SkipLog):
-    """TODO(corpus): stats/corpus.py still calls this; once it calls read_unit, this goes."""
-    return read_unit(unit, skips, text_field=text_field)
-
-
 def input_descriptions(files) -> list[dict]:
     return [{"path": fs.redact(str(f)), "bytes": _size_or_none(f)} for f in files]  # no credentials
 
