@@ -5,7 +5,7 @@ codec, for the readers that allow one):
 
     .jsonl .json .ndjson   jsonl.py     one JSON object per line       units: byte ranges (~unit_bytes); compressed: one per file
     .txt                   text.py      one document per file, or blank-line separated (text_split)
-    .parquet               parquet.py   the text column                units: one per row group
+    .parquet               parquet.py   the text column                units: runs of row groups (~unit_bytes)
     .arrow                 arrow.py     Arrow IPC file or stream (HF save_to_disk data files): one per file
 
 A reader is a module with NAME, COMPRESSIBLE, plan(place, ...) and texts(unit, place, ...)
