@@ -117,7 +117,7 @@ def test_a_build_that_accepts_nothing_fails_with_its_skip_reasons(tmp_path):
     result = CliRunner().invoke(main, ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(out),
                                        "--workers", "1"])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "no document accepted: 0 accepted of 3 read (3 skipped: {'missing_field': 3}" in result.output
+    assert "no document accepted: 0 accepted of 3 read (3 skipped: {'missing_field': 3}); e.g." in result.output
     assert f"e.g. missing_field at {corpus}:1" in result.output and "--text-field" in result.output
     assert len(result.output.strip().splitlines()) <= 3  # the tokenize line, then the error in two lines
     assert not out.exists() or sorted(p.name for p in out.iterdir()) == []  # nothing that looks like a dataset

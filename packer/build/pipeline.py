@@ -132,7 +132,7 @@ class BuildRejected(ValueError):
 
 
 def _skip_summary(counters, limit: int = 3) -> str:
-    """ "{'missing_field': 3837, 'empty_text': 2}; e.g. missing_field at a.jsonl:1" (the top reasons)."""
+    """("{'missing_field': 3837, 'empty_text': 2}", "; e.g. missing_field at a.jsonl:1; ..."): the top reasons."""
     skipped: dict[str, int] = {}
     for c in counters:
         for reason, n in c["skipped"].items():
@@ -142,7 +142,7 @@ def _skip_summary(counters, limit: int = 3) -> str:
     for e in (e for c in counters for e in c["skip_examples"]):
         examples.setdefault(e["reason"], e["where"])
     shown = [f"{r} at {examples[r]}" for r in top if r in examples]
-    return f"{top}" + (f"; e.g. {'; '.join(shown)}" if shown else "")
+    return f"{top}", (f"; e.g. {'; '.join(shown)}" if shown else "")
 
 
 def _check_accepted(counters, config, work):
@@ -155,13 +155,15 @@ def _check_accepted(counters, config, work):
     skipped = sum(sum(c["skipped"].values()) for c in counters)
     if not accepted:
         fs.rmtree(work)
-        why = f" ({skipped:,} skipped: {_skip_summary(counters)})" if skipped else " (the inputs hold no records)"
+        reasons, examples = _skip_summary(counters)
+        why = f" ({skipped:,} skipped: {reasons}){examples}" if skipped else " (the inputs hold no records)"
         raise BuildRejected(f"no document accepted: 0 accepted of {read:,} read{why};\nnothing was written: "
                             "fix the inputs or the settings (--text-field?) and run again")
     limit = config.max_skip_fraction
     if limit is not None and skipped / read > limit:
+        reasons, examples = _skip_summary(counters)
         raise BuildRejected(f"{skipped / read:.2%} of {read:,} documents read were skipped ({skipped:,}), over "
-                            f"--max-skip-fraction {limit:g}: {_skip_summary(counters)};\nfinished work is kept: fix "
+                            f"--max-skip-fraction {limit:g}: {reasons}{examples};\nfinished work is kept: fix "
                             "the inputs, or raise the limit and run the same command to resume")
 
 

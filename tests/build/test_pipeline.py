@@ -252,7 +252,7 @@ def test_a_build_that_accepts_nothing_writes_nothing(tmp_path):
     src.write_text('{"body": "x"}\n{"text": ""}\n{"body": "y"}\n', encoding="utf-8")
     with pytest.raises(BuildRejected) as e:
         build(_small_job(tmp_path, inputs=[str(src)]), keep_work=True)
-    assert "0 accepted of 3 read (3 skipped: {'missing_field': 2, 'empty_text': 1}" in str(e.value)
+    assert "0 accepted of 3 read (3 skipped: {'missing_field': 2, 'empty_text': 1}); e.g." in str(e.value)
     assert f"missing_field at {src}:1" in str(e.value) and f"empty_text at {src}:2" in str(e.value)
     assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == []  # no manifest, no _work to trip a fixed rerun
     empty = tmp_path / "empty.jsonl"
