@@ -42,12 +42,17 @@ def _on_sigterm(*_):
 
 def _os_error_line(e: OSError, output: str | None) -> str:
     """ "PATH: No space left on device (ENOSPC); free space there ..., then run the same command to resume"."""
-    if e.errno is None:  # packer's own message ("input not found: ..."): it names the file and the fix
+    cause = e
+    while cause.errno is None and isinstance(cause.__cause__, OSError):  # labelled by an executor: its cause has the errno
+        cause = cause.__cause__
+    if cause.errno is None:  # packer's own message ("input not found: ..."): it names the file and the fix
         return str(e)
+    fix = _OS_FIXES.get(cause.errno, "fix that, then " + RESUME if output else "")
+    fix = f"; {fix}" if fix else ""
+    if cause is not e:  # "write_shard, shard 1: [Errno 28] No space left on device: 'PATH'": the label names the task
+        return f"{e}{fix}"
     where = e.filename if e.filename is not None else output
-    name = errno.errorcode.get(e.errno, str(e.errno))
-    fix = _OS_FIXES.get(e.errno, "fix that, then " + RESUME if output else "")
-    return f"{f'{where}: ' if where else ''}{e.strerror or e} ({name}){f'; {fix}' if fix else ''}"
+    return f"{f'{where}: ' if where else ''}{e.strerror or e} ({errno.errorcode.get(e.errno, str(e.errno))}){fix}"
 
 
 class _Group(click.Group):

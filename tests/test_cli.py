@@ -185,6 +185,20 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_shard(tmp_path, monkeyp
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
 
+def test_a_full_disk_in_a_worker_is_one_line_with_the_fix(tmp_path):
+    # a subprocess: the pool's forkserver keeps the environment of the first build in this process
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "packer.cli", "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(out),
+           "--context-length", "512", "--shard-size", "50000", "--workers", "2", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAILPOINTS": "write-shard:2=enospc"}  # before its renames
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "Error: write_shard, shard 2: [Errno 28] No space left on device (failpoint write-shard:2); free space there "
+        "(or choose another --output), then run the same command to resume"]
+    assert not list(out.glob("shard-*.tmp*")) and not (out / "manifest.json").exists()
+
+
 def test_sigterm_stops_with_one_line_and_the_same_command_resumes(tmp_path):
     out = tmp_path / "ds"
     cmd = [sys.executable, "-m", "packer.cli", "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(out),
