@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import signal
 import sys
+import threading
+import traceback
 import warnings
 
 import click
@@ -17,26 +21,85 @@ from packer.io import fs
 from packer.io.fs import redact, redact_text
 from packer.store.manifest import REPORT
 
-EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, WorkerDied)
+EXPECTED_ERRORS = (ValueError, OSError, WorkerDied)  # OSError: FileNotFoundError, PermissionError, disk full, ...
+RESUME = "run the same command to resume"
+_OS_FIXES = {  # errno -> what to do
+    errno.ENOSPC: "free space there (or choose another --output), then " + RESUME,
+    errno.EDQUOT: "free space or raise the quota (or choose another --output), then " + RESUME,
+    errno.EROFS: "the filesystem is read-only: choose a writable location",
+    errno.EACCES: "check the permissions of that path (or choose another)",
+    errno.EPERM: "check the permissions of that path (or choose another)",
+}
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler, `kill`): stops the build the way Ctrl-C does."""
+
+
+def _on_sigterm(*_):
+    raise _Terminated()
+
+
+def _os_error_line(e: OSError, output: str | None) -> str:
+    """ "PATH: No space left on device (ENOSPC); free space there ..., then run the same command to resume"."""
+    cause = e
+    while cause.errno is None and isinstance(cause.__cause__, OSError):  # labelled by an executor: its cause has the errno
+        cause = cause.__cause__
+    if cause.errno is None:  # packer's own message ("input not found: ..."): it names the file and the fix
+        return str(e)
+    fix = _OS_FIXES.get(cause.errno, "fix that, then " + RESUME if output else "")
+    fix = f"; {fix}" if fix else ""
+    if cause is not e:  # "write_shard, shard 1: [Errno 28] No space left on device: 'PATH'": the label names the task
+        return f"{e}{fix}"
+    where = e.filename if e.filename is not None else output
+    return f"{f'{where}: ' if where else ''}{e.strerror or e} ({errno.errorcode.get(e.errno, str(e.errno))}){fix}"
 
 
 class _Group(click.Group):
-    """Expected errors become one line on stderr and exit 1, not a traceback."""
+    """Expected errors become one line on stderr and exit 1, not a traceback (with --debug: both).
+    Ctrl-C and SIGTERM stop with one line too (exit 130 / 143): finished work is kept."""
 
     def invoke(self, ctx):
+        previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
         try:
             with warnings.catch_warnings():  # a warning is one line too: "warning: ..."
                 warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {redact_text(message)}", err=True)
                 return super().invoke(ctx)
         except EXPECTED_ERRORS as e:  # credentials in a URI are never printed (packer/io/fs.py)
-            raise click.ClickException(redact_text(e)) from None
-        except KeyboardInterrupt:
-            click.echo("interrupted: finished work units are kept; run the same command again to resume", err=True)
-            ctx.exit(130)
+            _traceback_if_debug(ctx)
+            line = _os_error_line(e, ctx.meta.get("output")) if isinstance(e, OSError) else str(e)
+            raise click.ClickException(redact_text(line)) from None
+        except KeyboardInterrupt as e:
+            _traceback_if_debug(ctx)
+            click.echo(f"stopped ({'SIGTERM' if isinstance(e, _Terminated) else 'interrupted'}): finished work "
+                       f"units are kept; {RESUME}", err=True)
+            ctx.exit(143 if isinstance(e, _Terminated) else 130)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
+
+
+def _traceback_if_debug(ctx):
+    if ctx.meta.get("debug"):
+        click.echo(traceback.format_exc().rstrip(), err=True)
+
+
+def _set_debug(ctx, _param, value):
+    if value:
+        ctx.meta["debug"] = True  # meta is shared by the group's and the command's contexts
+
+
+DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                     help="On an error, print the traceback too; print the build's config JSON first.")
 
 
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="packer")
+@DEBUG
 def main():
     """Tokenize text corpora, pack documents into fixed-length sequences (first-fit-decreasing),
     write verifiable shards, and measure what padding would have cost.
@@ -85,6 +148,8 @@ def _option(name: str, *, prefix: str = "", **overrides):
         flag = f"{flag}/--no-{name.replace('_', '-')}"
     elif name in CHOICES:
         kwargs["type"] = click.Choice(CHOICES[name])
+    elif spec.type == "float | None":  # a share (max_skip_fraction): [minimum, 1)
+        kwargs["type"] = click.FloatRange(min=spec.metadata["minimum"], max=1, max_open=True)
     elif spec.metadata.get("minimum") is not None:
         kwargs["type"] = click.IntRange(min=spec.metadata["minimum"])
     elif isinstance(spec.default, int):
@@ -101,11 +166,14 @@ def _options(*names, **kwargs):
     return decorate
 
 
-def _run_job(job: Job, keep_work: bool, overwrite: bool):
+def _run_job(job: Job, keep_work: bool, overwrite: bool, quiet: bool):
     from packer.build.pipeline import build
 
-    click.echo(f"config: {json.dumps(job.config.to_dict())}", err=True)
-    manifest = build(job, keep_work=keep_work, overwrite=overwrite)
+    ctx = click.get_current_context()
+    ctx.meta["output"] = fs.redact(job.output)  # an OSError without a file name happened writing there
+    if ctx.meta.get("debug") and not quiet:
+        click.echo(f"config: {json.dumps(job.config.to_dict())}", err=True)
+    manifest = build(job, keep_work=keep_work, overwrite=overwrite, progress="off" if quiet else "auto")
     _print_summary(manifest, job.output)
 
 
@@ -113,6 +181,8 @@ BUILD_FIELDS = tuple(f.name for f in dataclasses.fields(BuildConfig))
 KEEP_WORK = click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
 OVERWRITE = click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or "
                          "unfinished work from other settings) and start over.")
+QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, a line every few seconds "
+                     "in a log); the final summary is still printed. The config JSON is printed only with --debug.")
 
 
 @main.command()
@@ -124,13 +194,15 @@ OVERWRITE = click.option("--overwrite", is_flag=True, help="Discard what OUTPUT 
 @_options("workers", "executor", "ray_address")
 @KEEP_WORK
 @OVERWRITE
-def build(inputs, tokenizer, output, workers, keep_work, overwrite, executor, ray_address, **config):
+@QUIET
+@DEBUG
+def build(inputs, tokenizer, output, workers, keep_work, overwrite, quiet, executor, ray_address, **config):
     """Tokenize INPUTS (JSONL[.gz|.zst], Parquet, .txt, Arrow / HF save_to_disk directories; files,
     directories, globs or pyarrow.fs URIs), pack them, and write shards, stats.json and report.html
     to OUTPUT."""
     job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config),
               executor=executor, ray_address=ray_address)
-    _run_job(job, keep_work, overwrite)
+    _run_job(job, keep_work, overwrite, quiet)
 
 
 @main.command()
@@ -138,7 +210,9 @@ def build(inputs, tokenizer, output, workers, keep_work, overwrite, executor, ra
 @_options("workers", "executor", "ray_address", default=None, show_default=False, prefix="Override the job's value. ")
 @KEEP_WORK
 @OVERWRITE
-def run(pipeline, workers, keep_work, overwrite, executor, ray_address):
+@QUIET
+@DEBUG
+def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
     """Run the job described in a PIPELINE TOML file (e.g. pipelines/sample.toml): the same build,
     with the same outputs, as `packer build` with those settings."""
     job = load_job(pipeline)
@@ -146,13 +220,14 @@ def run(pipeline, workers, keep_work, overwrite, executor, ray_address):
     job = dataclasses.replace(job, **{k: v for k, v in overrides.items() if v is not None})
     if executor == "local":
         job = dataclasses.replace(job, ray_address=None)
-    _run_job(job, keep_work, overwrite)
+    _run_job(job, keep_work, overwrite, quiet)
 
 
 CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed")
 
 
 @main.command()
+@DEBUG
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", default=None, help="Raw corpus: the tokenizer to count tokens with (as for build).")
 @_option("context_length", default=None, show_default=False, prefix="Raw corpus: ")
@@ -189,6 +264,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_
 
 
 @main.command("show-mask")
+@DEBUG
 @click.argument("dataset")
 @click.option("--seq", type=int, default=0, show_default=True, help="Index of the packed sequence.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
@@ -207,6 +283,7 @@ def show_mask(dataset, seq, out_path):
 
 
 @main.command()
+@DEBUG
 @click.argument("dataset")
 @click.option("--seq", type=int, default=None, help="Show this packed sequence, decoded, with document boundaries marked.")
 @click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
@@ -236,6 +313,7 @@ def inspect(dataset, seq, raw):
 
 
 @main.command()
+@DEBUG
 @click.argument("dataset")
 @click.option("--quick", is_flag=True, help="Skip checksums.")
 def verify(dataset, quick):

@@ -48,6 +48,9 @@ class BuildConfig:
     strict: bool = _field(False, "Fail on the first bad record instead of skipping and counting it.")
     on_file_error: str = _field("fail", "An unreadable or corrupt input file fails the run, or is skipped and reported.")
     max_doc_bytes: int = _field(64 * 2**20, "Larger records are skipped (reason too_large) without being read whole.", minimum=1)
+    max_skip_fraction: float | None = _field(None, "Fail the build (before its manifest; the same command resumes) when "
+                                                   "more than this share of the documents read is skipped, e.g. 0.01. "
+                                                   "Default: off (a build that accepts nothing always fails).", minimum=0)
 
     def __post_init__(self):
         if self.context_length < 1:
@@ -70,9 +73,15 @@ class BuildConfig:
             raise ValueError(f"bos must be true, false or unset (as the tokenizer says), got {self.bos!r}")
         if self.max_doc_bytes < 1:
             raise ValueError(f"max_doc_bytes must be >= 1, got {self.max_doc_bytes}")
+        limit = self.max_skip_fraction
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit < 1):
+            raise ValueError(f"max_skip_fraction must be a share in [0, 1), e.g. 0.01 (or unset: off), got {limit!r}")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["max_skip_fraction"] is None:  # off: not written, so manifests of builds without it keep their bytes
+            del d["max_skip_fraction"]
+        return d
 
 
 @dataclass(frozen=True, kw_only=True)

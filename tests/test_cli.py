@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from click.testing import CliRunner
-from conftest import SAMPLE_INPUTS, TOKENIZER
+from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
 
 from packer.cli import main
 
@@ -97,9 +100,116 @@ def test_run_rejects_unknown_pipeline_keys(tmp_path):
 
 
 def test_a_build_with_no_sequence_says_so_instead_of_a_fill_rate(tmp_path):
+    # was: a corpus with no "text" field (0 accepted), which now fails (test_a_build_that_accepts_nothing_fails);
+    # a document longer than the context under --long-docs drop is accepted and still fills no sequence
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text('{"body": "no text field"}\n', encoding="utf-8")
+    corpus.write_text(json.dumps({"text": "word " * 50}) + "\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
-                                       "--workers", "1"])
-    assert "0 accepted of 1 read" in result.output and "fill rate: n/a (no sequences)" in result.output
+                                       "--workers", "1", "--context-length", "8", "--long-docs", "drop"])
+    assert "1 accepted of 1 read" in result.output and "fill rate: n/a (no sequences)" in result.output
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["totals"]["fill_rate"] is None
+
+
+def test_a_build_that_accepts_nothing_fails_with_its_skip_reasons(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"body": "no text field"}\n' * 3, encoding="utf-8")
+    out = tmp_path / "o"
+    result = CliRunner().invoke(main, ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(out),
+                                       "--workers", "1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "no document accepted: 0 accepted of 3 read (3 skipped: {'missing_field': 3}); e.g." in result.output
+    assert f"e.g. missing_field at {corpus}:1" in result.output and "--text-field" in result.output
+    assert len(result.output.strip().splitlines()) <= 3  # the tokenize line, then the error in two lines
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == []  # nothing that looks like a dataset
+    fixed = CliRunner().invoke(main, ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(out),
+                                      "--workers", "1", "--text-field", "body"])
+    assert fixed.exit_code == 0 and "3 accepted of 3 read" in fixed.output  # the fix needs no --overwrite
+
+
+def test_max_skip_fraction_fails_a_build_that_skips_more(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a document"}\n' * 97 + '{"text": ""}\n' * 3, encoding="utf-8")
+    args = ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"), "--workers", "1"]
+    result = CliRunner().invoke(main, [*args, "--max-skip-fraction", "0.01"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "3.00% of 100 documents read were skipped (3), over --max-skip-fraction 0.01: {'empty_text': 3}" in result.output
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    ok = CliRunner().invoke(main, [*args, "--max-skip-fraction", "0.05"])
+    assert ok.exit_code == 0 and "97 accepted of 100 read" in ok.output
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["config"]["max_skip_fraction"] == 0.05
+    for bad in ("1", "-0.1"):
+        assert CliRunner().invoke(main, [*args, "--max-skip-fraction", bad]).exit_code == 2
+
+
+def test_progress_in_a_log_is_whole_lines_and_quiet_has_none(tmp_path, monkeypatch):
+    from packer.io import progress
+
+    monkeypatch.setattr(progress, "INTERVAL", 0.0)  # a line on every update
+    result = _build(CliRunner(), tmp_path / "a", "--unit-bytes", "200000")  # stderr is not a terminal here
+    assert result.exit_code == 0 and "\r" not in result.output
+    lines = result.output.splitlines()
+    tokenize = [line for line in lines if line.startswith("tokenize: ")]
+    assert len(tokenize) > 3 and tokenize[-1].startswith("tokenize: 3.27MB of 3.27MB (100%), ")
+    assert "docs/s" in tokenize[0] and any(line.startswith("write: ") and " tok/s" in line for line in lines)
+    assert not any(line.startswith("config: ") for line in lines)  # only with --debug
+    quiet = _build(CliRunner(), tmp_path / "b", "--quiet")
+    assert quiet.exit_code == 0 and quiet.output.startswith("documents: 3,894 accepted of 3,894 read")
+    assert not any(line.startswith(("tokenize", "write", "config")) for line in quiet.output.splitlines())
+    debug = _build(CliRunner(), tmp_path / "c", "--debug")
+    assert json.loads(debug.output.split("config: ", 1)[1].splitlines()[0])["context_length"] == 512
+
+
+def test_debug_adds_the_traceback_to_the_one_line(tmp_path):
+    args = ["build", str(tmp_path / "nope.jsonl"), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o")]
+    plain = CliRunner().invoke(main, args)
+    debug = CliRunner().invoke(main, [*args, "--debug"])
+    assert plain.exit_code == debug.exit_code == 1 and "Traceback" not in plain.output
+    assert "Traceback" in debug.output and "input not found" in debug.output.splitlines()[-1]
+    assert "Traceback" in CliRunner().invoke(main, ["--debug", *args]).output  # before the command too
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_shard(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKER_FAILPOINTS", "write:1=enospc")
+    out = tmp_path / "ds"
+    args = ["build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--context-length", "512", "--output", str(out),
+            "--shard-size", "50000", "--quiet"]
+    for workers in ("1", "2"):
+        result = CliRunner().invoke(main, [*args, "--workers", workers])
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert result.output.strip().splitlines() == [
+            f"Error: {out}: No space left on device (failpoint write:1) (ENOSPC); free space there (or choose "
+            "another --output), then run the same command to resume"]
+        assert not list(out.glob("shard-*.tmp*")) and not (out / "manifest.json").exists()
+    monkeypatch.delenv("PACKER_FAILPOINTS")
+    assert CliRunner().invoke(main, [*args, "--workers", "2"]).exit_code == 0
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+
+
+def test_a_full_disk_in_a_worker_is_one_line_with_the_fix(tmp_path):
+    # a subprocess: the pool's forkserver keeps the environment of the first build in this process
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "packer.cli", "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(out),
+           "--context-length", "512", "--shard-size", "50000", "--workers", "2", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAILPOINTS": "write-shard:2=enospc"}  # before its renames
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "Error: write_shard, shard 2: [Errno 28] No space left on device (failpoint write-shard:2); free space there "
+        "(or choose another --output), then run the same command to resume"]
+    assert not list(out.glob("shard-*.tmp*")) and not (out / "manifest.json").exists()
+
+
+def test_sigterm_stops_with_one_line_and_the_same_command_resumes(tmp_path):
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "packer.cli", "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(out),
+           "--context-length", "512", "--workers", "1", "--unit-bytes", "200000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAILPOINTS": "tokenize:2=term"}
+    stopped = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        "stopped (SIGTERM): finished work units are kept; run the same command to resume")
+    assert len(list((out / "_work" / "units").glob("*.json"))) == 2 and not (out / "manifest.json").exists()
+    del env["PACKER_FAILPOINTS"]
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "3,894 accepted of 3,894 read" in resumed.stdout, resumed.stderr
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0

@@ -21,7 +21,6 @@ import dataclasses
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from packer import __version__
 from packer.build import readers, resume, writer
@@ -31,6 +30,7 @@ from packer.build.tokenize import tokenize_unit, unit_paths
 from packer.build.tokenizer import resolved_config, specials_manifest, tokenizer_info
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
+from packer.io.progress import Progress
 from packer.stats import report
 from packer.stats.figures import plan_stats
 from packer.store.formats import arrow
@@ -39,18 +39,18 @@ from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_
 WORK = "_work"
 
 
-def _tokenize_stage(units, info, config, units_dir, executor):
+def _tokenize_stage(units, info, config, units_dir, executor, progress="auto"):
     total = sum(max(u.size, 0) for u in units)
     n_done = [0]
-    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", leave=False) as bar:
+    with Progress("tokenize", total, "B", mode=progress) as bar:
         seen = {"docs": 0, "tokens": 0}
 
         def done(counters):
             seen["docs"] += counters["docs_accepted"]
             seen["tokens"] += counters["tokens"]
-            seconds = max(bar.format_dict["elapsed"], 1e-9)
-            bar.update(max(counters.get("bytes", 0), 0))
-            bar.set_postfix_str(f"{seen['docs'] / seconds:,.0f} docs/s, {seen['tokens'] / seconds:,.0f} tok/s", refresh=False)
+            seconds = bar.elapsed()
+            bar.update(max(counters.get("bytes", 0), 0),
+                       f"{seen['docs'] / seconds:,.0f} docs/s, {seen['tokens'] / seconds:,.0f} tok/s")
             n_done[0] += 1
             failpoints.hit("tokenize", n_done[0])
 
@@ -82,10 +82,10 @@ def _plan_stage(n_units: int, config, work) -> Plan:
     return plan
 
 
-def _write_stage(plan: Plan, info, config, work, out, executor):
+def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto"):
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
-    with tqdm(total=int(plan.piece_len.sum()), unit="tok", unit_scale=True, desc="write", leave=False) as bar:
+    with Progress("write", int(plan.piece_len.sum()), "tok", mode=progress) as bar:
 
         def done(entry):
             nonlocal n_done
@@ -125,6 +125,46 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
         "pieces": len(plan.piece_len),
         "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
     }
+
+
+class BuildRejected(ValueError):
+    """The inputs were read but too few documents were accepted to call the build a success."""
+
+
+def _skip_summary(counters, limit: int = 3) -> str:
+    """("{'missing_field': 3837, 'empty_text': 2}", "; e.g. missing_field at a.jsonl:1; ..."): the top reasons."""
+    skipped: dict[str, int] = {}
+    for c in counters:
+        for reason, n in c["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    top = dict(sorted(skipped.items(), key=lambda kv: -kv[1])[:limit])
+    examples = {}
+    for e in (e for c in counters for e in c["skip_examples"]):
+        examples.setdefault(e["reason"], e["where"])
+    shown = [f"{r} at {examples[r]}" for r in top if r in examples]
+    return f"{top}", (f"; e.g. {'; '.join(shown)}" if shown else "")
+
+
+def _check_accepted(counters, config, work):
+    """Refuse to finish a build that accepted nothing, or skipped more than config.max_skip_fraction
+    of what it read. Nothing accepted: `work` is deleted (nothing in it is worth resuming, and the
+    fix, e.g. another --text-field, is another fingerprint). Too many skipped: `work` is kept, so the
+    same command with a higher limit resumes from the finished units."""
+    read = sum(c["docs_read"] for c in counters)
+    accepted = sum(c["docs_accepted"] for c in counters)
+    skipped = sum(sum(c["skipped"].values()) for c in counters)
+    if not accepted:
+        fs.rmtree(work)
+        reasons, examples = _skip_summary(counters)
+        why = f" ({skipped:,} skipped: {reasons}){examples}" if skipped else " (the inputs hold no records)"
+        raise BuildRejected(f"no document accepted: 0 accepted of {read:,} read{why};\nnothing was written: "
+                            "fix the inputs or the settings (--text-field?) and run again")
+    limit = config.max_skip_fraction
+    if limit is not None and skipped / read > limit:
+        reasons, examples = _skip_summary(counters)
+        raise BuildRejected(f"{skipped / read:.2%} of {read:,} documents read were skipped ({skipped:,}), over "
+                            f"--max-skip-fraction {limit:g}: {reasons}{examples};\nfinished work is kept: fix "
+                            "the inputs, or raise the limit and run the same command to resume")
 
 
 def _shipped(info) -> dict:
@@ -173,8 +213,9 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 
 
-def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict:
-    """Run, resume, or (with nothing left to do) skip a build; return the manifest.
+def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progress: str = "auto") -> dict:
+    """Run, resume, or (with nothing left to do) skip a build; return the manifest. `progress`:
+    "auto" (a bar on a terminal, plain lines otherwise), "bar", "lines" or "off" (packer/io/progress.py).
 
     Under the output's lock: a complete dataset from the same command is returned as is
     (`already_complete`); one from another command, or a `_work/` from another config or
@@ -213,12 +254,14 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False) -> dict
         (work / "units").mkdir(parents=True, exist_ok=True)
         executor = make_executor(job)
         try:
-            counters = _tokenize_stage(units, info, config, work / "units", executor)
+            counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
+            _check_accepted(counters, config, work)
             plan = _plan_stage(len(units), config, work)
-            entries = _write_stage(plan, info, config, work, out, executor)
+            entries = _write_stage(plan, info, config, work, out, executor, progress)
         finally:
             executor.close()
-            atomic.remove_leftovers(work / "units")  # left by a worker stopped mid-write
+            for d in (work / "units", work / "shards", out):  # left by a worker stopped mid-write
+                atomic.remove_leftovers(d)
         manifest = _finalize(job, files, units, info, counters, plan, entries, out, work, skipped_files or ())
         manifest["created_unix"] = round(time.time(), 3)
         manifest["build_seconds"] = round(time.time() - started, 3)

@@ -25,7 +25,7 @@ _OWNED = re.compile(
 )
 
 
-RUN_ONLY_KEYS = ("strict", "on_file_error")
+RUN_ONLY_KEYS = ("strict", "on_file_error", "max_skip_fraction")
 
 
 def _stamp(path) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 from pathlib import Path
 
@@ -242,3 +243,61 @@ def test_an_arrow_build_opens_with_datasets_load_from_disk_without_a_copy(tmp_pa
         assert hf[i]["input_ids"] == ds[i][0].tolist() and hf[i]["offsets"] == ds[i][1].tolist()
     build(_small_job(tmp_path, format="memmap"), overwrite=True)
     assert not (out / "state.json").exists() and not (out / "dataset_info.json").exists()
+
+
+def test_a_build_that_accepts_nothing_writes_nothing(tmp_path):
+    from packer.build.pipeline import BuildRejected, build
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"body": "x"}\n{"text": ""}\n{"body": "y"}\n', encoding="utf-8")
+    with pytest.raises(BuildRejected) as e:
+        build(_small_job(tmp_path, inputs=[str(src)]), keep_work=True)
+    assert "0 accepted of 3 read (3 skipped: {'missing_field': 2, 'empty_text': 1}); e.g." in str(e.value)
+    assert f"missing_field at {src}:1" in str(e.value) and f"empty_text at {src}:2" in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == []  # no manifest, no _work to trip a fixed rerun
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(BuildRejected, match=r"0 accepted of 0 read \(the inputs hold no records\)"):
+        build(_small_job(tmp_path, "e", inputs=[str(empty)]))
+
+
+def test_max_skip_fraction_fails_before_the_manifest_and_a_higher_limit_resumes(tmp_path):
+    from packer.build.pipeline import BuildRejected, build
+    from packer.config import BuildConfig
+
+    lines = open(SAMPLE_INPUTS[0], encoding="utf-8").readlines()[:300]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(line if i % 50 else '{"text": " "}\n' for i, line in enumerate(lines)), encoding="utf-8")
+    reference = build(_small_job(tmp_path, "ref", inputs=[str(src)], unit_bytes=20_000))  # off by default
+    assert reference["totals"]["docs_skipped"] == {"empty_text": 6} and "max_skip_fraction" not in reference["config"]
+    job = _small_job(tmp_path, inputs=[str(src)], unit_bytes=20_000, max_skip_fraction=0.01)
+    with pytest.raises(BuildRejected, match=r"2\.00% of 300 documents read were skipped \(6\), over "
+                                            r"--max-skip-fraction 0\.01: \{'empty_text': 6\}; e\.g\. empty_text at "):
+        build(job)
+    out = tmp_path / "ds"
+    assert not (out / "manifest.json").exists()
+    units = sorted((out / "_work" / "units").glob("unit-*.json"))
+    stamps = [p.stat().st_mtime_ns for p in units]
+    assert len(units) > 3
+    again = build(dataclasses.replace(job, config=BuildConfig(**{**job.config.to_dict(), "max_skip_fraction": 0.02})),
+                  keep_work=True)
+    assert [p.stat().st_mtime_ns for p in units] == stamps  # resumed: no unit tokenized again
+    assert again["config"]["max_skip_fraction"] == 0.02
+    assert {k: v for k, v in again["config"].items() if k != "max_skip_fraction"} == reference["config"]
+    assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in reference["shards"]]
+    with pytest.raises(ValueError, match=r"max_skip_fraction must be a share in \[0, 1\)"):
+        BuildConfig(max_skip_fraction=1)
+
+
+def test_progress_lines_off_and_bar(tmp_path, capsys, monkeypatch):
+    from packer.build.pipeline import build
+    from packer.io import progress
+
+    monkeypatch.setattr(progress, "INTERVAL", 0.0)
+    build(_small_job(tmp_path, "lines", unit_bytes=20_000), progress="lines")
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.count("tokenize: ") > 3 and err.splitlines()[-1].startswith("write: ")
+    build(_small_job(tmp_path, "off", unit_bytes=20_000), progress="off")
+    assert capsys.readouterr().err == ""
+    build(_small_job(tmp_path, "bar", unit_bytes=20_000), progress="bar")
+    assert "\r" in capsys.readouterr().err  # tqdm's redraws, on a terminal only
