@@ -91,12 +91,13 @@ def require_same_dataset(manifest: dict, config, info, files, out: Path):
     """A complete dataset is only 'already complete' for the command that built it."""
     from packer.build import readers
 
+    settings = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}  # as in fingerprint()
     old = {
-        "config": {k: manifest["config"].get(k) for k in config.to_dict()},
+        "config": {k: manifest["config"].get(k) for k in settings},
         "tokenizer_sha256": manifest["tokenizer"]["sha256"],
         "inputs": manifest["inputs"],
     }
-    new = {"config": config.to_dict(), "tokenizer_sha256": info.sha256, "inputs": readers.input_descriptions(files)}
+    new = {"config": settings, "tokenizer_sha256": info.sha256, "inputs": readers.input_descriptions(files)}
     found = _first_difference(old, new)
     if found:
         where, a, b = found

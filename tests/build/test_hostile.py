@@ -314,11 +314,13 @@ def test_raw_surrogate_bytes_are_invalid_utf8_with_their_place(tmp_path):
         "one.jsonl": (good + CESU + good, 2, f"{tmp_path / 'one.jsonl'}:2"),
         "block.jsonl": (good * 500 + CESU + good * 500, 1000, f"{tmp_path / 'block.jsonl'}:501"),
         "arr.json": (b'[{"text": "ok"}, {"text": "a \xed\xa0\x80 b"}]', 1, f"{tmp_path / 'arr.json'} record 1"),
-        "doc.txt": (b"a \xed\xa0\x80 b", 0, str(tmp_path / "doc.txt")),
-    }
+        "doc.txt": (b"a \xed\xa0\x80 b", 1, str(tmp_path / "doc.txt")),  # beside good.txt: a build that
+    }                                                                  # accepts nothing fails (tests/test_cli.py)
+    (tmp_path / "good.txt").write_text("fine")
     for name, (data, accepted, place) in cases.items():
         (tmp_path / name).write_bytes(data)
-        result, out = _build(tmp_path, tmp_path / name, extra=["--overwrite"])
+        inputs = [tmp_path / name] + ([tmp_path / "good.txt"] if name.endswith(".txt") else [])
+        result, out = _build(tmp_path, *inputs, extra=["--overwrite"])
         assert result.exit_code == 0, (name, result.output)
         assert f"skipped invalid_utf8: {place}" in result.output, result.output
         totals = _totals(out)
@@ -400,9 +402,11 @@ def test_a_too_large_document_says_how_to_raise_the_limit(tmp_path):
     """Item 10: the skip example names the fix, in JSONL, .txt and --strict alike."""
     (tmp_path / "big.jsonl").write_text('{"text": "' + "word " * 100 + '"}\n{"text": "small"}\n')
     (tmp_path / "big.txt").write_text("word " * 100)
+    (tmp_path / "small.txt").write_text("small")  # beside big.txt: a build that accepts nothing fails
     fix = "longer than --max-doc-bytes (raise the limit with --max-doc-bytes N)"
     for name, place in (("big.jsonl", "big.jsonl:1"), ("big.txt", "big.txt")):
-        result, out = _build(tmp_path, tmp_path / name, extra=["--max-doc-bytes", "100", "--overwrite"])
+        inputs = [tmp_path / name] + ([tmp_path / "small.txt"] if name.endswith(".txt") else [])
+        result, out = _build(tmp_path, *inputs, extra=["--max-doc-bytes", "100", "--overwrite"])
         assert result.exit_code == 0, result.output
         assert f"skipped too_large: {tmp_path / place}: {fix}" in result.output
         assert _totals(out)["docs_skipped"] == {"too_large": 1}

@@ -301,3 +301,15 @@ def test_progress_lines_off_and_bar(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err == ""
     build(_small_job(tmp_path, "bar", unit_bytes=20_000), progress="bar")
     assert "\r" in capsys.readouterr().err  # tqdm's redraws, on a terminal only
+
+
+def test_run_only_settings_do_not_make_a_complete_dataset_different(tmp_path):
+    """strict, on_file_error and max_skip_fraction decide only whether a bad input stops the run: a
+    complete dataset rerun with other values is already complete, not 'built differently'."""
+    from packer.build.pipeline import build
+
+    build(_small_job(tmp_path))
+    again = build(_small_job(tmp_path, strict=True, on_file_error="skip", max_skip_fraction=0.5))
+    assert again.get("already_complete") is True
+    with pytest.raises(ValueError, match="built differently"):
+        build(_small_job(tmp_path, seed=7))
