@@ -4,8 +4,11 @@
                          the block's arrays, every row 1..context tokens long
     check_rows(rows)     offsets start at 0, rise strictly, end at the row length; one doc_id
                          per segment (O(offsets)): verify, and open_dataset at a block's first read
-    check_token_ids      stored dtype as the manifest says; every id below the vocabulary
-                         (O(tokens)): verify, and open_dataset at a block's first read
+    check_dtype          tokens stored in the dtype the manifest says
+    check_token_ids      every id below the vocabulary (O(tokens)): verify, and open_dataset at
+                         a block's first read
+    check_counts         a shard's sequences, tokens and segments as its manifest entry says
+    check_totals         the shards' sequences and tokens as the manifest totals say
 
 Each raises ValueError naming the shard (`where`), the row and the limit; indices are absolute
 into the block's arrays, rows numbered from `first_row`.
@@ -79,3 +82,22 @@ def check_token_ids(rows: Rows, where: str, vocab_size: int):
     if used.size and int(used.max()) >= vocab_size:
         raise ValueError(f"{where}: token id {int(used.max())} >= the vocabulary size {vocab_size} (corrupt shard: "
                          "rebuild it)")
+
+
+COUNTS = ("sequences", "tokens", "documents")  # what a shard entry says it holds
+
+
+def check_counts(counts: dict, entry: dict, where: str):
+    """The counts read from a shard's files equal its manifest entry's."""
+    for key in COUNTS:
+        if counts[key] != entry.get(key):
+            raise ValueError(f"{where}: {counts[key]} {key}, the manifest says {entry.get(key)!r} (the manifest "
+                             "was edited or the shard replaced; rebuild the dataset)")
+
+
+def check_totals(counts: dict, totals: dict):
+    """Sequences and tokens summed over the shards equal the manifest totals (sequences, tokens_out)."""
+    for key, total_key in (("sequences", "sequences"), ("tokens", "tokens_out")):
+        if counts[key] != totals.get(total_key):
+            raise ValueError(f"{counts[key]} {key} in the shards, the manifest totals say {totals.get(total_key)!r} "
+                             "(the manifest was edited or a shard entry dropped; rebuild the dataset)")

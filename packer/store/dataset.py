@@ -7,6 +7,14 @@ opening reads only indexes and footers; a dataset at a remote URI (packer/io/fs.
 memory when opened: Arrow record batches by ranged reads, the other formats' files whole
 (nothing remote can be memory-mapped). Writing is packer/build/writer.py; checking,
 packer/store/verify.py.
+
+Nothing in the manifest is taken on trust (packer/store/checks.py). Opening refuses, in one line:
+a shard name that is not a plain file name in the directory, a file named twice, per-shard or
+total counts that are not what the shard files hold, a row outside its arrays, empty or longer
+than the context. A block's first read (ds[i], views, get_many, iteration) checks its offsets,
+doc_ids and token ids (< the vocabulary): one vectorized pass over the block, once per process,
+so a flipped byte raises ValueError naming the shard and row instead of yielding a bad row.
+(Lazy, not at open: an id scan of every block would read the whole dataset before step one.)
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from packer.store.formats import shard_blocks
 from packer.store.manifest import read_manifest
 from packer.store.rows import ROWS_PER_BATCH, Rows
 
-COUNTS = ("sequences", "tokens", "documents")  # what a shard entry says it holds
 __all__ = ["ROWS_PER_BATCH", "Rows", "ShardDataset", "open_dataset", "read_rows", "shard_blocks"]
 
 
@@ -64,8 +71,8 @@ class ShardDataset:
             except (pa.ArrowException, KeyError) as e:  # a damaged Arrow stream, a column missing
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
                                  "or rebuild") from None
-            check_counts(counts, entry, where)
-        check_totals({"sequences": starts[-1], "tokens": sum(int(r.token_starts[-1] - r.token_starts[0])
+            checks.check_counts(counts, entry, where)
+        checks.check_totals({"sequences": starts[-1], "tokens": sum(int(r.token_starts[-1] - r.token_starts[0])
                                                              for r in self._blocks)}, self.manifest["totals"])
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
@@ -153,22 +160,6 @@ class ShardDataset:
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
-
-
-def check_counts(counts: dict, entry: dict, where: str):
-    """The counts read from a shard's files equal its manifest entry's."""
-    for key in COUNTS:
-        if counts[key] != entry.get(key):
-            raise ValueError(f"{where}: {counts[key]} {key}, the manifest says {entry.get(key)!r} (the manifest "
-                             "was edited or the shard replaced; rebuild the dataset)")
-
-
-def check_totals(counts: dict, totals: dict):
-    """Sequences and tokens summed over the shards equal the manifest totals (sequences, tokens_out)."""
-    for key, total_key in (("sequences", "sequences"), ("tokens", "tokens_out")):
-        if counts[key] != totals.get(total_key):
-            raise ValueError(f"{counts[key]} {key} in the shards, the manifest totals say {totals.get(total_key)!r} "
-                             "(the manifest was edited or a shard entry dropped; rebuild the dataset)")
 
 
 def read_rows(ds, indices) -> tuple[list, list]:

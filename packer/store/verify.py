@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from packer.io import fs
 from packer.store import checks, formats
-from packer.store.dataset import check_counts, check_totals
 from packer.store.manifest import STATS, read_manifest, sha256_file, tokenizer_file
 
 QUICK_SKIPS = ("shard sha256", "token ids below the vocabulary")  # what checksums=False leaves out
@@ -55,7 +54,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
                 doc_ids.append(np.asarray(block_doc_ids))
         except (pa.ArrowException, KeyError, OSError) as e:
             raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {e})") from None
-        check_counts(counts, entry, where)
+        checks.check_counts(counts, entry, where)
         for key, value in counts.items():
             totals[key] += value
     _check_totals(totals, doc_ids, manifest["totals"])
@@ -75,7 +74,7 @@ def _check_files(path, files, checksums: bool):
 
 def _check_totals(counts: dict, doc_ids: list, totals: dict):
     """sequences, tokens_out, pieces (segments) and docs_accepted against the shards."""
-    check_totals(counts, totals)
+    checks.check_totals(counts, totals)
     if "pieces" in totals and counts["documents"] != totals["pieces"]:
         raise ValueError(f"{counts['documents']} segments in the shards, the manifest totals say {totals['pieces']!r} "
                          "pieces (the manifest was edited or a shard entry dropped; rebuild the dataset)")
