@@ -7,6 +7,14 @@ opening reads only indexes and footers; a dataset at a remote URI (packer/io/fs.
 memory when opened: Arrow record batches by ranged reads, the other formats' files whole
 (nothing remote can be memory-mapped). Writing is packer/build/writer.py; checking,
 packer/store/verify.py.
+
+Nothing in the manifest is taken on trust (packer/store/checks.py). Opening refuses, in one line:
+a shard name that is not a plain file name in the directory, a file named twice, per-shard or
+total counts that are not what the shard files hold, a row outside its arrays, empty or longer
+than the context. A block's first read (ds[i], views, get_many, iteration) checks its offsets,
+doc_ids and token ids (< the vocabulary): one vectorized pass over the block, once per process,
+so a flipped byte raises ValueError naming the shard and row instead of yielding a bad row.
+(Lazy, not at open: an id scan of every block would read the whole dataset before step one.)
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
+import pyarrow as pa
 
 from packer.io import fs
+from packer.store import checks, formats
 from packer.store.formats import shard_blocks
 from packer.store.manifest import read_manifest
 from packer.store.rows import ROWS_PER_BATCH, Rows
@@ -33,18 +43,50 @@ class ShardDataset:
     def __init__(self, path):
         self.path = fs.location(path)  # a Path, or a RemotePath for a URI
         self.manifest = read_manifest(self.path)
-        self.format = self.manifest["config"].get("format", "arrow")
+        config = self.manifest["config"]
+        self.format = config.get("format", "arrow")
+        self.context_length = int(config["context_length"])
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+        dtype = np.dtype(config["token_dtype"])
         self._blocks: list[Rows] = []
         self._doc_ids: list[np.ndarray] = []
+        self._where: list[tuple[str, int]] = []  # (shard, its first row) of each block, for messages
         starts = [0]
-        for entry in self.manifest["shards"]:
-            for rows, doc_ids in shard_blocks(self.path, entry, self.format):
-                self._blocks.append(rows)
-                self._doc_ids.append(doc_ids)
-                starts.append(starts[-1] + len(rows))
+        shards = self.manifest["shards"]
+        formats.manifest_files(self.format, shards)  # every name inside the directory, none twice
+        for entry in shards:
+            where = fs.redact(self.path / entry["file"])
+            counts = {"sequences": 0, "tokens": 0, "documents": 0}
+            try:
+                for rows, doc_ids in shard_blocks(self.path, entry, self.format):
+                    checks.check_bounds(rows, where, counts["sequences"], self.context_length)
+                    checks.check_dtype(rows, where, dtype)
+                    self._blocks.append(rows)
+                    self._doc_ids.append(doc_ids)
+                    self._where.append((where, counts["sequences"]))
+                    counts["sequences"] += len(rows)
+                    counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
+                    counts["documents"] += len(doc_ids)
+                    starts.append(starts[-1] + len(rows))
+            except (pa.ArrowException, KeyError) as e:  # a damaged Arrow stream, a column missing
+                raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
+                                 "or rebuild") from None
+            checks.check_counts(counts, entry, where)
+        checks.check_totals({"sequences": starts[-1], "tokens": sum(int(r.token_starts[-1] - r.token_starts[0])
+                                                             for r in self._blocks)}, self.manifest["totals"])
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
         self._n = starts[-1]
+        self._unread = np.ones(len(self._blocks), bool)  # blocks whose offsets and ids are not checked yet
+        self._n_unread = len(self._blocks)
+
+    def _first_read(self, b: int):
+        """A block's first read: its offsets, doc_ids and token ids checked (O(its tokens), once)."""
+        rows, (where, first_row) = self._blocks[b], self._where[b]
+        checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
+        checks.check_token_ids(rows, where, self.vocab_size)
+        self._unread[b] = False
+        self._n_unread -= 1
 
     def __len__(self) -> int:
         return self._n
@@ -58,6 +100,8 @@ class ShardDataset:
             raise IndexError(f"sequence {i} out of range for a dataset of {n}")
         i = int(i) % n
         b = bisect.bisect_right(self._starts_list, i) - 1
+        if self._n_unread and self._unread[b]:
+            self._first_read(b)
         rows = self._blocks[b]
         r = i - self._starts_list[b]
         t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
@@ -73,11 +117,16 @@ class ShardDataset:
             raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
         idx = idx % n if n else idx
         if len(self._blocks) == 1:  # one memmap or Megatron shard, or one record batch: no block lookup
+            if self._n_unread and idx.size:
+                self._first_read(0)
             rows = self._blocks[0]
             t, o, ts, ost = rows.tokens, rows.offsets, rows.token_starts, rows.offset_starts
             t0, t1, o0, o1 = ts[idx].tolist(), ts[idx + 1].tolist(), ost[idx].tolist(), ost[idx + 1].tolist()
             return [t[a:b] for a, b in zip(t0, t1)], [o[a:b] for a, b in zip(o0, o1)]
         block = self._block_starts.searchsorted(idx, side="right") - 1
+        if self._n_unread:
+            for b in np.flatnonzero(self._unread & (np.bincount(block, minlength=len(self._blocks)) > 0)).tolist():
+                self._first_read(b)
         local = (idx - self._block_starts[block]).tolist()
         blocks = self._blocks
         tokens, offsets = [], []
@@ -105,7 +154,9 @@ class ShardDataset:
         return np.concatenate(self._doc_ids).astype(np.int64) if self._doc_ids else np.zeros(0, np.int64)
 
     def __iter__(self):
-        for rows in self._blocks:
+        for b, rows in enumerate(self._blocks):
+            if self._unread[b]:
+                self._first_read(b)
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]

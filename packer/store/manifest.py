@@ -18,6 +18,7 @@ from packer.io import fs
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATS = "stats.json"
+TOKENIZER = "tokenizer.json"  # the build's tokenizer, copied: the dataset decodes without its source
 REPORT = "report.html"  # stats.json drawn as a page (packer/stats/report.py)
 
 
@@ -39,3 +40,20 @@ def read_manifest(path) -> dict:
             "(run the same `packer build` command again to resume it)"
         )
     return json.loads(file.read_text(encoding="utf-8"))
+
+
+def tokenizer_file(path, manifest: dict):
+    """The dataset's tokenizer.json, checked to be the one it was built with (its sha256 is the
+    manifest's tokenizer.sha256): decoding with another shows wrong text, silently. None for a
+    manifest that records no sha256 (written by hand); ValueError if missing or different."""
+    path, tokenizer = fs.location(path), manifest.get("tokenizer", {})
+    if "sha256" not in tokenizer:
+        return None
+    file = path / TOKENIZER
+    if not file.is_file():
+        raise ValueError(f"{fs.redact(file)} missing: the dataset's copy of its tokenizer; copy the build's tokenizer "
+                         f"({tokenizer.get('path')}, sha256 {tokenizer['sha256']}) there, or rebuild")
+    if sha256_file(file) != tokenizer["sha256"]:
+        raise ValueError(f"{fs.redact(file)}: sha256 does not match the manifest's tokenizer.sha256 (another tokenizer: "
+                         "decoding with it shows wrong text); restore the build's tokenizer, or rebuild")
+    return file

@@ -1,102 +1,111 @@
 """Check a built dataset against its manifest; the first problem found is raised as one line.
 
-Checked, shard by shard: every file present; sha256 equal to the manifest's (skipped by
+Checked: every name the manifest gives a plain file name inside the directory, no file named
+twice; shard by shard, every file present; sha256 equal to the manifest's (skipped by
 `checksums=False`, the `verify --quick`); what the shard's format checks when it opens
 the files (headers, sizes, counts between them: packer/store/formats/); every row
 non-empty and at most the context length; offsets start at 0, rise strictly and end at
 the row length; one doc_id per segment; token ids below the vocabulary size (full check
-only); sequence, token and document counts equal the manifest's, per shard and in total.
+only); sequence, token and segment counts equal the manifest's, per shard and in total
+(`sequences`, `tokens_out`, `pieces`); distinct doc_ids equal `docs_accepted` less
+`docs_dropped_long`. Beside the shards: tokenizer.json present, its sha256 the manifest's
+`tokenizer.sha256` (where it records one); stats.json present when documents were accepted, a JSON object of
+packer's stats schema whose context length, document and token counts are the manifest's.
+The returned totals name what `checksums=False` skipped (`skipped`, empty for a full check).
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pyarrow as pa
 
 from packer.io import fs
-from packer.store import formats
-from packer.store.manifest import read_manifest, sha256_file
-from packer.store.rows import Rows
+from packer.store import checks, formats
+from packer.store.manifest import STATS, read_manifest, sha256_file, tokenizer_file
 
-
-def _first(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
-
-
-def _check_rows(rows: Rows, n_doc_ids: int, where: str, first_row: int, context_length: int):
-    """Vectorized checks of one block of rows (indices absolute into the block's arrays)."""
-    lengths = np.diff(rows.token_starts)
-    n_offsets = np.diff(rows.offset_starts)
-    for bad, what in (
-        (lengths < 1, "is empty"),
-        (lengths > context_length, f"is longer than the context length {context_length}"),
-        (n_offsets < 2, "has fewer than 2 offsets"),
-    ):
-        if bad.any():
-            r = _first(bad)
-            raise ValueError(f"{where} row {first_row + r}: {lengths[r]} tokens, {n_offsets[r]} offsets; the row {what}")
-    o0, o1 = int(rows.offset_starts[0]), int(rows.offset_starts[-1])
-    offsets = np.asarray(rows.offsets[o0:o1], dtype=np.int64)
-    starts = rows.offset_starts[:-1] - o0
-    ends = rows.offset_starts[1:] - o0 - 1
-    bad = (offsets[starts] != 0) | (offsets[ends] != lengths)
-    if bad.any():
-        r = _first(bad)
-        raise ValueError(
-            f"{where} row {first_row + r}: offsets {offsets[starts[r] : ends[r] + 1].tolist()[:8]}... must start "
-            f"at 0 and end at the row length {lengths[r]}"
-        )
-    rises = np.diff(offsets)
-    rises[ends[:-1]] = 1  # the step from one row's end to the next row's 0 is not a rise
-    if rises.size and (rises <= 0).any():
-        r = int(np.searchsorted(ends, _first(rises <= 0)))
-        raise ValueError(f"{where} row {first_row + r}: offsets must rise strictly (an empty or reversed segment)")
-    if n_doc_ids != o1 - o0 - len(lengths):
-        raise ValueError(f"{where}: {n_doc_ids} doc_ids for {o1 - o0 - len(lengths)} segments")
-
-
-def _check_token_ids(rows: Rows, where: str, dtype: np.dtype, vocab_size: int):
-    if rows.tokens.dtype.newbyteorder("=") != dtype.newbyteorder("="):
-        raise ValueError(f"{where}: tokens are {rows.tokens.dtype}, the manifest says {dtype}")
-    used = rows.tokens[int(rows.token_starts[0]) : int(rows.token_starts[-1])]
-    if used.size and int(used.max()) >= vocab_size:
-        raise ValueError(f"{where}: token id {int(used.max())} >= the vocabulary size {vocab_size}")
+QUICK_SKIPS = ("shard sha256", "token ids below the vocabulary")  # what checksums=False leaves out
 
 
 def verify_dataset(path, *, checksums: bool = True) -> dict:
-    """Check a dataset; return its totals (sequences, tokens, documents) or raise ValueError."""
+    """Check a dataset; return its totals (sequences, tokens, documents) and `skipped`, the checks
+    left out (QUICK_SKIPS without checksums, else none), or raise ValueError."""
     path = fs.location(path)  # a directory, or a URI (packer/io/fs.py)
     manifest = read_manifest(path)
     config = manifest["config"]
     fmt = config.get("format", "arrow")
     dtype = np.dtype(config["token_dtype"])
     totals = {"sequences": 0, "tokens": 0, "documents": 0}
-    for entry in manifest["shards"]:
-        for name, sha256 in formats.entry_files(fmt, entry):
-            file = path / name
-            if not file.is_file():
-                raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
-            if checksums and sha256_file(file) != sha256:
-                raise ValueError(f"{fs.redact(file)}: sha256 does not match the manifest (the file changed or is corrupt)")
+    doc_ids = []
+    for entry, files in zip(manifest["shards"], formats.manifest_files(fmt, manifest["shards"])):
+        _check_files(path, files, checksums)
         where = fs.redact(path / entry["file"])  # no credentials of a URI in messages
         counts = {"sequences": 0, "tokens": 0, "documents": 0}
         try:
-            for rows, doc_ids in formats.shard_blocks(path, entry, fmt):
-                n_doc_ids = len(doc_ids)
-                _check_rows(rows, n_doc_ids, where, counts["sequences"], config["context_length"])
+            for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt):
+                checks.check_rows(rows, len(block_doc_ids), where, counts["sequences"], config["context_length"])
                 if checksums:
-                    _check_token_ids(rows, where, dtype, manifest["tokenizer"]["vocab_size"])
+                    checks.check_dtype(rows, where, dtype)
+                    checks.check_token_ids(rows, where, manifest["tokenizer"]["vocab_size"])
                 counts["sequences"] += len(rows)
                 counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
-                counts["documents"] += n_doc_ids
+                counts["documents"] += len(block_doc_ids)
+                doc_ids.append(np.asarray(block_doc_ids))
         except (pa.ArrowException, KeyError, OSError) as e:
             raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {e})") from None
+        checks.check_counts(counts, entry, where)
         for key, value in counts.items():
-            if value != entry[key]:
-                raise ValueError(f"{where}: {value} {key}, the manifest says {entry[key]}")
             totals[key] += value
-    t = manifest["totals"]
-    for key, total_key in (("sequences", "sequences"), ("tokens", "tokens_out")):
-        if totals[key] != t[total_key]:
-            raise ValueError(f"{totals[key]} {key} in the shards, the manifest totals say {t[total_key]}")
-    return totals
+    _check_totals(totals, doc_ids, manifest["totals"])
+    tokenizer_file(path, manifest)
+    _check_stats(path, manifest)
+    return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
+
+
+def _check_files(path, files, checksums: bool):
+    for name, sha256 in files:
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
+        if checksums and sha256_file(file) != sha256:
+            raise ValueError(f"{fs.redact(file)}: sha256 does not match the manifest (the file changed or is corrupt)")
+
+
+def _check_totals(counts: dict, doc_ids: list, totals: dict):
+    """sequences, tokens_out, pieces (segments) and docs_accepted against the shards."""
+    checks.check_totals(counts, totals)
+    if "pieces" in totals and counts["documents"] != totals["pieces"]:
+        raise ValueError(f"{counts['documents']} segments in the shards, the manifest totals say {totals['pieces']!r} "
+                         "pieces (the manifest was edited or a shard entry dropped; rebuild the dataset)")
+    if "docs_accepted" in totals:
+        stored = len(np.unique(np.concatenate(doc_ids))) if doc_ids else 0
+        want = totals["docs_accepted"] - totals.get("docs_dropped_long", 0)
+        if stored != want:
+            raise ValueError(f"{stored} distinct documents in the shards, the manifest totals say {want} (docs_accepted "
+                             "less docs_dropped_long; the manifest was edited or a shard entry dropped; rebuild)")
+
+
+def _check_stats(path, manifest: dict):
+    """stats.json: written when any document was accepted; its counts are the build's."""
+    file, totals, config = path / STATS, manifest["totals"], manifest["config"]
+    if not file.is_file():
+        if totals.get("docs_accepted", 0) > 0:
+            raise ValueError(f"{fs.redact(file)} missing (the build accepted {totals['docs_accepted']} documents); "
+                             "rebuild, or run `packer stats` on the dataset")
+        return
+    try:
+        stats = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{fs.redact(file)}: not readable JSON ({type(e).__name__} at {getattr(e, 'pos', '?')}); "
+                         "rebuild, or run `packer stats` on the dataset") from None
+    lengths = stats.get("lengths") if isinstance(stats, dict) else None
+    expected = (("context_length", stats.get("context_length") if isinstance(stats, dict) else None,
+                 config["context_length"]),
+                ("lengths.documents", lengths.get("documents") if isinstance(lengths, dict) else None,
+                 totals.get("docs_accepted")),
+                ("lengths.tokens", lengths.get("tokens") if isinstance(lengths, dict) else None, totals.get("tokens_in")))
+    for key, got, want in expected:
+        if want is not None and got != want:
+            raise ValueError(f"{fs.redact(file)}: {key} {str(got)[:40]}, the manifest says {want} (stats of another "
+                             "build, or edited); rebuild, or run `packer stats` on the dataset")

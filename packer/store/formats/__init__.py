@@ -43,6 +43,8 @@ class ShardFormat(Protocol):
 
 
 FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
+# files every dataset has beside its shards (packer/store/manifest.py, packer/build/pipeline.py)
+RESERVED = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html", arrow.HF_STATE, arrow.HF_INFO})
 
 
 def get(fmt: str) -> ShardFormat:
@@ -60,17 +62,50 @@ def file_names(fmt: str, index: int) -> list[tuple[str, str, str]]:
     return [(name_key, sha_key, shard_stem(index) + suffix) for name_key, sha_key, suffix in get(fmt).FILES]
 
 
+def _name_error(name) -> str | None:
+    """Why `name` cannot be a file of this dataset, or None: a manifest names plain files inside
+    its own directory, never a path (absolute, `..`, a separator, a drive) nor packer's other files."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if "/" in name or "\\" in name or ":" in name or "\x00" in name or name in (".", ".."):
+        return "a path, not a plain file name"
+    if name in RESERVED:
+        return "one of packer's own files, not a shard"
+    return None
+
+
 def entry_files(fmt: str, entry: dict) -> list[tuple[str, str]]:
     """(file name, sha256) of each file a manifest shard entry names. A name must be a plain file
-    name: a manifest never points outside its own directory."""
+    name: a manifest never points outside its own directory (nor at its manifest or tokenizer)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"shard entry {str(entry)[:80]!r}: expected an object (the manifest is damaged or not packer's)")
     files = []
     for name_key, sha_key, _ in get(fmt).FILES:
         name = entry.get(name_key)
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-            raise ValueError(f"shard entry {name_key}={name!r}: expected a file name inside the dataset directory "
-                             f"(the manifest is damaged or not packer's)")
+        if why := _name_error(name):
+            shown = repr(name)[:120]  # the manifest's text, never a file's bytes; cut to one line
+            raise ValueError(f"shard entry {name_key}={shown}: {why}; expected a file name inside the dataset "
+                             f"directory (the manifest is damaged or not packer's)")
         files.append((name, entry.get(sha_key)))
     return files
+
+
+def manifest_files(fmt: str, shards) -> list[list[tuple[str, str]]]:
+    """entry_files of every shard entry, in order; a file named twice (by two entries, or twice
+    by one) is refused: rows would be read twice and the totals could be edited to match."""
+    if not isinstance(shards, list):
+        raise ValueError(f"manifest shards: expected a list, got {type(shards).__name__} (the manifest is damaged)")
+    seen: dict[str, int] = {}
+    out = []
+    for i, entry in enumerate(shards):
+        files = entry_files(fmt, entry)
+        for name, _ in files:
+            if name in seen:
+                raise ValueError(f"manifest shard entries {seen[name]} and {i} both name {name!r}: a shard listed twice "
+                                 "(the manifest is damaged; rebuild the dataset)")
+            seen[name] = i
+        out.append(files)
+    return out
 
 
 def suffixes() -> set[str]:

@@ -1,0 +1,103 @@
+"""What a block of rows must satisfy before anything reads it: the checks verify and open_dataset share.
+
+    check_bounds(rows)   cheap, at open (O(rows)): row and offset bounds rise and lie inside
+                         the block's arrays, every row 1..context tokens long
+    check_rows(rows)     offsets start at 0, rise strictly, end at the row length; one doc_id
+                         per segment (O(offsets)): verify, and open_dataset at a block's first read
+    check_dtype          tokens stored in the dtype the manifest says
+    check_token_ids      every id below the vocabulary (O(tokens)): verify, and open_dataset at
+                         a block's first read
+    check_counts         a shard's sequences, tokens and segments as its manifest entry says
+    check_totals         the shards' sequences and tokens as the manifest totals say
+
+Each raises ValueError naming the shard (`where`), the row and the limit; indices are absolute
+into the block's arrays, rows numbered from `first_row`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packer.store.rows import Rows
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def check_bounds(rows: Rows, where: str, first_row: int, context_length: int):
+    """Row r is tokens[token_starts[r]:token_starts[r+1]], 1..context_length long, inside `tokens`;
+    its offsets offset_starts[r]:[r+1], at least 2, inside `offsets`."""
+    for starts, values, what in ((rows.token_starts, rows.tokens, "token"), (rows.offset_starts, rows.offsets, "offset")):
+        if len(starts) < 1 or starts[0] < 0 or starts[-1] > len(values):
+            raise ValueError(f"{where}: {what} bounds [{starts[0] if len(starts) else None}, "
+                             f"{starts[-1] if len(starts) else None}] outside its {len(values)} {what}s (corrupt index)")
+    lengths = np.diff(rows.token_starts)
+    n_offsets = np.diff(rows.offset_starts)
+    problems = (
+        (lengths < 1, "is empty (or its bounds fall)"),
+        (lengths > context_length, f"is longer than the context length {context_length}"),
+        (n_offsets < 2, "has fewer than 2 offsets"),
+    )
+    bad = problems[0][0] | problems[1][0] | problems[2][0]
+    if bad.any():  # the first bad row, with what is wrong with it
+        r = _first(bad)
+        what = next(what for mask, what in problems if mask[r])
+        raise ValueError(f"{where} row {first_row + r}: {lengths[r]} tokens, {n_offsets[r]} offsets; the row {what} "
+                         "(corrupt shard: rebuild it)")
+
+
+def check_rows(rows: Rows, n_doc_ids: int, where: str, first_row: int, context_length: int):
+    """check_bounds, then every row's offsets and the doc_id count."""
+    check_bounds(rows, where, first_row, context_length)
+    lengths = np.diff(rows.token_starts)
+    o0, o1 = int(rows.offset_starts[0]), int(rows.offset_starts[-1])
+    offsets = np.asarray(rows.offsets[o0:o1], dtype=np.int64)
+    starts = rows.offset_starts[:-1] - o0
+    ends = rows.offset_starts[1:] - o0 - 1
+    bad = (offsets[starts] != 0) | (offsets[ends] != lengths)
+    if bad.any():
+        r = _first(bad)
+        raise ValueError(
+            f"{where} row {first_row + r}: offsets {offsets[starts[r] : ends[r] + 1].tolist()[:8]}... must start "
+            f"at 0 and end at the row length {lengths[r]}"
+        )
+    rises = np.diff(offsets)
+    rises[ends[:-1]] = 1  # the step from one row's end to the next row's 0 is not a rise
+    if rises.size and (rises <= 0).any():
+        r = int(np.searchsorted(ends, _first(rises <= 0)))
+        raise ValueError(f"{where} row {first_row + r}: offsets must rise strictly (an empty or reversed segment)")
+    if n_doc_ids != o1 - o0 - len(lengths):
+        raise ValueError(f"{where}: {n_doc_ids} doc_ids for {o1 - o0 - len(lengths)} segments")
+
+
+def check_dtype(rows: Rows, where: str, dtype: np.dtype):
+    if rows.tokens.dtype.newbyteorder("=") != dtype.newbyteorder("="):
+        raise ValueError(f"{where}: tokens are {rows.tokens.dtype}, the manifest says {dtype}")
+
+
+def check_token_ids(rows: Rows, where: str, vocab_size: int):
+    """Every token a row of this block holds is below `vocab_size` (one max over the block)."""
+    used = rows.tokens[int(rows.token_starts[0]) : int(rows.token_starts[-1])] if len(rows) else rows.tokens[:0]
+    if used.size and int(used.max()) >= vocab_size:
+        raise ValueError(f"{where}: token id {int(used.max())} >= the vocabulary size {vocab_size} (corrupt shard: "
+                         "rebuild it)")
+
+
+COUNTS = ("sequences", "tokens", "documents")  # what a shard entry says it holds
+
+
+def check_counts(counts: dict, entry: dict, where: str):
+    """The counts read from a shard's files equal its manifest entry's."""
+    for key in COUNTS:
+        if counts[key] != entry.get(key):
+            raise ValueError(f"{where}: {counts[key]} {key}, the manifest says {entry.get(key)!r} (the manifest "
+                             "was edited or the shard replaced; rebuild the dataset)")
+
+
+def check_totals(counts: dict, totals: dict):
+    """Sequences and tokens summed over the shards equal the manifest totals (sequences, tokens_out)."""
+    for key, total_key in (("sequences", "sequences"), ("tokens", "tokens_out")):
+        if counts[key] != totals.get(total_key):
+            raise ValueError(f"{counts[key]} {key} in the shards, the manifest totals say {totals.get(total_key)!r} "
+                             "(the manifest was edited or a shard entry dropped; rebuild the dataset)")
