@@ -304,8 +304,9 @@ def inspect(dataset, seq, raw):
     tok = None
     if not raw:
         from packer.build.tokenizer import load_tokenizer
+        from packer.store.manifest import tokenizer_file
 
-        tok = load_tokenizer(str(ds.path / "tokenizer.json"))
+        tok = load_tokenizer(str(tokenizer_file(ds.path, ds.manifest) or ds.path / "tokenizer.json"))
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         piece = tokens[a:b]
         click.secho(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan")
@@ -322,7 +323,8 @@ def verify(dataset, quick):
     from packer.store.verify import verify_dataset
 
     totals = verify_dataset(dataset, checksums=not quick)
-    click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments")
+    skipped = f"; skipped (--quick): {', '.join(totals['skipped'])}" if totals["skipped"] else ""
+    click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments{skipped}")
 
 
 if __name__ == "__main__":

@@ -213,3 +213,17 @@ def test_sigterm_stops_with_one_line_and_the_same_command_resumes(tmp_path):
     resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "3,894 accepted of 3,894 read" in resumed.stdout, resumed.stderr
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+
+
+def test_verify_quick_says_what_it_skips_and_inspect_refuses_a_swapped_tokenizer(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    assert _build(runner, out).exit_code == 0
+    full = runner.invoke(main, ["verify", str(out)])
+    assert full.exit_code == 0 and "skipped" not in full.output
+    quick = runner.invoke(main, ["verify", str(out), "--quick"])
+    assert quick.exit_code == 0 and "skipped (--quick): shard sha256, token ids below the vocabulary" in quick.output
+    tok = out / "tokenizer.json"
+    tok.write_text(tok.read_text(encoding="utf-8").replace('"<|endoftext|>"', '"<|endoftexx|>"', 1), encoding="utf-8")
+    swapped = runner.invoke(main, ["inspect", str(out), "--seq", "0"])
+    assert swapped.exit_code == 1 and "tokenizer.json" in swapped.output and "Traceback" not in swapped.output
