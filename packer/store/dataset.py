@@ -51,7 +51,7 @@ class ShardDataset:
         self._blocks: list[Rows] = []
         self._doc_ids: list[np.ndarray] = []
         self._where: list[tuple[str, int]] = []  # (shard, its first row) of each block, for messages
-        starts = [0]
+        starts, n_tokens = [0], 0
         shards = self.manifest["shards"]
         formats.manifest_files(self.format, shards)  # every name inside the directory, none twice
         for entry in shards:
@@ -72,8 +72,8 @@ class ShardDataset:
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
                                  "or rebuild") from None
             checks.check_counts(counts, entry, where)
-        checks.check_totals({"sequences": starts[-1], "tokens": sum(int(r.token_starts[-1] - r.token_starts[0])
-                                                             for r in self._blocks)}, self.manifest["totals"])
+            n_tokens += counts["tokens"]
+        checks.check_totals({"sequences": starts[-1], "tokens": n_tokens}, self.manifest["totals"])
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
         self._n = starts[-1]
