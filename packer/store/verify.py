@@ -47,6 +47,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
             for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt):
                 checks.check_rows(rows, len(block_doc_ids), where, counts["sequences"], config["context_length"])
                 checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []))
+                checks.check_doc_ids(block_doc_ids, where, manifest["totals"].get("docs_accepted"))
                 trained += _trained(rows)
                 if checksums:
                     checks.check_dtype(rows, where, dtype)
