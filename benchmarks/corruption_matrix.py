@@ -123,7 +123,7 @@ def _loader(d: Path, context: int, vocab: int) -> str:
         masks = ds.mask_views(rows) or [None] * len(rows)
         bad = sum(not _row_valid(t, o, m, context, vocab) for t, o, m in zip(tokens, offsets, masks))
         return "valid rows" if not bad else f"YIELDED {bad} BAD ROWS"
-    except ValueError:
+    except (ValueError, FileNotFoundError):  # a clear refusal naming the file
         return "refused"
     except Exception as e:  # anything else is a miss: a crash instead of a clear refusal
         return f"CRASHED {type(e).__name__}"
@@ -145,7 +145,7 @@ def _verify(d: Path) -> str:
     try:
         verify_dataset(d)
         return "PASSED"
-    except ValueError:
+    except (ValueError, FileNotFoundError):
         return "caught"
     except Exception as e:
         return f"CRASHED {type(e).__name__}"
