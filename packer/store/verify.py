@@ -11,9 +11,9 @@ only); sequence, token and segment counts equal the manifest's, per shard and in
 `docs_dropped_long`; loss masks 0/1, one per token, summing to `trained_tokens` where the totals
 have it; source ids one per segment, below the number of the manifest's sources. Beside the shards: tokenizer.json present, its sha256 the manifest's
 `tokenizer.sha256` (where it records one); stats.json present when documents were accepted, a JSON object of
-packer's stats schema whose context length, document and token counts are the manifest's; report.html
-equal to the page stats.json gives, an Arrow dataset's state.json and dataset_info.json to what its
-shard entries give.
+packer's stats schema whose context length, document and token counts are the manifest's; an Arrow
+dataset's state.json and dataset_info.json equal to what its shard entries give (`packer verify`
+also checks report.html against stats.json: packer/stats/report.py check_report).
 The returned totals name what `checksums=False` skipped (`skipped`, empty for a full check).
 """
 
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from packer.io import fs
 from packer.store import checks, formats
-from packer.store.manifest import REPORT, STATS, read_manifest, sha256_file, tokenizer_file
+from packer.store.manifest import STATS, read_manifest, sha256_file, tokenizer_file
 
 QUICK_SKIPS = ("shard sha256", "token ids below the vocabulary")  # what checksums=False leaves out
 
@@ -103,21 +103,18 @@ def _check_totals(counts: dict, doc_ids: list, totals: dict):
 
 
 def _check_derived(path, manifest: dict, stats: dict | None):
-    """Files a build derives from others, each equal to what they give again: report.html from
-    stats.json, an Arrow dataset's state.json and dataset_info.json from the shard entries."""
-    from packer.stats.report import html_page  # (the page's layout is the stats package's)
+    """An Arrow dataset's state.json and dataset_info.json equal what its shard entries give.
+    (report.html, the page stats.json gives, is checked by packer/stats/report.py check_report:
+    the page's layout is the stats package's.)"""
     from packer.store.formats import arrow
 
-    expected = {}
-    if stats is not None:
-        expected[REPORT] = html_page(stats).encode("utf-8")
-    if manifest["config"].get("format", "arrow") == "arrow":
-        expected.update(arrow.hf_metadata(manifest["shards"]))
-    for name, data in expected.items():
+    if manifest["config"].get("format", "arrow") != "arrow":
+        return
+    for name, data in arrow.hf_metadata(manifest["shards"]).items():
         file = path / name
-        if file.is_file() and file.read_bytes() != data:
-            raise ValueError(f"{fs.redact(file)}: not what this dataset's {'stats.json' if name == REPORT else 'manifest'} "
-                             f"gives (edited, or of another build); rebuild, or delete it")
+        if file.is_file() and file.read_bytes() != data:  # absent: a dataset of packer before 2026-12, or by hand
+            raise ValueError(f"{fs.redact(file)}: not what this dataset's manifest gives (edited, or of another "
+                             "build); rebuild the dataset")
 
 
 def _check_stats(path, manifest: dict) -> dict | None:
