@@ -9,8 +9,8 @@
 A file is packer's only when the record lists it and its bytes still have the recorded sha256
 (hashed again only when its size or modification time differs from the record's): a user's file
 with one of packer's names, or a packer file the user edited, is foreign, and is never deleted
-or replaced. `.packer.lock` and the record itself (with its `.tmp<pid>` while it is saved) are
-the only names packer claims by name.
+or replaced; so is any symlink (packer makes none). `.packer.lock` and the record itself (with its
+`.tmp<pid>` while it is saved) are the only names packer claims by name.
 
 A build writes its new dataset into OUTPUT/_work/dataset/ and `publish` moves it in:
 
@@ -109,7 +109,9 @@ def foreign(out, record: dict) -> list[str]:
     for p in out.iterdir():
         if _CLAIMED.match(p.name):
             continue
-        if p.name == WORK:
+        if isinstance(p, os.PathLike) and p.is_symlink():
+            ours = False  # packer makes no links: a link's target is someone's
+        elif p.name == WORK:
             ours = _work_is_ours(p, record)
         else:
             entries = (record["files"].get(p.name), record.get("incoming", {}).get(p.name))

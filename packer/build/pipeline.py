@@ -1,18 +1,23 @@
-"""The build, as stages over paths: tokenize -> plan -> write -> finalize.
+"""The build, as stages over paths: tokenize -> plan -> write -> finalize -> publish.
 
     OUTPUT/.packer.lock                                           held while a build runs (packer/io/lock.py)
+    OUTPUT/.packer-owned.json                                     what packer wrote here, with sha256 (packer/build/owned.py)
     OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/build/resume.py)
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
     OUTPUT/_work/plan.npz                                         plan (lengths only)
-    OUTPUT/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json     write (one per shard; the .json says done)
-    OUTPUT/stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json
+    OUTPUT/_work/dataset/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json
+                                                                  write (one per shard; the .json says done)
+    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json}
                                                                   finalize (manifest last)
+    OUTPUT/...                                                    publish: moved in, manifest last (owned.publish)
 
 Every file is written under a temporary name and renamed into place; each stage reads
 only what the one before wrote and skips work whose output exists, so re-running the
-same command after a crash at any point resumes it and gives the same bytes. OUTPUT may
-also be a URI (packer/io/fs.py): there files go straight to their final names, a unit's or
-shard's .json and the manifest, written after them, say what is complete, and no lock is held.
+same command after a crash at any point resumes it and gives the same bytes. The new dataset
+is complete in _work/dataset/ before anything in OUTPUT changes, so an --overwrite cut short
+leaves the old one as it was. OUTPUT may also be a URI (packer/io/fs.py): there files go
+straight to their final names, a unit's or shard's .json and the manifest, written after them,
+say what is complete, publish moves by the filesystem's copy and delete, and no lock is held.
 """
 
 from __future__ import annotations

@@ -123,6 +123,18 @@ def test_a_work_directory_with_a_fingerprint_packer_did_not_record_is_foreign(sr
     assert _files(out) == before
 
 
+def test_a_symlinked_work_directory_is_foreign(src, tmp_path):
+    """A link is never packer's, even one to a _work/ packer made: deleting through it would reach elsewhere."""
+    elsewhere = tmp_path / "elsewhere"
+    build(_job(src, elsewhere), keep_work=True)
+    out = tmp_path / "d"
+    build(_job(src, out))
+    (out / "_work").symlink_to(elsewhere / "_work")
+    with pytest.raises(ValueError, match=r"holds files packer did not write \(_work\)"):
+        build(_job(src, out, seed=1), overwrite=True)
+    assert (elsewhere / "_work" / "fingerprint.json").is_file() and (out / "_work").is_symlink()
+
+
 def test_a_users_stats_json_is_refused_not_replaced(src, tmp_path):
     out = tmp_path / "d"
     out.mkdir()
