@@ -243,8 +243,9 @@ def fresh(src, tmp_path_factory) -> dict[str, bytes]:
     return _dataset(out)
 
 
-@pytest.mark.parametrize("fail_at", ["tokenize:1=kill", "write:1=kill", "write:1=enospc", "finalize:0=kill",
-                                     "publish:0=kill", "publish:3=kill"])
+@pytest.mark.parametrize("fail_at", ["write:1=kill", "publish:3=kill",
+                                     *(pytest.param(f, marks=pytest.mark.slow) for f in
+                                       ("tokenize:1=kill", "write:1=enospc", "finalize:0=kill", "publish:0=kill"))])
 def test_overwrite_cut_short_keeps_the_old_dataset_then_finishes(src, tmp_path, fresh, fail_at):
     """An --overwrite killed while it builds, or out of disk, leaves the old dataset as it was
     (`packer verify` passes); killed while moving the new one in, the next run finishes the move.
