@@ -17,11 +17,13 @@ import pytest
 from click.testing import CliRunner
 from conftest import SAMPLE_INPUTS, TOKENIZER
 
-from packer.build import owned
+from packer.build import owned, resume
 from packer.build.pipeline import build
 from packer.cli import main
 from packer.config import BuildConfig, Job
 from packer.io import failpoints
+from packer.store import formats
+from packer.store.formats import FORMATS
 from packer.store.verify import verify_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,19 @@ def _refused(run, *names):
 
 def _cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_packer_names_alone_make_no_file_packers(tmp_path):
+    """Every format's shard names (and their temporary names), packer's other names: without a record
+    listing them, all are foreign."""
+    names = [name for fmt in FORMATS for _, _, name in formats.file_names(fmt, 3)] + sorted(formats.RESERVED)
+    for name in names:
+        (tmp_path / name).write_text("mine")
+        (tmp_path / f"{name}.tmp123").write_text("mine")
+    assert owned.foreign(tmp_path, owned.load(tmp_path)) == sorted({*names, *(f"{n}.tmp123" for n in names)})
+    with pytest.raises(ValueError, match=REFUSED):
+        resume.refuse_foreign(tmp_path)
+    assert all((tmp_path / n).read_text() == "mine" for n in names)
 
 
 def test_a_users_tokenizer_in_the_output_survives_overwrite(src, tmp_path):
