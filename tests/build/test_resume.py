@@ -78,7 +78,7 @@ def _snapshot(out: Path) -> dict:
     for name, entry in record["files"].items():
         entry.pop("mtime_ns")
         if name == "manifest.json":
-            entry.pop("sha256"), entry.pop("bytes")
+            del entry["sha256"], entry["bytes"]
     files[owned.RECORD] = json.dumps(record, indent=2).encode()
     return files
 
