@@ -25,7 +25,8 @@ VOLATILE = ("created_unix", "build_seconds")
 # Files a newer build writes that REV did not (they are listed, not compared): report.html is written
 # by `packer build` too since the restructure (before, only `packer run` wrote it); an arrow build writes
 # state.json and dataset_info.json for datasets.load_from_disk since its shards became IPC streams.
-ADDED = {"report.html", "state.json", "dataset_info.json"}
+# .packer-owned.json is packer's record of the files it wrote (packer/build/owned.py), since 2026-12.
+ADDED = {"report.html", "state.json", "dataset_info.json", ".packer-owned.json"}
 
 
 def _corpora(d: Path) -> dict[str, list[str]]:

@@ -16,6 +16,7 @@ import inspect
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import signal
 import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -184,6 +185,22 @@ def _run_task(fn, args, cwd: str, env: dict):
     return fn(*args)
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """ray.init installs its own SIGTERM/SIGINT handlers in the driver (SIGTERM: exit 15 at once);
+    put the CLI's back, so SIGTERM stops a Ray build with the same one line as a local one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def import_ray():
     """Ray, imported on first use; without it, one line that says how to install it."""
     try:
@@ -208,7 +225,8 @@ class RayExecutor:
         ray = self._ray = import_ray()
         self._owns_session = not ray.is_initialized()
         if self._owns_session:
-            ray.init(address=address)
+            with _signal_handlers_kept():
+                ray.init(address=address)
         self.max_retries = RAY_MAX_RETRIES if max_retries is None else max_retries
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.max_in_flight = n_workers if n_workers > 0 else 2 * max(cpus, 1)

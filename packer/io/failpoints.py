@@ -15,6 +15,8 @@ Points (n is the unit, shard or count):
     unit:K         the process tokenizing unit K, as it starts
     shard:K        the process writing shard K, as it starts
     write-shard:K  the process writing shard K, after its temporary files, before the renames
+    publish:N      driver, before moving the N-th file of the new dataset into OUTPUT (manifest last;
+                   packer/build/owned.py)
     file:N         the process's N-th local file write (0, 1, ...: every atomic write, packer/io/atomic.py),
                    its bytes in the temporary file, before the rename: with enospc, a full disk there
 

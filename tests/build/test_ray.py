@@ -80,7 +80,7 @@ def _build(out, executor: str, workers: int = 2) -> dict:
 
 
 def _files(path) -> dict[str, bytes]:
-    files = {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+    files = {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != ".packer-owned.json"}  # holds mtimes
     manifest = json.loads(files.pop("manifest.json"))
     for key in VOLATILE:
         manifest.pop(key)

@@ -29,8 +29,9 @@ SAMPLE = {"shard_size": 200_000}  # as conftest's sample_dataset: 2 units, 4 sha
 
 
 def _files(loc) -> dict[str, bytes]:
-    """Every file of a dataset directory (local or remote, not recursive); manifest without timestamps."""
-    files = {p.name: p.read_bytes() for p in fs.location(loc).iterdir()}
+    """Every file of a dataset directory (local or remote, not recursive); manifest without timestamps;
+    not packer's record of its files (it holds their modification times)."""
+    files = {p.name: p.read_bytes() for p in fs.location(loc).iterdir() if p.name != ".packer-owned.json"}
     manifest = json.loads(files.pop("manifest.json"))
     for key in TIMESTAMPS:
         manifest.pop(key)
@@ -208,7 +209,7 @@ def test_remote_build_resumes_from_its_markers(memory_uri, local_memmap, monkeyp
     assert sorted(p.name for p in (work / "shards").iterdir()) == ["shard-00000.json", "shard-00001.json"]
     (work / "units" / "unit-000001.json").unlink()  # its data files stay, now without a marker
     (work / "units" / "unit-000001.tokens.npy").write_bytes(b"\x93NUMPY cut short")
-    (out / "shard-00002.bin").write_bytes(b"half a shard")  # written in place, never marked done
+    (work / "dataset" / "shard-00002.bin").write_bytes(b"half a shard")  # written in place, never marked done
     (work / "shards" / "shard-00001.json").unlink()  # shard 1's files stay, its marker is gone
     manifest = _build_remote(memory_uri, "memmap")
     assert "already_complete" not in manifest
@@ -231,16 +232,20 @@ def test_cli_build_verify_inspect_stats_on_a_uri(memory_uri):
     result = runner.invoke(main, ["stats", memory_uri])
     assert result.exit_code == 0 and "packed" in result.output.lower(), result.output
     shard = fs.location(memory_uri) / "shard-00002.arrow"
-    shard.write_bytes(shard.read_bytes()[:-100])
+    intact = shard.read_bytes()
+    shard.write_bytes(intact[:-100])
     result = runner.invoke(main, ["verify", memory_uri])
     assert result.exit_code == 1 and "shard-00002.arrow: sha256 does not match" in result.output
     rebuild = ["build", SAMPLE_INPUTS[0], "--tokenizer", TOKENIZER, "--output", memory_uri, "--workers", "1"]
+    result = runner.invoke(main, [*rebuild, "--overwrite"])  # a changed shard is no longer packer's: kept
+    assert result.exit_code == 1 and "holds files packer did not write (shard-00002.arrow)" in result.output
+    shard.write_bytes(intact)
     result = runner.invoke(main, rebuild)
     assert result.exit_code == 1 and "already holds a complete dataset built differently" in result.output
     result = runner.invoke(main, [*rebuild, "--overwrite"])
     assert result.exit_code == 0 and "shards:    1 in memory://" in result.output, result.output
     assert sorted(p.name for p in fs.location(memory_uri).iterdir()) == [
-        "dataset_info.json", "manifest.json", "report.html", "shard-00000.arrow", "state.json", "stats.json",
+        ".packer-owned.json", "dataset_info.json", "manifest.json", "report.html", "shard-00000.arrow", "state.json", "stats.json",
         "tokenizer.json"]  # the old shards are gone
     assert runner.invoke(main, ["verify", memory_uri]).exit_code == 0
 
