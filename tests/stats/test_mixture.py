@@ -1,0 +1,128 @@
+"""The mixture report: shares, repetition and epochs of a blend, against hand computations."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import SAMPLE_INPUTS, TOKENIZER
+
+from packer.cli import main
+from packer.stats.mixture import mixture, parse_mix, parse_weights
+
+WEB = {"name": "web", "sequences": 1000, "tokens": 2_000_000}
+CODE = {"name": "code", "sequences": 100, "tokens": 150_000}
+
+
+def test_by_sequences_against_the_worked_example():
+    m = mixture([WEB, CODE], {"web": 7, "code": 3}, budget_tokens=10_000_000)  # any scale: 7:3 is 0.7/0.3
+    web, code = m["sources"]
+    assert (web["weight"], code["weight"]) == pytest.approx((0.7, 0.3))
+    assert m["samples"] == 1100
+    assert (web["drawn"], code["drawn"]) == pytest.approx((770, 330))
+    assert (web["repetition"], code["repetition"]) == pytest.approx((0.77, 3.3))
+    assert web["token_share"] == pytest.approx(1400 / 1850) and code["token_share"] == pytest.approx(450 / 1850)
+    assert m["budget_samples"] == pytest.approx(10_000_000 / 1850)
+    assert web["epochs"] == pytest.approx(0.7 * 10_000_000 / 1850 / 1000)
+    assert code["epochs"] == pytest.approx(0.3 * 10_000_000 / 1850 / 100)
+    assert web["budget_tokens"] + code["budget_tokens"] == pytest.approx(10_000_000)
+
+
+def test_by_tokens_the_weights_are_the_token_shares():
+    m = mixture([WEB, CODE], {"web": 0.5, "code": 0.5}, weight_by="tokens", samples=2000, budget_tokens=3_500_000)
+    web, code = m["sources"]
+    assert (web["token_share"], code["token_share"]) == pytest.approx((0.5, 0.5))
+    # equal tokens from rows of 2000 and 1500 tokens: sequences in the ratio 1/2000 : 1/1500 = 3 : 4
+    assert (web["sequence_share"], code["sequence_share"]) == pytest.approx((3 / 7, 4 / 7))
+    assert (web["repetition"], code["repetition"]) == pytest.approx((2000 * 3 / 7 / 1000, 2000 * 4 / 7 / 100))
+    assert web["budget_tokens"] == pytest.approx(1_750_000)
+    assert web["epochs"] == pytest.approx(1_750_000 / 2_000_000) and code["epochs"] == pytest.approx(1_750_000 / 150_000)
+
+
+def test_a_zero_weight_leaves_a_source_out():
+    m = mixture([WEB, CODE], {"web": 1, "code": 0}, budget_tokens=4000)
+    assert m["sources"][1]["token_share"] == 0 and m["sources"][1]["epochs"] == 0
+    assert m["sources"][0]["epochs"] == pytest.approx(2 / 1000)
+
+
+@pytest.mark.parametrize("weights, message", [
+    ({"web": 1}, "leave out"), ({"web": 1, "code": 1, "books": 1}, "books"),
+    ({"web": -1, "code": 1}, ">= 0"), ({"web": 0, "code": 0}, "not all 0"),
+])
+def test_weights_must_name_every_source_once(weights, message):
+    with pytest.raises(ValueError, match=message):
+        mixture([WEB, CODE], weights)
+
+
+def test_parsing_weights_and_mixes():
+    assert parse_weights("web=0.7, code=0.3") == {"web": 0.7, "code": 0.3}
+    assert parse_mix(["web=s3://b/web?region=x:0.7", "code=out/code:1"]) == (
+        {"web": "s3://b/web?region=x", "code": "out/code"}, {"web": 0.7, "code": 1.0})
+    for bad in ("web", "web=x", "=1"):
+        with pytest.raises(ValueError, match="NAME=WEIGHT"):
+            parse_weights(bad)
+    with pytest.raises(ValueError, match="NAME=PATH:WEIGHT"):
+        parse_mix(["web=out/web"])
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    from packer.build.pipeline import build
+    from packer.config import BuildConfig, Job, Source
+
+    out = tmp_path_factory.mktemp("mix") / "ds"
+    build(Job(inputs=(), sources=(Source(name="prose", inputs=(SAMPLE_INPUTS[0],)), Source(name="code", inputs=(SAMPLE_INPUTS[1],))),
+              tokenizer=TOKENIZER, output=str(out), workers=1, config=BuildConfig(context_length=1024)))
+    return out
+
+
+def _stored_sizes(path) -> dict:
+    """Rows and tokens of each source, counted from the stored rows (not from the manifest)."""
+    from packer.store.dataset import open_dataset
+
+    ds = open_dataset(path)
+    rows = np.arange(len(ds))
+    tokens, _ = ds.views(rows)
+    first = [int(s[0]) for s in ds.source_views(rows)]
+    names = [s["name"] for s in ds.manifest["sources"]]
+    return {name: (first.count(i), sum(len(t) for t, f in zip(tokens, first) if f == i)) for i, name in enumerate(names)}
+
+
+def test_packer_stats_weights_on_a_built_dataset(two_sources, tmp_path):
+    sizes = _stored_sizes(two_sources)
+    (n_p, t_p), (n_c, t_c) = sizes["prose"], sizes["code"]
+    assert n_p > 0 and n_c > 0
+    result = CliRunner().invoke(main, ["stats", str(two_sources), "--weights", "prose=0.7,code=0.3",
+                                       "--budget-tokens", "5000000", "--json", str(tmp_path / "m.json"),
+                                       "--html", str(tmp_path / "m.html")])
+    assert result.exit_code == 0, result.output
+    m = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))
+    prose, code = m["sources"]
+    per_sample = 0.7 * t_p / n_p + 0.3 * t_c / n_c
+    assert (prose["sequences"], prose["tokens"], code["sequences"], code["tokens"]) == (n_p, t_p, n_c, t_c)
+    assert prose["repetition"] == pytest.approx(0.7 * (n_p + n_c) / n_p)
+    assert code["repetition"] == pytest.approx(0.3 * (n_p + n_c) / n_c)
+    assert code["token_share"] == pytest.approx(0.3 * t_c / n_c / per_sample)
+    assert code["epochs"] == pytest.approx(0.3 * 5_000_000 / per_sample / n_c)
+    assert "prose" in result.output and "repetition" in result.output and "epochs" in result.output
+    assert "packer mixture" in (tmp_path / "m.html").read_text(encoding="utf-8")
+
+
+def test_packer_stats_mix_of_several_datasets(two_sources, tmp_path):
+    from packer.store.manifest import read_manifest
+
+    totals = read_manifest(two_sources)["totals"]
+    result = CliRunner().invoke(main, ["stats", "--mix", f"a={two_sources}:1", "--mix", f"b={two_sources}:3",
+                                       "--weight-by", "tokens", "--json", str(tmp_path / "m.json")])
+    assert result.exit_code == 0, result.output
+    a, b = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["sources"]
+    assert a["sequences"] == b["sequences"] == totals["sequences"] and a["tokens"] == totals["tokens_out"]
+    assert (a["token_share"], b["token_share"]) == pytest.approx((0.25, 0.75))
+    assert b["repetition"] == pytest.approx(1.5)  # 3/4 of two datasets' worth of rows, from one dataset
+
+
+def test_weights_on_a_dataset_without_sources_say_what_to_do(sample_dataset):
+    result = CliRunner().invoke(main, ["stats", str(sample_dataset), "--weights", "a=1"])
+    assert result.exit_code == 1 and "--source NAME=PATH" in result.output
