@@ -134,6 +134,10 @@ def _print_summary(manifest: dict, output: str):
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
     click.echo(f"fill rate: {t['fill_rate']:.4f}" if t["fill_rate"] is not None else "fill rate: n/a (no sequences)")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
+    for s in manifest.get("sources") or ():  # a build with named sources: one line each
+        skipped = sum(s["docs_skipped"].values())
+        click.echo(f"  source {s['name']}: {s['documents']:,} documents, {s['tokens']:,} tokens, rows "
+                   f"[{s['sequences'][0]:,}, {s['sequences'][1]:,})" + (f", {skipped:,} skipped" if skipped else ""))
     if t["docs_accepted"]:
         click.echo(f"report:    {redact(fs.location(location) / REPORT)} (packer stats {output} prints the table)")
 

@@ -31,13 +31,15 @@ def _lines(path, a, b):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """Three sources: prose (two files), code, and books (prose under another field name)."""
+    """Three sources: prose (two files), code (some of it: its documents are long), and books (prose
+    under another field name)."""
     d = tmp_path_factory.mktemp("corpus")
     (d / "prose-a.jsonl").write_text("".join(_lines(SAMPLE_INPUTS[0], 0, 200)), encoding="utf-8")
     (d / "prose-b.jsonl").write_text("".join(_lines(SAMPLE_INPUTS[0], 200, 350)), encoding="utf-8")
+    (d / "code.jsonl").write_text("".join(_lines(SAMPLE_INPUTS[1], 0, 15)), encoding="utf-8")
     books = [json.dumps({"content": json.loads(line)["text"]}) + "\n" for line in _lines(SAMPLE_INPUTS[0], 350, 600)]
     (d / "books.jsonl").write_text("".join(books), encoding="utf-8")
-    return {"prose": (str(d / "prose-a.jsonl"), str(d / "prose-b.jsonl")), "code": (SAMPLE_INPUTS[1],),
+    return {"prose": (str(d / "prose-a.jsonl"), str(d / "prose-b.jsonl")), "code": (str(d / "code.jsonl"),),
             "books": (str(d / "books.jsonl"),)}
 
 

@@ -72,10 +72,14 @@ def two_sources(tmp_path_factory):
     from packer.build.pipeline import build
     from packer.config import BuildConfig, Job, Source
 
-    out = tmp_path_factory.mktemp("mix") / "ds"
-    build(Job(inputs=(), sources=(Source(name="prose", inputs=(SAMPLE_INPUTS[0],)), Source(name="code", inputs=(SAMPLE_INPUTS[1],))),
-              tokenizer=TOKENIZER, output=str(out), workers=1, config=BuildConfig(context_length=1024)))
-    return out
+    d = tmp_path_factory.mktemp("mix")
+    for name, path, n in (("prose", SAMPLE_INPUTS[0], 1000), ("code", SAMPLE_INPUTS[1], 15)):
+        with open(path, encoding="utf-8") as f:
+            (d / f"{name}.jsonl").write_text("".join(f.readlines()[:n]), encoding="utf-8")
+    sources = tuple(Source(name=name, inputs=(str(d / f"{name}.jsonl"),)) for name in ("prose", "code"))
+    build(Job(inputs=(), sources=sources, tokenizer=TOKENIZER, output=str(d / "ds"), workers=1,
+              config=BuildConfig(context_length=512)))
+    return d / "ds"
 
 
 def _stored_sizes(path) -> dict:
