@@ -246,10 +246,10 @@ MIXTURE = (
                  "web=0.7,code=0.3: print each source's share, repetition and epochs (not the padding figures)."),
     click.option("--mix", multiple=True, metavar="NAME=PATH:WEIGHT", help="Mixture of several built datasets, each "
                  "one source (repeat it), e.g. --mix web=out/web:0.7 --mix code=out/code:0.3."),
-    click.option("--weight-by", type=click.Choice(("sequences", "tokens")), default="sequences", show_default=True,
-                 help="Mixture: weights are shares of sequences or of tokens (as PackedDataset's weight_by)."),
-    click.option("--samples", type=click.IntRange(min=1), default=None, help="Mixture: sequences in one blended "
-                 "epoch (default: every source's rows together)."),
+    click.option("--mix-by", type=click.Choice(("sequences", "tokens")), default="sequences", show_default=True,
+                 help="Mixture: weights are shares of sequences or of tokens (PackedDataset's mix_by)."),
+    click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Mixture: sequences in one blended "
+                 "epoch (PackedDataset's num_samples; default: every source's rows together)."),
     click.option("--budget-tokens", type=click.IntRange(min=1), default=None, help="Mixture: a training budget in "
                  "stored tokens; adds each source's sequences, tokens and epochs in it."),
 )
@@ -261,7 +261,7 @@ def _mixture_options(fn):
     return fn
 
 
-def _print_mixture(inputs, weights, mix, weight_by, samples, budget_tokens, json_path, plot_path, html_path):
+def _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, json_path, plot_path, html_path):
     """`packer stats DATASET --weights ...` / `packer stats --mix ...`: the mixture report alone."""
     from packer.stats import mixture, report
 
@@ -276,7 +276,7 @@ def _print_mixture(inputs, weights, mix, weight_by, samples, budget_tokens, json
             raise click.UsageError("--mix names every dataset (NAME=PATH:WEIGHT); drop the INPUTS")
         paths, weight_of = mixture.parse_mix(mix)
         sources = mixture.datasets_as_sources(paths)
-    m = mixture.mixture(sources, weight_of, weight_by=weight_by, samples=samples, budget_tokens=budget_tokens)
+    m = mixture.mixture(sources, weight_of, mix_by=mix_by, num_samples=num_samples, budget_tokens=budget_tokens)
     click.echo(report.format_mixture(m))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
@@ -303,12 +303,12 @@ def _print_mixture(inputs, weights, mix, weight_by, samples, budget_tokens, json
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
 @_mixture_options
 def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_docs, json_path, plot_path, html_path,
-          weights, mix, weight_by, samples, budget_tokens, **corpus):
+          weights, mix, mix_by, num_samples, budget_tokens, **corpus):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
     (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR). With --weights or
     --mix: the effective mixture of a blend instead (docs/mixtures.md)."""
     if weights or mix:
-        return _print_mixture(inputs, weights, mix, weight_by, samples, budget_tokens, json_path, plot_path, html_path)
+        return _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, json_path, plot_path, html_path)
     if not inputs:
         raise click.UsageError("give INPUT... (a raw corpus) or one built DATASET, or --mix NAME=PATH:WEIGHT")
     from packer.stats import report

@@ -1,11 +1,11 @@
 """The effective mixture of a blend, from manifests only: each source's share of sequences and tokens,
 how often its rows repeat, and its epochs in a token budget.
 
-A blend draws sources by weight, either per sequence (weight_by="sequences": a source of weight share
-w supplies w of the sequences) or per token (weight_by="tokens": w of the tokens), as
-packer.data.PackedDataset(..., weights=...) does. One blended epoch is S sequences (default: every
-source's rows together, the length of the sources laid end to end); source i is drawn s_i * S times,
-where s_i is its share of sequences, so its rows repeat s_i * S / rows_i times. Worked example:
+A blend draws sources by weight, either per sequence (mix_by="sequences": a source of weight share
+w supplies w of the sequences) or per token (mix_by="tokens": w of the tokens), as
+packer.data.PackedDataset(..., weights=..., mix_by=...) does. One blended epoch is S sequences
+(num_samples; default: every source's rows together); source i is drawn s_i * S times, where s_i is
+its share of sequences, so its rows repeat s_i * S / rows_i times. Worked example:
 
     web: 1,000 rows, 2,000,000 tokens (2,000 a row)   code: 100 rows, 150,000 tokens (1,500 a row)
     weights web 0.7, code 0.3, by sequences; S = 1,100
@@ -18,6 +18,10 @@ where s_i is its share of sequences, so its rows repeat s_i * S / rows_i times. 
 By tokens the weights are the token shares, and the share of sequences follows from them:
 s_i = (w_i / mean_i) / sum_j (w_j / mean_j), mean_i = tokens_i / rows_i; the rest is as above.
 Tokens are stored tokens (padding not counted).
+
+As the loader does, the shares of sequences are whole counts over a period of P = min(S, 2^18)
+positions (largest remainder: S = 7, weights 1:1 -> 4 and 3 of every 7), so s_i is that count / P:
+over every prefix of the blend a source is within one sequence of it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from packer.io import fs
 from packer.store.manifest import read_manifest
 
 SCHEMA_ID = "packer.mixture/1"
-WEIGHT_BY = ("sequences", "tokens")
+MIX_BY = ("sequences", "tokens")
+PERIOD = 2**18  # the loader's pattern period (packer/train/blend.py): shares are kept to 1 / PERIOD
 
 
 def parse_weights(text: str) -> dict[str, float]:
@@ -88,38 +93,55 @@ def datasets_as_sources(paths: dict[str, str]) -> list[dict]:
     return out
 
 
-def _check(sources, weights, weight_by):
-    if weight_by not in WEIGHT_BY:
-        raise ValueError(f"weight_by must be one of {', '.join(WEIGHT_BY)}; got {weight_by!r}")
+def _check(sources, weights, mix_by):
+    if mix_by not in MIX_BY:
+        raise ValueError(f"mix_by must be one of {', '.join(MIX_BY)}; got {mix_by!r}")
     names = [s["name"] for s in sources]
-    unknown, missing = sorted(set(weights) - set(names)), [n for n in names if n not in weights]
-    if unknown or missing:
-        raise ValueError(f"weights name {unknown or 'no unknown source'} and leave out {missing or 'none'}; "
-                         f"the sources are {', '.join(names)}: give each one a weight (0 leaves it out)")
+    unknown = sorted(set(weights) - set(names))
+    if unknown:
+        raise ValueError(f"weights name {unknown}, which are not sources here; the sources are {', '.join(names)} "
+                         "(one left out has weight 0)")
     bad = {n: w for n, w in weights.items() if not w >= 0 or w == float("inf")}
     if bad or not sum(weights.values()) > 0:
         raise ValueError(f"weights must be finite, >= 0 and not all 0; got {weights}")
-    empty = [s["name"] for s in sources if weights[s["name"]] > 0 and not s["sequences"]]
+    empty = [s["name"] for s in sources if weights.get(s["name"], 0) > 0 and not s["sequences"]]
     if empty:
         raise ValueError(f"source {', '.join(empty)} has no rows but a weight above 0; give it weight 0")
 
 
-def mixture(sources: list[dict], weights: dict[str, float], *, weight_by: str = "sequences",
-            samples: int | None = None, budget_tokens: int | None = None) -> dict:
+def apportion(weights: list[float], total: int) -> list[int]:
+    """Whole counts summing to `total` in proportion to `weights`, by largest remainder (ties to the
+    earlier source), as the loader's blend apportions its period: [1, 1], 7 -> [4, 3]."""
+    ideal = [w / sum(weights) * total for w in weights]
+    counts = [int(x // 1) for x in ideal]
+    by_remainder = sorted(range(len(ideal)), key=lambda i: -(ideal[i] - counts[i]))  # stable: ties keep order
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _sequence_shares(w, mean, mix_by, period, names) -> list[float]:
+    per_sequence = w if mix_by == "sequences" else [wi / max(m, 1) for wi, m in zip(w, mean)]
+    counts = apportion(per_sequence, period)
+    small = [n for n, x, c in zip(names, per_sequence, counts) if x > 0 and c == 0]
+    if small:
+        raise ValueError(f"sources {small} have weights below 1 / {period} of the blend: they would never be "
+                         "read; raise their weight or num_samples, or drop them")
+    return [c / period for c in counts]
+
+
+def mixture(sources: list[dict], weights: dict[str, float], *, mix_by: str = "sequences",
+            num_samples: int | None = None, budget_tokens: int | None = None) -> dict:
     """The mixture figures (see the module docstring) of `sources` ([{"name", "sequences", "tokens", ...}])
-    blended with `weights` ({name: weight}, any positive scale)."""
-    _check(sources, weights, weight_by)
+    blended with `weights` ({name: weight}, any positive scale; a source left out has weight 0)."""
+    _check(sources, weights, mix_by)
     total = sum(weights.values())
-    w = [weights[s["name"]] / total for s in sources]
+    w = [weights.get(s["name"], 0.0) / total for s in sources]
     mean = [s["tokens"] / s["sequences"] if s["sequences"] else 0.0 for s in sources]
-    if weight_by == "sequences":
-        seq_share = w
-    else:
-        inverse = [wi / m if wi else 0.0 for wi, m in zip(w, mean)]
-        seq_share = [x / sum(inverse) for x in inverse]
+    samples = num_samples or sum(s["sequences"] for s in sources)
+    seq_share = _sequence_shares(w, mean, mix_by, min(samples, PERIOD), [s["name"] for s in sources])
     tokens_per_sample = sum(s * m for s, m in zip(seq_share, mean))
     token_share = [s * m / tokens_per_sample for s, m in zip(seq_share, mean)]
-    samples = samples or sum(s["sequences"] for s in sources)
     budget_samples = budget_tokens / tokens_per_sample if budget_tokens else None
     rows = []
     for s, wi, si, ti in zip(sources, w, seq_share, token_share):
@@ -130,5 +152,5 @@ def mixture(sources: list[dict], weights: dict[str, float], *, weight_by: str = 
             row.update(budget_sequences=si * budget_samples, budget_tokens=ti * budget_tokens,
                        epochs=si * budget_samples / n if n else 0.0)
         rows.append(row)
-    return {"schema": SCHEMA_ID, "weight_by": weight_by, "samples": samples, "tokens_per_sample": tokens_per_sample,
+    return {"schema": SCHEMA_ID, "mix_by": mix_by, "num_samples": samples, "tokens_per_sample": tokens_per_sample,
             "budget_tokens": budget_tokens, "budget_samples": budget_samples, "sources": rows}

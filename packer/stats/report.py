@@ -303,7 +303,7 @@ def _mixture_head(m: dict) -> tuple[str, ...]:
 
 
 def _mixture_line(m: dict) -> str:
-    line = (f"blend by {m['weight_by']}: {m['samples']:,} sequences a blended epoch, "
+    line = (f"blend by {m['mix_by']}: {m['num_samples']:,} sequences a blended epoch, "
             f"{m['tokens_per_sample']:,.1f} tokens a sequence on average")
     if m["budget_tokens"]:
         line += f"; budget {m['budget_tokens']:,} tokens = {m['budget_samples']:,.0f} sequences"
@@ -328,7 +328,7 @@ def mixture_figure(m: dict):
     share_ax.set_yticks(y, names)
     share_ax.invert_yaxis()
     share_ax.set_xlabel("share")
-    share_ax.set_title(f"mixture (blend by {m['weight_by']})")
+    share_ax.set_title(f"mixture (blend by {m['mix_by']})")
     share_ax.legend(fontsize=8)
     keys = [("repetition", "per blended epoch")] + ([("epochs", "in the budget")] if m["budget_tokens"] else [])
     for k, (key, label) in enumerate(keys):
