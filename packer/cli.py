@@ -243,9 +243,11 @@ CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos
 
 MIXTURE = (
     click.option("--weights", default=None, metavar="NAME=W,...", help="Mixture of one DATASET's named sources, e.g. "
-                 "web=0.7,code=0.3: print each source's share, repetition and epochs (not the padding figures)."),
-    click.option("--mix", multiple=True, metavar="NAME=PATH:WEIGHT", help="Mixture of several built datasets, each "
-                 "one source (repeat it), e.g. --mix web=out/web:0.7 --mix code=out/code:0.3."),
+                 "web=0.7,code=0.3: print each source's share, repetition and epochs (not the padding figures); "
+                 "with --mix, the weights of its sources."),
+    click.option("--mix", multiple=True, metavar="NAME=PATH[:WEIGHT]", help="Mixture of several built datasets "
+                 "(repeat it), as PackedDataset({NAME: PATH, ...}): each one source, or its named sources, "
+                 "e.g. --mix web=out/web:0.7 --mix code=out/code:0.3."),
     click.option("--mix-by", type=click.Choice(("sequences", "tokens")), default="sequences", show_default=True,
                  help="Mixture: weights are shares of sequences or of tokens (PackedDataset's mix_by)."),
     click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Mixture: sequences in one blended "
@@ -265,17 +267,17 @@ def _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, jso
     """`packer stats DATASET --weights ...` / `packer stats --mix ...`: the mixture report alone."""
     from packer.stats import mixture, report
 
-    if weights and mix:
-        raise click.UsageError("give --weights (the sources of one DATASET) or --mix (several datasets), not both")
-    if weights:
+    if not mix:
         if len(inputs) != 1:
             raise click.UsageError("--weights weighs the named sources of one built DATASET; give exactly one")
         sources, weight_of = mixture.dataset_sources(inputs[0]), mixture.parse_weights(weights)
     else:
         if inputs:
-            raise click.UsageError("--mix names every dataset (NAME=PATH:WEIGHT); drop the INPUTS")
+            raise click.UsageError("--mix names every dataset (NAME=PATH[:WEIGHT]); drop the INPUTS")
         paths, weight_of = mixture.parse_mix(mix)
         sources = mixture.datasets_as_sources(paths)
+        weight_of.update(mixture.parse_weights(weights) if weights else {})
+        weight_of = weight_of or None  # none given: in proportion to the rows, as PackedDataset
     m = mixture.mixture(sources, weight_of, mix_by=mix_by, num_samples=num_samples, budget_tokens=budget_tokens)
     click.echo(report.format_mixture(m))
     if json_path:

@@ -54,21 +54,25 @@ def parse_weights(text: str) -> dict[str, float]:
 
 
 def parse_mix(items) -> tuple[dict[str, str], dict[str, float]]:
-    """['web=out/web:0.7', 'code=s3://b/code:0.3'] -> ({name: path}, {name: weight}); the weight is
-    after the last ':' (a URI keeps its own)."""
+    """['web=out/web:0.7', 'code=s3://b/code'] -> ({name: path}, {name: weight} where one is given): the
+    weight is a number after the last ':' (a URI keeps its own ':')."""
     paths, weights = {}, {}
     for item in items:
         name, sep, rest = item.partition("=")
         path, colon, value = rest.rpartition(":")
         try:
-            weight = float(value)
+            weight = float(value) if colon and path else None
         except ValueError:
             weight = None
-        if not sep or not name or not colon or not path or weight is None:
-            raise ValueError(f"--mix {item!r} is not NAME=PATH:WEIGHT; write e.g. --mix web=out/web:0.7")
+        if weight is None:
+            path = rest
+        if not sep or not name or not path:
+            raise ValueError(f"--mix {item!r} is not NAME=PATH[:WEIGHT]; write e.g. --mix web=out/web:0.7")
         if name in paths:
             raise ValueError(f"--mix names {name!r} twice; give each dataset one name")
-        paths[name], weights[name] = path, weight
+        paths[name] = path
+        if weight is not None:
+            weights[name] = weight
     return paths, weights
 
 
@@ -84,12 +88,22 @@ def dataset_sources(path) -> list[dict]:
 
 
 def datasets_as_sources(paths: dict[str, str]) -> list[dict]:
-    """Several built datasets, each one source: {name: path} -> [{"name", "dataset", "sequences", "tokens"}]."""
+    """The sources of several built datasets, as PackedDataset({name: path, ...}) sees them: a dataset's
+    named sources, or the dataset as one source under its name -> [{"name", "dataset", "sequences", "tokens"}]."""
     out = []
     for name, path in paths.items():
-        totals = read_manifest(path)["totals"]
-        out.append({"name": name, "dataset": fs.redact(str(path)), "sequences": totals["sequences"],
-                    "tokens": totals["tokens_out"]})
+        manifest = read_manifest(path)
+        if manifest.get("sources"):
+            out += dataset_sources(path)
+        else:
+            totals = manifest["totals"]
+            out.append({"name": name, "dataset": fs.redact(str(path)), "sequences": totals["sequences"],
+                        "tokens": totals["tokens_out"]})
+    names = [s["name"] for s in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"source names {twice} occur in more than one dataset (a dataset with named sources "
+                         "brings its own names); rename the datasets in --mix, or blend them apart")
     return out
 
 
@@ -130,10 +144,13 @@ def _sequence_shares(w, mean, mix_by, period, names) -> list[float]:
     return [c / period for c in counts]
 
 
-def mixture(sources: list[dict], weights: dict[str, float], *, mix_by: str = "sequences",
+def mixture(sources: list[dict], weights: dict[str, float] | None, *, mix_by: str = "sequences",
             num_samples: int | None = None, budget_tokens: int | None = None) -> dict:
     """The mixture figures (see the module docstring) of `sources` ([{"name", "sequences", "tokens", ...}])
-    blended with `weights` ({name: weight}, any positive scale; a source left out has weight 0)."""
+    blended with `weights` ({name: weight}, any positive scale; a source left out has weight 0; None: in
+    proportion to their rows, the loader's default)."""
+    if weights is None:
+        weights = {s["name"]: float(s["sequences"]) for s in sources}
     _check(sources, weights, mix_by)
     total = sum(weights.values())
     w = [weights.get(s["name"], 0.0) / total for s in sources]

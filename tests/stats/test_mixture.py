@@ -72,13 +72,13 @@ def test_bad_weights_are_refused(weights, kwargs, message):
 
 def test_parsing_weights_and_mixes():
     assert parse_weights("web=0.7, code=0.3") == {"web": 0.7, "code": 0.3}
-    assert parse_mix(["web=s3://b/web?region=x:0.7", "code=out/code:1"]) == (
-        {"web": "s3://b/web?region=x", "code": "out/code"}, {"web": 0.7, "code": 1.0})
+    assert parse_mix(["web=s3://b/web?region=x:0.7", "code=out/code:1", "books=s3://b/books"]) == (
+        {"web": "s3://b/web?region=x", "code": "out/code", "books": "s3://b/books"}, {"web": 0.7, "code": 1.0})
     for bad in ("web", "web=x", "=1"):
         with pytest.raises(ValueError, match="NAME=WEIGHT"):
             parse_weights(bad)
-    with pytest.raises(ValueError, match="NAME=PATH:WEIGHT"):
-        parse_mix(["web=out/web"])
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        parse_mix(["web"])
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +131,11 @@ def test_packer_stats_weights_on_a_built_dataset(two_sources, tmp_path):
     assert "packer mixture" in (tmp_path / "m.html").read_text(encoding="utf-8")
 
 
-def test_packer_stats_mix_of_several_datasets(two_sources, tmp_path):
+def test_packer_stats_mix_of_several_datasets(sample_dataset, tmp_path):
     from packer.store.manifest import read_manifest
 
-    totals = read_manifest(two_sources)["totals"]
-    result = CliRunner().invoke(main, ["stats", "--mix", f"a={two_sources}:1", "--mix", f"b={two_sources}:3",
+    totals = read_manifest(sample_dataset)["totals"]
+    result = CliRunner().invoke(main, ["stats", "--mix", f"a={sample_dataset}:1", "--mix", f"b={sample_dataset}:3",
                                        "--mix-by", "tokens", "--json", str(tmp_path / "m.json")])
     assert result.exit_code == 0, result.output
     a, b = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["sources"]
@@ -145,6 +145,25 @@ def test_packer_stats_mix_of_several_datasets(two_sources, tmp_path):
     drawn_a = math.floor(0.25 * 2 * n + 0.5)
     assert (a["token_share"], b["token_share"]) == pytest.approx((drawn_a / (2 * n), 1 - drawn_a / (2 * n)))
     assert b["repetition"] == pytest.approx((2 * n - drawn_a) / n)  # about 1.5: 3/4 of two datasets' rows from one
+
+
+def test_a_dataset_with_named_sources_brings_them_to_a_mix(sample_dataset, two_sources, tmp_path):
+    """As PackedDataset({"all": A, "x": B}, weights=...): B's named sources are sources of the blend,
+    weighted by their names; every source is drawn within one sequence of its share of the epoch."""
+    from packer.store.manifest import read_manifest
+
+    result = CliRunner().invoke(main, ["stats", "--mix", f"all={sample_dataset}:2", "--mix", f"x={two_sources}",
+                                       "--weights", "prose=1,code=1", "--json", str(tmp_path / "m.json")])
+    assert result.exit_code == 0, result.output
+    m = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))
+    assert [s["name"] for s in m["sources"]] == ["all", "prose", "code"]
+    rows = read_manifest(sample_dataset)["totals"]["sequences"] + read_manifest(two_sources)["totals"]["sequences"]
+    assert m["num_samples"] == rows == sum(s["sequences"] for s in m["sources"])
+    assert sum(s["drawn"] for s in m["sources"]) == pytest.approx(rows)
+    for s, share in zip(m["sources"], (0.5, 0.25, 0.25)):
+        assert abs(s["drawn"] - share * rows) < 1 and s["drawn"] == pytest.approx(round(s["drawn"]))
+    twice = CliRunner().invoke(main, ["stats", "--mix", f"a={two_sources}", "--mix", f"b={two_sources}"])
+    assert twice.exit_code == 1 and "more than one dataset" in twice.output
 
 
 def test_weights_on_a_dataset_without_sources_say_what_to_do(sample_dataset):
