@@ -276,3 +276,57 @@ def test_plan_by_source_is_each_source_planned_alone_laid_end_to_end():
             assert np.array_equal(plan.shard_starts[k0:k1 + 1] - r0, alone.shard_starts)
             docs_before += sum(len(x) for x in lengths[a:b])
         assert plan.n_sequences == sum(r1 - r0 for (r0, r1), _ in ranges)
+
+
+def test_per_source_text_split(tmp_path):
+    (tmp_path / "paras.txt").write_text("one paragraph.\n\nanother one.\n\na third.\n", encoding="utf-8")
+    (tmp_path / "whole.txt").write_text("a file.\n\nstill the same document.\n", encoding="utf-8")
+    m = build(_job(tmp_path / "o", [Source(name="paras", inputs=(str(tmp_path / "paras.txt"),), text_split="blank-line"),
+                                    Source(name="whole", inputs=(str(tmp_path / "whole.txt"),))]))
+    assert [s["docs_accepted"] for s in m["sources"]] == [3, 1]
+    assert m["sources"][0]["text_split"] == "blank-line" and "text_split" not in m["sources"][1]
+
+
+def _cli_build(corpus, out, workers, kill_at=None):
+    """`packer build --source ...` in its own process group (killed whole afterwards, like a scheduler would)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from packer.io import failpoints
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop(failpoints.ENV, None)
+    if kill_at:
+        env[failpoints.ENV] = f"{kill_at}=kill"
+    cmd = [sys.executable, "-m", "packer", "build", "--tokenizer", TOKENIZER, "--output", str(out), "-q",
+           "--context-length", str(CONTEXT), "--shard-size", "4000", "--workers", str(workers),
+           "--source-field", "books=content"]
+    cmd += [arg for name in ("prose", "code", "books") for path in corpus[name] for arg in ("--source", f"{name}={path}")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, output.decode()
+
+
+@pytest.mark.slow
+def test_a_killed_build_with_sources_resumes_to_the_same_bytes(corpus, tmp_path):
+    code, output = _cli_build(corpus, tmp_path / "ref", workers=1)
+    assert code == 0, output
+    code, _ = _cli_build(corpus, tmp_path / "cut", workers=2, kill_at="write:3")
+    assert code != 0 and not (tmp_path / "cut" / "manifest.json").exists()
+    code, output = _cli_build(corpus, tmp_path / "cut", workers=2)
+    assert code == 0, output
+    a, b = read_manifest(tmp_path / "ref"), read_manifest(tmp_path / "cut")
+    for key in ("config", "inputs", "shards", "totals", "sources"):
+        assert a[key] == b[key], key
+    for entry in a["shards"]:
+        assert (tmp_path / "ref" / entry["file"]).read_bytes() == (tmp_path / "cut" / entry["file"]).read_bytes()
