@@ -363,3 +363,18 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){
 <details><summary>figures as JSON (schema {html.escape(m['schema'])})</summary><pre>{html.escape(json.dumps(m, indent=2))}</pre></details>
 </body></html>
 """
+
+
+def check_report(path):
+    """A dataset's report.html is the page its stats.json gives (deterministic); ValueError naming
+    the file otherwise. Nothing to check without either file."""
+    from packer.io import fs
+    from packer.store.manifest import REPORT, STATS
+
+    path = fs.location(path)
+    report, stats = path / REPORT, path / STATS
+    if not (stats.is_file() and report.is_file()):  # the page is optional: only `packer run` wrote it before 2026-12
+        return
+    if report.read_bytes() != html_page(json.loads(stats.read_text(encoding="utf-8"))).encode("utf-8"):
+        raise ValueError(f"{fs.redact(report)}: not the page this dataset's stats.json gives (edited, or of another "
+                         "build); rebuild, or delete it")

@@ -74,7 +74,7 @@ class ShardDataset:
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {fs.redact(e.filename or where)} (listed in the manifest); restore it or "
                                  "rebuild the dataset") from None
-            except (pa.ArrowException, KeyError) as e:  # a damaged Arrow stream, a column missing
+            except (pa.ArrowException, KeyError, OSError) as e:  # a damaged Arrow stream (pyarrow's IOError too), a column missing
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
                                  "or rebuild") from None
             checks.check_counts(counts, entry, where)

@@ -342,3 +342,33 @@ def test_a_deleted_shard_file_is_refused_in_one_line_at_open(ds_dir):
     with pytest.raises(ValueError, match=f"shard missing: .*{name} \\(listed in the manifest\\)"):
         open_dataset(ds_dir)
     assert "shard missing" in _cli("verify", ds_dir)
+
+
+def test_derived_files_are_checked_against_what_they_derive_from(ds_dir):
+    """report.html is the page stats.json gives; an Arrow dataset's state.json / dataset_info.json
+    are what its shard entries give: an edited one is caught (found by the corruption matrix)."""
+    names = ["report.html"] + (["state.json", "dataset_info.json"] if ds_dir.name == "arrow" else [])
+    for name in names:
+        original = (ds_dir / name).read_bytes()
+        (ds_dir / name).write_bytes(original.replace(b"e", b"E", 1))
+        if name != "report.html":
+            with pytest.raises(ValueError, match=f"{name}: not what this dataset's manifest gives"):
+                verify_dataset(ds_dir, checksums=False)
+        assert f"{name}: not" in _cli("verify", ds_dir, "--quick")
+        (ds_dir / name).write_bytes(original)
+    verify_dataset(ds_dir)
+    assert CliRunner().invoke(main, ["verify", str(ds_dir)]).exit_code == 0
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda text: text[: len(text) // 2], "not readable JSON"),
+    (lambda text: "[1, 2]", "a JSON list, not a packer manifest"),
+    (lambda text: text.replace('"totals"', '"totalz"'), "'totals' missing or not a JSON object"),
+])
+def test_a_damaged_manifest_is_refused_in_one_line(ds_dir, damage, match):
+    path = ds_dir / "manifest.json"
+    path.write_text(damage(path.read_text()))
+    for read in (verify_dataset, open_dataset):
+        with pytest.raises(ValueError, match=match):
+            read(ds_dir)
+    assert match.split(" ")[0] in _cli("inspect", ds_dir)
