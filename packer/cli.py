@@ -16,7 +16,7 @@ import click
 from packer import __version__
 from packer.build.executors import WorkerDied
 from packer.build.tokenizer import describe_specials
-from packer.config import CHOICES, BuildConfig, Job, load_job
+from packer.config import CHOICES, BuildConfig, Job, load_job, sources_from_options
 from packer.io import fs
 from packer.io.fs import redact, redact_text
 from packer.store.manifest import REPORT
@@ -134,6 +134,10 @@ def _print_summary(manifest: dict, output: str):
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
     click.echo(f"fill rate: {t['fill_rate']:.4f}" if t["fill_rate"] is not None else "fill rate: n/a (no sequences)")
     click.echo(f"shards:    {len(manifest['shards'])} in {output}")
+    for s in manifest.get("sources") or ():  # a build with named sources: one line each
+        skipped = sum(s["docs_skipped"].values())
+        click.echo(f"  source {s['name']}: {s['documents']:,} documents, {s['tokens']:,} tokens, rows "
+                   f"[{s['sequences'][0]:,}, {s['sequences'][1]:,})" + (f", {skipped:,} skipped" if skipped else ""))
     if t["docs_accepted"]:
         click.echo(f"report:    {redact(fs.location(location) / REPORT)} (packer stats {output} prints the table)")
 
@@ -186,7 +190,14 @@ QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on 
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
+@click.option("--source", "source_paths", multiple=True, metavar="NAME=PATH", help="Name a source instead of "
+              "INPUTS (repeat it; several paths for one name allowed): its segments are tagged, the manifest and "
+              "stats count it apart, and PackedDataset(path, weights=...) blends the sources (docs/mixtures.md).")
+@click.option("--source-field", "source_fields", multiple=True, metavar="NAME=FIELD",
+              help="The text field of one source's records (default: --text-field).")
+@click.option("--source-split", "source_splits", multiple=True, metavar="NAME=SPLIT",
+              help=f"--text-split for one source's .txt files ({' or '.join(CHOICES['text_split'])}).")
 @click.option("--tokenizer", required=True, help="A tokenizer.json (HF tokenizers format), a directory holding one, "
               "or a hub name already in the local HF cache.")
 @click.option("--output", "-o", required=True, help="Output directory for shards and manifest, or a URI (s3://, gs://, ...).")
@@ -196,12 +207,16 @@ QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on 
 @OVERWRITE
 @QUIET
 @DEBUG
-def build(inputs, tokenizer, output, workers, keep_work, overwrite, quiet, executor, ray_address, **config):
+def build(inputs, source_paths, source_fields, source_splits, tokenizer, output, workers, keep_work, overwrite, quiet,
+          executor, ray_address, **config):
     """Tokenize INPUTS (JSONL[.gz|.zst], Parquet, .txt, Arrow / HF save_to_disk directories; files,
-    directories, globs or pyarrow.fs URIs), pack them, and write shards, stats.json and report.html
-    to OUTPUT."""
-    job = Job(inputs=inputs, tokenizer=tokenizer, output=output, workers=workers, config=BuildConfig(**config),
-              executor=executor, ray_address=ray_address)
+    directories, globs or pyarrow.fs URIs), or the named sources (--source NAME=PATH), pack them, and
+    write shards, stats.json and report.html to OUTPUT."""
+    sources = sources_from_options(source_paths, source_fields, source_splits)
+    if not inputs and not sources:
+        raise click.UsageError("give INPUTS, or name sources with --source NAME=PATH")
+    job = Job(inputs=inputs, sources=sources, tokenizer=tokenizer, output=output, workers=workers,
+              config=BuildConfig(**config), executor=executor, ray_address=ray_address)
     _run_job(job, keep_work, overwrite, quiet)
 
 
@@ -226,9 +241,58 @@ def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
 CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed")
 
 
+MIXTURE = (
+    click.option("--weights", default=None, metavar="NAME=W,...", help="Mixture of one DATASET's named sources, e.g. "
+                 "web=0.7,code=0.3: print each source's share, repetition and epochs (not the padding figures); "
+                 "with --mix, the weights of its sources."),
+    click.option("--mix", multiple=True, metavar="NAME=PATH[:WEIGHT]", help="Mixture of several built datasets "
+                 "(repeat it), as PackedDataset({NAME: PATH, ...}): each one source, or its named sources, "
+                 "e.g. --mix web=out/web:0.7 --mix code=out/code:0.3."),
+    click.option("--mix-by", type=click.Choice(("sequences", "tokens")), default="sequences", show_default=True,
+                 help="Mixture: weights are shares of sequences or of tokens (PackedDataset's mix_by)."),
+    click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Mixture: sequences in one blended "
+                 "epoch (PackedDataset's num_samples; default: every source's rows together)."),
+    click.option("--budget-tokens", type=click.IntRange(min=1), default=None, help="Mixture: a training budget in "
+                 "stored tokens; adds each source's sequences, tokens and epochs in it."),
+)
+
+
+def _mixture_options(fn):
+    for option in reversed(MIXTURE):
+        fn = option(fn)
+    return fn
+
+
+def _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, json_path, plot_path, html_path):
+    """`packer stats DATASET --weights ...` / `packer stats --mix ...`: the mixture report alone."""
+    from packer.stats import mixture, report
+
+    if not mix:
+        if len(inputs) != 1:
+            raise click.UsageError("--weights weighs the named sources of one built DATASET; give exactly one")
+        sources, weight_of = mixture.dataset_sources(inputs[0]), mixture.parse_weights(weights)
+    else:
+        if inputs:
+            raise click.UsageError("--mix names every dataset (NAME=PATH[:WEIGHT]); drop the INPUTS")
+        paths, weight_of = mixture.parse_mix(mix)
+        sources = mixture.datasets_as_sources(paths)
+        weight_of.update(mixture.parse_weights(weights) if weights else {})
+        weight_of = weight_of or None  # none given: in proportion to the rows, as PackedDataset
+    m = mixture.mixture(sources, weight_of, mix_by=mix_by, num_samples=num_samples, budget_tokens=budget_tokens)
+    click.echo(report.format_mixture(m))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(m, f, indent=2)
+    if plot_path:
+        report.mixture_figure(m).savefig(plot_path, format="png")
+    if html_path:
+        with open(html_path, "w", encoding="utf-8") as f:
+            f.write(report.mixture_html(m))
+
+
 @main.command()
 @DEBUG
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", default=None, help="Raw corpus: the tokenizer to count tokens with (as for build).")
 @_option("context_length", default=None, show_default=False, prefix="Raw corpus: ")
 @_options(*CORPUS_FIELDS, prefix="Raw corpus: ")
@@ -239,10 +303,16 @@ CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats/stats_schema.json).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the charts as a PNG (needs packer[plot]).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+@_mixture_options
 def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_docs, json_path, plot_path, html_path,
-          **corpus):
+          weights, mix, mix_by, num_samples, budget_tokens, **corpus):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
-    (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR)."""
+    (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR). With --weights or
+    --mix: the effective mixture of a blend instead (docs/mixtures.md)."""
+    if weights or mix:
+        return _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, json_path, plot_path, html_path)
+    if not inputs:
+        raise click.UsageError("give INPUT... (a raw corpus) or one built DATASET, or --mix NAME=PATH:WEIGHT")
     from packer.stats import report
     from packer.stats.measure import measure
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,9 +85,38 @@ class BuildConfig:
         return d
 
 
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_SOURCES = 65535  # a stored source id is a uint16
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """A named part of a job's inputs (web, code, books): its segments carry its id, the manifest its totals.
+
+    `text_field` / `text_split` override the build's for this source's files only (None: the build's)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    text_field: str | None = None
+    text_split: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not SOURCE_NAME.fullmatch(self.name):
+            raise ValueError(f"source name {self.name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                             "starting with a letter or digit, e.g. web")
+        if isinstance(self.inputs, str) or not self.inputs:
+            raise ValueError(f"source {self.name!r} needs a list of inputs (files, directories, globs or URIs)")
+        if self.text_field is not None and (not isinstance(self.text_field, str) or not self.text_field):
+            raise ValueError(f"source {self.name!r}: text_field must be a field name, got {self.text_field!r}")
+        if self.text_split is not None and self.text_split not in TEXT_SPLITS:
+            raise ValueError(f"source {self.name!r}: text_split must be one of {', '.join(TEXT_SPLITS)}; "
+                             f"got {self.text_split!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Job:
-    """A whole run: what to read, how to tokenize, the config, where to write, how many workers."""
+    """A whole run: what to read (`inputs`, or named `sources`), how to tokenize, the config, where to
+    write, how many workers."""
 
     inputs: tuple[str, ...]
     tokenizer: str
@@ -96,10 +126,15 @@ class Job:
     executor: str = _field("local", "Run stages in local processes or as Ray tasks (same output bytes).")
     ray_address: str | None = _field(None, "Ray cluster for --executor ray (default: $RAY_ADDRESS, a cluster on "
                                            "this machine, else a new local one).")
+    sources: tuple[Source, ...] = ()
 
     def __post_init__(self):
-        if not self.inputs:
+        if self.sources and self.inputs:
+            raise ValueError("a job names its inputs or its sources, not both: put every input in a source "
+                             "(--source NAME=PATH, or [sources.NAME] inputs = [...])")
+        if not self.inputs and not self.sources:
             raise ValueError("a job needs at least one input")
+        _check_sources(self.sources)
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         _check_choices(self)
@@ -109,6 +144,15 @@ class Job:
     @property
     def n_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+
+def _check_sources(sources):
+    names = [s.name for s in sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"source names must differ; {', '.join(twice)} is named more than once")
+    if len(sources) > MAX_SOURCES:
+        raise ValueError(f"{len(sources):,} sources: at most {MAX_SOURCES:,} (a stored source id is a uint16)")
 
 
 def _check_choices(obj):
@@ -128,7 +172,7 @@ def load_job(path: str | Path) -> Job:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
-    known = {"inputs", "tokenizer", "output", "workers", "executor", "ray_address", "config"}
+    known = {"inputs", "sources", "tokenizer", "output", "workers", "executor", "ray_address", "config"}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; expected {sorted(known)}")
@@ -137,14 +181,17 @@ def load_job(path: str | Path) -> Job:
     bad = set(cfg) - config_keys
     if bad:
         raise ValueError(f"{path}: unknown [config] keys {sorted(bad)}; expected {sorted(config_keys)}")
-    for key in ("inputs", "tokenizer", "output"):
+    for key in ("tokenizer", "output"):
         if key not in data:
             raise ValueError(f"{path}: missing required key {key!r}")
-    inputs = data["inputs"]
+    if "inputs" not in data and "sources" not in data:
+        raise ValueError(f"{path}: missing required key 'inputs' (or [sources.NAME] tables)")
+    inputs = data.get("inputs", [])
     if isinstance(inputs, str):
         inputs = [inputs]
     return Job(
         inputs=tuple(inputs),
+        sources=_load_sources(data.get("sources", {}), path),
         tokenizer=data["tokenizer"],
         output=data["output"],
         config=BuildConfig(**cfg),
@@ -152,3 +199,53 @@ def load_job(path: str | Path) -> Job:
         executor=data.get("executor", "local"),
         ray_address=data.get("ray_address"),
     )
+
+
+SOURCE_KEYS = ("inputs", "text_field", "text_split")
+
+
+def _load_sources(table, path) -> tuple[Source, ...]:
+    """`[sources.web] inputs = [...]` tables (in file order), or `[[sources]] name = "web"` entries -> Sources."""
+    if isinstance(table, dict):
+        entries = [{"name": name, **(body if isinstance(body, dict) else {"inputs": body})} for name, body in table.items()]
+    elif isinstance(table, list) and all(isinstance(t, dict) for t in table):
+        entries = table
+    else:
+        raise ValueError(f"{path}: sources must be [sources.NAME] tables or [[sources]] entries with a name")
+    out = []
+    for entry in entries:
+        bad = set(entry) - {"name", *SOURCE_KEYS}
+        if bad or "name" not in entry or "inputs" not in entry:
+            raise ValueError(f"{path}: source {entry.get('name', '(no name)')!r}: unknown keys {sorted(bad)} or a "
+                             f"missing name/inputs; a source takes name, {', '.join(SOURCE_KEYS)}")
+        inputs = entry["inputs"]
+        out.append(Source(name=entry["name"], inputs=(inputs,) if isinstance(inputs, str) else tuple(inputs),
+                          text_field=entry.get("text_field"), text_split=entry.get("text_split")))
+    return tuple(out)
+
+
+def _pairs(items, option: str, example: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{option} {item!r} is not NAME=VALUE; write e.g. {option} {example}")
+        out.append((name, value))
+    return out
+
+
+def sources_from_options(paths=(), fields=(), splits=()) -> tuple[Source, ...]:
+    """--source web=a.jsonl --source web=b/ --source code=c.jsonl --source-field code=content
+    -> (Source web [a.jsonl, b/], Source code [c.jsonl] text_field content): names in first-given order."""
+    inputs: dict[str, list[str]] = {}
+    for name, path in _pairs(paths, "--source", "web=data/web/"):
+        inputs.setdefault(name, []).append(path)
+    settings: dict[str, dict] = {name: {} for name in inputs}
+    for option, key, items, example in (("--source-field", "text_field", fields, "code=content"),
+                                        ("--source-split", "text_split", splits, "books=blank-line")):
+        for name, value in _pairs(items, option, example):
+            if name not in settings:
+                raise ValueError(f"{option} {name}={value}: no --source {name}=PATH names that source "
+                                 f"(sources: {', '.join(settings) or 'none'})")
+            settings[name][key] = value
+    return tuple(Source(name=name, inputs=tuple(paths), **settings[name]) for name, paths in inputs.items())

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from packer import __version__
-from packer.build import owned, readers, resume, writer
+from packer.build import owned, readers, resume, sources, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, unit_paths
@@ -37,14 +37,14 @@ from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.stats import report
-from packer.stats.figures import plan_stats
+from packer.stats.figures import plan_source_figures, plan_stats
 from packer.store.formats import arrow
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
 WORK = "_work"
 
 
-def _tokenize_stage(units, info, config, units_dir, executor, progress="auto"):
+def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", unit_configs=None):
     total = sum(max(u.size, 0) for u in units)
     n_done = [0]
     with Progress("tokenize", total, "B", mode=progress) as bar:
@@ -59,7 +59,7 @@ def _tokenize_stage(units, info, config, units_dir, executor, progress="auto"):
             n_done[0] += 1
             failpoints.hit("tokenize", n_done[0])
 
-        args = [(u, info, config, str(units_dir)) for u in units]
+        args = [(u, info, unit_configs[u.index] if unit_configs else config, str(units_dir)) for u in units]
         return executor.map(_tokenize_task, args, on_done=done)
 
 
@@ -68,13 +68,14 @@ def _tokenize_task(unit, info, config, units_dir: str) -> dict:
     return tokenize_unit(unit, info, config, units_dir)
 
 
-def _plan_stage(n_units: int, config, work) -> Plan:
+def _plan_stage(n_units: int, config, work, source_starts=None) -> Plan:
     path = work / "plan.npz"
     if path.exists():
         return Plan.load(fs.for_numpy(path))
     unit_lengths = [np.load(fs.for_numpy(unit_paths(work / "units", u)["lengths.npy"])) for u in range(n_units)]
-    plan = plan_bins(
+    plan = (sources.plan_by_source if source_starts else plan_bins)(
         unit_lengths,
+        *([source_starts] if source_starts else []),
         context_length=config.context_length,
         algorithm=config.algorithm,
         long_docs=config.long_docs,
@@ -87,7 +88,7 @@ def _plan_stage(n_units: int, config, work) -> Plan:
     return plan
 
 
-def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto"):
+def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto", unit_sources=None):
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
     with Progress("write", int(plan.piece_len.sum()), "tok", mode=progress) as bar:
@@ -99,10 +100,14 @@ def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto")
             failpoints.hit("write", n_done)
 
         args = [
-            (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format)
+            (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format, *([unit_sources] if unit_sources else []))
             for k in range(plan.n_shards)
         ]
-        return executor.map(writer.write_shard, args, on_done=done)
+        return executor.map(_write_task if unit_sources else writer.write_shard, args, on_done=done)
+
+
+def _write_task(plan_path, shard, work_dir, out_dir, dtype, fmt, unit_sources) -> dict:
+    return writer.write_shard(plan_path, shard, work_dir, out_dir, dtype, fmt, unit_sources=unit_sources)
 
 
 def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
@@ -184,7 +189,7 @@ def _shipped(info) -> dict:
 
 
 def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, work,
-              skipped_files=()) -> dict:
+              skipped_files=(), named=None) -> dict:
     config = job.config
     doc_lengths = np.concatenate(
         [np.load(fs.for_numpy(unit_paths(work / "units", u.index)["lengths.npy"])) for u in units]
@@ -192,6 +197,8 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
     )
     if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
         figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+        if named:
+            figures["sources"] = plan_source_figures(plan, named.unit_sources, named.names, counters, config.context_length)
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
@@ -214,6 +221,8 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
         "shards": entries,
         "totals": _totals(counters, plan, config, skipped_files),
     }
+    if named:
+        manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, plan, config.context_length)
     failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 
@@ -233,23 +242,26 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
         raise ValueError(f"--output {fs.redact(out)} is a file; give a directory (new, or one packer wrote)")
     if fs.is_process_local(out) and (job.executor == "ray" or job.n_workers > 1):
         raise ValueError(f"--output {fs.redact(out)} is in this process's memory, which worker processes do not share; use --workers 1")
-    files = readers.expand_inputs(job.inputs)
+    named = sources.Named.of(job) if job.sources else None  # None: one unnamed source, the build as it always was
+    files = named.files if named else readers.expand_inputs(job.inputs)
     info = tokenizer_info(job.tokenizer, config)
     job = dataclasses.replace(job, config=resolved_config(config, info))  # bos/eos as used, never None
     config = job.config
     with lock.hold(out):
         record = _owned_record(out)
         work = out / WORK
-        expected = resume.fingerprint(config, info, files)
+        expected = {**resume.fingerprint(config, info, files), **(named.fingerprint if named else {})}
         if (out / MANIFEST).exists() and not overwrite:
             manifest = read_manifest(out)
             resume.require_same_dataset(manifest, config, info, files, out)
+            if named or manifest.get("sources"):
+                sources.require_same_sources(manifest, named.described if named else [], out)
             if work.exists() and not keep_work:
                 owned.remove_work(out, record)  # a run killed after its manifest, before this
             return {**manifest, "already_complete": True}
         if overwrite and work.exists() and not resume.same_work(work, expected):
             owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
-        manifest = _build_into(job, files, info, out, work, record, expected, progress)
+        manifest = _build_into(job, files, info, out, work, record, expected, progress, named)
         owned.publish(out, manifest, record)
         if not keep_work:
             owned.remove_work(out, record)
@@ -268,16 +280,20 @@ def _owned_record(out) -> dict:
     return record
 
 
-def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, progress) -> dict:
-    """Tokenize, plan, write and finalize into `work`/dataset/ (manifest last); return the manifest."""
+def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, progress, named=None) -> dict:
+    """Tokenize, plan, write and finalize into `work`/dataset/ (manifest last); return the manifest.
+    `named`: the job's named sources (packer/build/sources.py), or None for one unnamed source."""
     config = job.config
     started = time.time()
     skipped_files = [] if config.on_file_error == "skip" else None
     # Planned before any work file is written: a refused input (unsupported, a FIFO, a loop) leaves
     # nothing behind, so fixing it and running the same command starts cleanly.
-    units = readers.plan_units(
-        files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
-    )
+    if named:
+        units, named = named.planned(config, skipped_files)
+    else:
+        units = readers.plan_units(
+            files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
+        )
     owned.claim_work(out, record)
     resume.start_or_resume(work, expected)
     staged = work / owned.STAGED
@@ -286,21 +302,22 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         atomic.remove_leftovers(d)
     executor = make_executor(job)
     try:
-        counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
+        counters = _tokenize_stage(units, info, config, work / "units", executor, progress,
+                                   named.unit_configs if named else None)
         try:
             _check_accepted(counters, config, work)
         except BuildRejected:
             if not work.exists():  # nothing accepted: nothing kept, not even the record
                 owned.remove_work(out, record)
             raise
-        plan = _plan_stage(len(units), config, work)
-        entries = _write_stage(plan, info, config, work, staged, executor, progress)
+        plan = _plan_stage(len(units), config, work, named.source_starts if named else None)
+        entries = _write_stage(plan, info, config, work, staged, executor, progress, named.unit_sources if named else None)
     finally:
         executor.close()
         for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write
             if d.exists():
                 atomic.remove_leftovers(d)
-    manifest = _finalize(job, files, units, info, counters, plan, entries, staged, work, skipped_files or ())
+    manifest = _finalize(job, files, units, info, counters, plan, entries, staged, work, skipped_files or (), named)
     manifest["created_unix"] = round(time.time(), 3)
     manifest["build_seconds"] = round(time.time() - started, 3)
     atomic.write_json(staged / MANIFEST, manifest)  # last: the new dataset is complete

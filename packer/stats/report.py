@@ -98,8 +98,27 @@ def strategy_rows(f: dict) -> list[tuple[str, ...]]:
     return rows
 
 
+def source_rows(f: dict) -> list[tuple[str, ...]]:
+    """(source, documents, tokens, sequences, fill, padding, skipped) per named source (none: [])."""
+    rows = []
+    for s in f.get("sources") or ():
+        skipped = s.get("docs_skipped")
+        rows.append((s["name"], f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['sequences']:,}", f"{s['fill_rate']:.4f}",
+                     _pct(s["padding_share"]), "n/a" if skipped is None else f"{sum(skipped.values()):,}"))
+    return rows
+
+
+SOURCE_HEAD = ("source", "documents", "tokens", "sequences", "fill", "padding", "skipped")
+
+
+def _aligned(rows) -> list[str]:
+    """Rows of cells as text columns: the first left-aligned, the others right-aligned."""
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join([r[0].ljust(w[0])] + [c.rjust(wi) for c, wi in zip(r[1:], w[1:])]).rstrip() for r in rows]
+
+
 def format_table(f: dict) -> str:
-    """The printed report: source, summary, and one line per batching strategy."""
+    """The printed report: source, summary, one line per batching strategy, and one per named source."""
     lines = [_source_line(f), f"context length {f['context_length']:,}, batch size {f['batch_size']}, seed {f['seed']}", ""]
     lines += [f"{k:<30}{v}" for k, v in table_rows(f)]
     head = ("strategy", "sequences", "compute slots", "padding", "tokens lost", "")
@@ -108,6 +127,8 @@ def format_table(f: dict) -> str:
     lines.append("")
     for r in rows:
         lines.append(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]:>{w[4]}}  {r[5]}".rstrip())
+    if f.get("sources"):
+        lines += ["", *_aligned([SOURCE_HEAD] + source_rows(f))]
     return "\n".join(lines)
 
 
@@ -191,6 +212,13 @@ def _html_table(head, rows) -> str:
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _sources_html(f: dict) -> str:
+    """The per-source table of a build with named sources ('' without: other pages keep their bytes)."""
+    if not f.get("sources"):
+        return ""
+    return f"\n<h2>Sources</h2>\n{_html_table(SOURCE_HEAD, source_rows(f))}"
+
+
 def html_page(f: dict) -> str:
     """One HTML page with everything inline: tables, the charts as a data: PNG (or a line saying
     how to install matplotlib), and the JSON figures."""
@@ -208,7 +236,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){
 <h2>Padding by batching strategy</h2>
 {_html_table(("strategy", "sequences", "compute slots", "padding", "tokens lost", "packing"), strategy_rows(f))}
 <h2>Summary</h2>
-{_html_table(("figure", "value"), table_rows(f))}
+{_html_table(("figure", "value"), table_rows(f))}{_sources_html(f)}
 {img}
 <details><summary>figures as JSON (schema {html.escape(f['schema'])})</summary><pre>{html.escape(json.dumps(f, indent=2))}</pre></details>
 </body></html>
@@ -252,6 +280,89 @@ def write_mask_png(offsets, context_length: int, path, title: str = "") -> None:
     ax.set_ylabel("query position")
     ax.set_title(title or f"block-causal mask: {len(offsets) - 1} documents, {n} of {context_length} tokens", fontsize=10)
     fig.savefig(path, format="png")
+
+
+MIXTURE_HEAD = ("source", "rows", "tokens", "weight", "sequence share", "token share", "repetition")
+
+
+def mixture_rows(m: dict) -> list[tuple[str, ...]]:
+    """One row per blended source (packer.stats.mixture): its size, shares, repetition per blended
+    epoch, and with a budget its sequences, tokens and epochs in that budget."""
+    rows = []
+    for s in m["sources"]:
+        row = (s["name"], f"{s['sequences']:,}", f"{s['tokens']:,}", f"{s['weight']:.4f}", _pct(s["sequence_share"]),
+               _pct(s["token_share"]), f"{s['repetition']:.3f}x")
+        if m["budget_tokens"]:
+            row += (f"{s['budget_sequences']:,.0f}", f"{s['budget_tokens']:,.0f}", f"{s['epochs']:.3f}")
+        rows.append(row)
+    return rows
+
+
+def _mixture_head(m: dict) -> tuple[str, ...]:
+    return MIXTURE_HEAD + (("budget sequences", "budget tokens", "epochs") if m["budget_tokens"] else ())
+
+
+def _mixture_line(m: dict) -> str:
+    line = (f"blend by {m['mix_by']}: {m['num_samples']:,} sequences a blended epoch, "
+            f"{m['tokens_per_sample']:,.1f} tokens a sequence on average")
+    if m["budget_tokens"]:
+        line += f"; budget {m['budget_tokens']:,} tokens = {m['budget_samples']:,.0f} sequences"
+    return line
+
+
+def format_mixture(m: dict) -> str:
+    """The printed mixture report: one line on the blend, then one row per source."""
+    return "\n".join([_mixture_line(m), "", *_aligned([_mixture_head(m)] + mixture_rows(m))])
+
+
+def mixture_figure(m: dict):
+    """Two charts: weight, sequence share and token share per source; and how often each source's rows
+    repeat (per blended epoch, and in the budget when one is given), with 1x marked."""
+    fig = _figure((12.0, 4.5), REPORT_DPI)
+    share_ax, rep_ax = fig.subplots(1, 2)
+    names = [s["name"] for s in m["sources"]]
+    y = np.arange(len(names))
+    for k, (key, label) in enumerate((("weight", "weight"), ("sequence_share", "share of sequences"),
+                                      ("token_share", "share of tokens"))):
+        share_ax.barh(y + (k - 1) * 0.27, [s[key] for s in m["sources"]], height=0.27, label=label)
+    share_ax.set_yticks(y, names)
+    share_ax.invert_yaxis()
+    share_ax.set_xlabel("share")
+    share_ax.set_title(f"mixture (blend by {m['mix_by']})")
+    share_ax.legend(fontsize=8)
+    keys = [("repetition", "per blended epoch")] + ([("epochs", "in the budget")] if m["budget_tokens"] else [])
+    for k, (key, label) in enumerate(keys):
+        rep_ax.barh(y + (k - (len(keys) - 1) / 2) * 0.4, [s[key] for s in m["sources"]], height=0.4, label=label)
+    rep_ax.axvline(1.0, color="crimson", linestyle="--", label="each row once")
+    rep_ax.set_yticks(y, names)
+    rep_ax.invert_yaxis()
+    rep_ax.set_xlabel("times each row is seen")
+    rep_ax.set_title("repetition")
+    rep_ax.legend(fontsize=8)
+    fig.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.14, wspace=0.35)
+    return fig
+
+
+def mixture_html(m: dict) -> str:
+    """The mixture report as one self-contained HTML page: the table, the charts inline, the JSON."""
+    try:
+        buf = io.BytesIO()
+        mixture_figure(m).savefig(buf, format="png")
+        img = f'<img alt="mixture charts" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+    except ValueError as e:
+        img = f"<p><em>{html.escape(str(e))}</em></p>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>packer mixture</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1250px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style>
+</head><body>
+<h1>packer mixture</h1>
+<p>{html.escape(_mixture_line(m))}</p>
+{_html_table(_mixture_head(m), mixture_rows(m))}
+{img}
+<details><summary>figures as JSON (schema {html.escape(m['schema'])})</summary><pre>{html.escape(json.dumps(m, indent=2))}</pre></details>
+</body></html>
+"""
 
 
 def check_report(path):
