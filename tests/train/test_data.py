@@ -365,8 +365,8 @@ def _by_a_function(items):  # not one of the two built-in collates: the items pa
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batch_size_yields_the_dataloaders_batches(sample_dataset, num_workers):
-    """PackedDataset(batch_size=B) through DataLoader(batch_size=None) gives the batches that
-    DataLoader(batch_size=B, collate_fn=...) makes of the items: for both built-in collates (cut
+    """PackedDataset(batch_size=B) through DataLoader(batch_size=None, any num_workers) gives the batches
+    that DataLoader(batch_size=B, collate_fn=...) makes of the items without workers: for both built-in collates (cut
     from blocks), another collate (built from items), document ids, padding and the short last batch."""
     cases = [(3, collate_varlen, {}), (8, collate_varlen, {"return_document_ids": True}),
              (5, collate_padded, {"pad_to": 1024, "return_document_ids": True}), (4, _by_a_function, {}),
@@ -377,8 +377,10 @@ def test_batch_size_yields_the_dataloaders_batches(sample_dataset, num_workers):
         items = PackedDataset(sample_dataset, seed=7, **kw)
         batched = PackedDataset(sample_dataset, seed=7, batch_size=size, collate_fn=collate, **kw)
         n = 3 if kw.get("return_attention_mask") else None  # dense masks: a prefix is enough
-        expected = list(itertools.islice(DataLoader(items, batch_size=size, collate_fn=_FromPlainDicts(collate),
-                                                    num_workers=num_workers), n))
+        # The rank's batches are its units of the global order, whichever worker cuts them: with workers too
+        # they equal the item loader's batches without workers (item loaders with workers batch each
+        # worker's own items, a different grouping).
+        expected = list(itertools.islice(DataLoader(items, batch_size=size, collate_fn=_FromPlainDicts(collate)), n))
         got = list(itertools.islice(DataLoader(batched, batch_size=None, num_workers=num_workers), n))
         _same_batches(got, expected)
         if num_workers == 0 and n is None:
