@@ -409,3 +409,48 @@ def test_batch_size_resumes_after_k_batches(sample_dataset):
         resumed = PackedDataset(sample_dataset, seed=5, batch_size=6)
         resumed.load_state_dict(state)
         _same_batches(head + list(resumed), full)
+
+
+# -- block shuffle and read-ahead hints ------------------------------------------------------
+
+
+def test_block_order_is_a_bijection_reading_whole_blocks():
+    from packer.train.order import block_order, spread
+
+    for n, block, window in ((1, 4, 2), (10, 2, 2), (97, 8, 3), (1000, 16, 4), (1024, 16, 4), (5, 8, 4)):
+        order = block_order(np.arange(n), n, block, window, seed=1, epoch=0)
+        assert sorted(order.tolist()) == list(range(n))
+        assert block_order(np.arange(n)[::-1], n, block, window, 1, 0).tolist() == order[::-1].tolist()  # pointwise
+        blocks, seen, p = order // block, [], 0  # windows: runs of `window` blocks, each block whole
+        while p < n:
+            ids = {int(blocks[p])}
+            q = p
+            while q < n and (len(ids | {int(blocks[q])}) <= window):
+                ids.add(int(blocks[q]))
+                q += 1
+            chunk = order[p:q]
+            assert set(chunk.tolist()) == {r for b in ids for r in range(b * block, min((b + 1) * block, n))}
+            seen += chunk.tolist()
+            p = q
+        assert sorted(seen) == list(range(n))
+    n = 20_000
+    full = data.permute(np.arange(n), n, 0, 0)
+    blocked = block_order(np.arange(n), n, 64, 16, 0, 0)
+    assert block_order(np.arange(n), n, 64, 16, 0, 1).tolist() != blocked.tolist()  # reshuffled per epoch
+    assert abs(spread(full, n, 64) - 1) < 0.02
+    assert abs(spread(blocked, n, 64) - (1 - 1 / 16)) < 0.03
+    assert spread(np.arange(n), n, 64) < 0.01
+
+
+def test_block_shuffle_loads_and_hints_reads(sample_dataset):
+    keys = _all_keys(sample_dataset)
+    ds = PackedDataset(sample_dataset, shuffle="block", shuffle_block=8, shuffle_window=4, seed=1)
+    hints = []
+    ds._open()[0].will_read = lambda rows: hints.append(np.asarray(rows).copy())
+    got = _keys_of(ds)
+    assert sorted(got) == sorted(keys) and got != keys
+    assert np.concatenate(hints).tolist() == ds.epoch_rows(ds.split()).tolist()  # told before read, in order
+    stored = [keys.index(k) for k in got[:32]]  # the first window: 4 blocks of 8 stored rows
+    assert len({r // 8 for r in stored}) == 4
+    with pytest.raises(ValueError, match="is not an order"):
+        PackedDataset(sample_dataset, shuffle="blocks")
