@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.store.dataset import open_dataset, read_rows
 from packer.train.blend import Blend, Source
-from packer.train.items import _block_batch, _block_items, _make_block, collate_padded, collate_varlen
+from packer.train.items import _POOL, _block_batch, _block_items, _make_block, collate_padded, collate_varlen
 from packer.train.order import check_shuffle, epoch_order, permute
 from packer.train.partition import (
     Progress,
@@ -378,7 +378,7 @@ class PackedDataset(IterableDataset):
         """What one block of rows yields: its items, or with batch_size its batches."""
         block = _make_block(*rows, self.pad_to, self.pad_id, self.return_document_ids)
         if self.return_source_ids:
-            block.fields["source_ids"] = torch.from_numpy(np.repeat(sources, block.rows.row_len))
+            block.fields["source_ids"] = torch.from_numpy(_source_ids(sources, block.row_start_list))
         n, size = len(block.row_start_list) - 1, self.batch_size
         if size is None:
             return _block_items(block, self.return_attention_mask)
@@ -387,3 +387,12 @@ class PackedDataset(IterableDataset):
             return [_block_batch(block, r, min(r + size, n), padded) for r in range(0, n, size)]
         items = _block_items(block, self.return_attention_mask)
         return [self.collate_fn(items[r:r + size]) for r in range(0, n, size)]
+
+
+def _source_ids(sources: np.ndarray, row_starts: list) -> np.ndarray:
+    """int64, one per token of the block: its row's source. A pooled buffer filled row by row: a fresh
+    array would be page-faulted in again on every block (the same cost items.py measured)."""
+    out = _POOL.take(row_starts[-1])
+    for k, source in enumerate(sources.tolist()):
+        out[row_starts[k]:row_starts[k + 1]] = source
+    return out

@@ -156,3 +156,25 @@ def test_hf_batches_over_a_blend(two_datasets):
     batches = list(HFBatches(ds, 4, return_row_ids=True))
     assert len(batches) == len(HFBatches(ds, 4)) and sum(len(b["row_ids"]) for b in batches) == 32
     assert all(b["source_ids"].shape == b["input_ids"].shape for b in batches)
+
+
+def test_per_source_loss_example_logs_each_source(two_datasets, one_torch_thread):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "per_source_loss", Path(__file__).resolve().parents[2] / "examples" / "per_source_loss.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    lines = []
+    losses = example.train(two_datasets, {"long": 0.5, "short": 0.5}, steps=3, batch_size=2, dim=32,
+                           log=lines.append)
+    assert set(losses) == {"long", "short"} and all(0 < v < 20 for v in losses.values())
+    assert "long" in lines[0] and "short" in lines[0]
+    # the per-source sums add up to the batch's loss
+    torch.manual_seed(0)
+    logits, labels = torch.randn(10, 7), torch.tensor([-100, 1, 2, 3, -100, 4, 5, 6, 1, 2])
+    sources = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 0, 0])
+    token_loss = torch.nn.functional.cross_entropy(logits[:-1], labels[1:], ignore_index=-100, reduction="none")
+    sums, counts = example.source_losses(token_loss, labels, sources, 2)
+    assert counts.tolist() == [5, 3] and torch.isclose(sums.sum() / counts.sum(), token_loss[labels[1:] != -100].mean())
