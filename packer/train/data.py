@@ -356,9 +356,7 @@ class PackedDataset(IterableDataset):
         units_per_chunk = units_per_block * max(1, ORDER_CHUNK // (units_per_block * self.unit))
         units = np.arange(split["worker"] + split["num_workers"] * skip, rank_units(n, self.unit, world, rank),
                           split["num_workers"])
-        items_before = int(unit_positions(np.arange(split["worker"], units[0] if len(units) else 0,
-                                                    split["num_workers"]), n, self.unit, world, rank)[1].sum())
-        self._done, self._block_iter = (skip, items_before), None
+        self._done, self._block_iter = (skip, self._items_in(skip, split, n)), None
         for c in range(0, len(units), units_per_chunk):
             positions, sizes = unit_positions(units[c:c + units_per_chunk], n, self.unit, world, rank)
             datasets, rows, sources = self._rows_at(progress.position(positions))
@@ -373,6 +371,15 @@ class PackedDataset(IterableDataset):
                 yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
                 self._done = (self._done[0] + n_units, self._done[1] + hi - lo)
                 self._block_iter = None
+
+    def _items_in(self, units: int, split: dict, n: int) -> int:
+        """Items in this worker's first `units` units: whole units, but for the rank's short last one."""
+        mine = range(split["worker"], rank_units(n, self.unit, split["world_size"], split["rank"]),
+                     split["num_workers"])
+        if units < len(mine) or not len(mine):
+            return units * self.unit
+        last = unit_positions(np.array([mine[-1]]), n, self.unit, split["world_size"], split["rank"])[1]
+        return (len(mine) - 1) * self.unit + int(last[0])
 
     def _block_units(self, rows, sources) -> list:
         """What one block of rows yields: its items, or with batch_size its batches."""
