@@ -191,6 +191,8 @@ class PackedDataset(IterableDataset):
         """Use the order of `epoch`. A state loaded for another epoch is dropped."""
         if self._resume is not None and self._resume["epoch"] != epoch:
             self._resume = None
+        if epoch != self.epoch:
+            self._iter, self._done, self._block_iter = None, (0, 0), None
         self.epoch = epoch
 
     def split(self) -> dict:
@@ -243,16 +245,20 @@ class PackedDataset(IterableDataset):
         """Where this process is in the epoch: {seed, shuffle, epoch, yielded (items), units (items or
         batches), its split, unit, progress (what the epoch consumed before this iteration began), order
         length and order}."""
-        if self._resume is not None:
-            return dict(self._resume)
-        split = self._iter[0] if self._iter else {**self.split(), "unit": self.unit}
-        progress = self._iter[1] if self._iter else Progress(self.n_sequences)
-        length = self._iter[2] if self._iter else self._order_length(len(progress), split["world_size"])
+        if self._resume is not None or not self._iter:  # not started: where the next pass would begin
+            split = {**self.split(), "unit": self.unit}
+            progress, skip = self._resolve(split)
+            length = self._order_length(len(progress), split["world_size"])
+            return self._state(split, progress, length, skip, self._items_in(skip, split, length))
+        split, progress, length = self._iter
         units, items = self._done
         if self._block_iter is not None:  # what was taken from the current block
             block_iter, n_units, n_items = self._block_iter
             taken = n_units - operator.length_hint(block_iter)
             units, items = units + taken, items + min(n_items, taken * self.unit)
+        return self._state(split, progress, length, units, items)
+
+    def _state(self, split, progress, length, units, items) -> dict:
         return {"seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch, "yielded": items, "units": units,
                 **split, "progress": [progress.n, progress.done, [list(h) for h in progress.holes]],
                 "order_length": length, "order": self._order_key()}
@@ -281,8 +287,15 @@ class PackedDataset(IterableDataset):
                              "starts at an epoch boundary (set_epoch)")
 
     def _start(self, split: dict) -> tuple[Progress, int]:
-        """(progress before this iteration, units of it this process already yielded) from a loaded state."""
-        state, self._resume = self._resume, None
+        """(progress before this iteration, units of it this process already yielded) from a loaded state,
+        which it consumes."""
+        try:
+            return self._resolve(split)
+        finally:
+            self._resume = None
+
+    def _resolve(self, split: dict) -> tuple[Progress, int]:
+        state = self._resume
         if state is None:
             return Progress(self.n_sequences), 0
         self._check_order(state)

@@ -197,3 +197,15 @@ def test_progress_maps_and_merges():
     state = {"num_workers": 2, "unit": 2, "world_size": 1, "progress": [10, 0, []], "order_length": 10}
     got = job_progress([{**state, "worker": 0, "units": 2}, {**state, "worker": 1, "units": 0}])
     assert (got.done, got.holes) == (2, ((4, 6),))  # units 0 and 2 of worker 0; unit 1 not yet
+
+
+def test_a_resumed_worker_saves_its_new_place_before_it_starts(sample_dataset, workers):
+    """A worker of the new job that has yielded nothing yet (StatefulDataLoader's startup snapshot) already
+    reports the new job's split and the loaded progress, so saving again right away resumes right."""
+    _, states = run_job(lambda **kw: PackedDataset(sample_dataset, batch_size=2, **kw), 2, 2, 5)
+    _as(0, 1)  # the new job's worker: the main process here
+    ds = PackedDataset(sample_dataset, batch_size=2, rank=1, world_size=3)
+    ds.load_state_dict(states)
+    fresh = ds.state_dict()
+    assert (fresh["rank"], fresh["world_size"], fresh["num_workers"], fresh["units"]) == (1, 3, 1, 0)
+    assert job_progress([fresh]) == job_progress(states) and job_progress(states).done == 5 * 2 * 2
