@@ -1,13 +1,16 @@
-"""PackedDataset: a torch IterableDataset over a built dataset: seeded epoch order, ranks, workers, resume.
+"""PackedDataset: a torch IterableDataset over a built dataset (or a weighted blend of several, or of one's
+named sources): a seeded global epoch order, striped over ranks and workers, resumable at any world size.
 
 Items and batches are built by packer/train/items.py (its docstring draws them).
 
-Epoch order, ranks and workers: position p = 0..N-1 of an epoch holds sequence perm(p), a seeded
-bijection of [0, N) computed on demand (no N-sized array). Rank r owns positions r, r + W_r,
-r + 2 W_r, ... (W_r = world size); its DataLoader worker w of W_w owns every W_w-th of those,
-starting at its w-th. So each sequence is yielded once per epoch over all ranks and workers.
-`drop_last` first cuts N to a multiple of the world size (at most world_size - 1 dropped,
-different ones each epoch).
+The global order: position g = 0..N-1 of an epoch holds one stored row, from the order (train/order.py:
+full shuffle, block shuffle or storage order) or the blend (train/blend.py), computed on demand for any
+positions (no N-sized array). Ranks and DataLoader workers read it striped batch-major (train/partition.py
+draws it): after k batches on every rank the job has read exactly positions [0, k * batch_size * world).
+So the state of any one rank tells what the whole job consumed, and a job of another world size or
+num_workers continues the same order from there (`load_state_dict` of the StatefulDataLoader's state).
+`drop_last` first cuts N to a multiple of the world size (at most world_size - 1 dropped, different
+ones each epoch).
 
 Speed: rows are read a block at a time (`ds.views`, one lookup) and built in one vectorized pass
 per field into a buffer from a small pool; item tensors are views of the block's, and the
@@ -20,100 +23,107 @@ baseline: batches 29% (26% on a busy box), items + collate_varlen 21%, a per-ite
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
+from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.store.dataset import open_dataset, read_rows
-from packer.train.items import _block_batch, _block_items, _make_block, collate_padded, collate_varlen
-from packer.train.partition import check_rank, current_split, rank_world
+from packer.train.blend import Blend, Source
+from packer.train.items import _POOL, _block_batch, _block_items, _make_block, collate_padded, collate_varlen
+from packer.train.order import check_shuffle, epoch_order, permute
+from packer.train.partition import (
+    Progress,
+    check_rank,
+    current_split,
+    job_progress,
+    rank_items,
+    rank_units,
+    rank_world,
+    unit_positions,
+)
+
+__all__ = ["PackedDataset", "permute"]
 
 # Rows built per vectorized step: about this many tokens (64 rows of 4096). Measured 2026-11-29
 # (busy 2-core box, context 4096, bench_loader): blocks of 8 / 32 / 64 / 128 rows gave 7 / 10 /
 # 12 / 13% of the raw memmap baseline; 64 keeps a block's buffer at 6 MiB.
 BLOCK_TOKENS = 2**18
-ORDER_CHUNK = 8192  # epoch positions mapped to sequences per permute() call
+ORDER_CHUNK = 8192  # epoch positions mapped to rows per step (and told to the reader's will_read)
+_SPLIT_KEYS = ("rank", "world_size", "worker", "num_workers", "unit")
 
 
-# -- epoch order ---------------------------------------------------------------------------
-
-
-_ROUNDS = 4  # Luby-Rackoff: 4 rounds of a strong round function give a strong pseudorandom permutation
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a fast, well-spread hash of uint64 values (wrapping arithmetic)."""
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
-
-
-@functools.lru_cache(maxsize=16)
-def _round_keys(seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch, 0x5EED]).integers(0, 2**63, size=_ROUNDS, dtype=np.uint64)
-
-
-def permute(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
-    """perm(positions) for a seeded bijection perm of [0, n): the epoch order, without an n-array.
-
-    A balanced Feistel network over the smallest even bit width 2h with 2^(2h) >= n, and cycle
-    walking: values that land outside [0, n) go through the network again until they fall
-    inside, which keeps the map a bijection of [0, n) (at most 4x the domain, so few walks).
-    """
-    half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
-    mask = np.uint64((1 << half) - 1)
-    keys = _round_keys(seed, epoch)
-    x = np.asarray(positions, dtype=np.uint64).copy()
-    todo = np.arange(len(x))
-    with np.errstate(over="ignore"):
-        while len(todo):
-            left, right = x[todo] >> np.uint64(half), x[todo] & mask
-            for key in keys:
-                left, right = right, left ^ (_mix(right ^ key) & mask)
-            x[todo] = (left << np.uint64(half)) | right
-            todo = todo[x[todo] >= np.uint64(n)]
-    return x.astype(np.int64)
-
-
-# -- the dataset ---------------------------------------------------------------------------
+def _sources_of(manifest: dict, dataset: int, name: str) -> list[Source]:
+    """A dataset's sources: manifest["sources"] (each a contiguous row range), else the whole dataset as one."""
+    n = int(manifest["totals"]["sequences"])
+    named = manifest.get("sources") or [{"name": name, "sequences": [0, n]}]
+    out = [Source(str(s["name"]), dataset, int(s["sequences"][0]), int(s["sequences"][1])) for s in named]
+    ends = [s.start for s in out[1:]] + [n]
+    if out[0].start != 0 or any(s.end != e or s.start > s.end for s, e in zip(out, ends)):
+        raise ValueError(f"manifest sources of {name} are not contiguous row ranges covering [0, {n}): "
+                         f"{[(s.name, s.start, s.end) for s in out]}; rebuild the dataset")
+    return out
 
 
 class PackedDataset(IterableDataset):
     """Iterate a dataset built by `packer build` (any format `open_dataset` reads), shuffled per
-    epoch, split over ranks and DataLoader workers, resumable mid-epoch.
+    epoch, split over ranks and DataLoader workers, resumable mid-epoch at the same or another world size.
+
+    path: one dataset; or {name: path, ...} / [path, ...] several, blended with `weights`
+    ({name: w} / [w, ...]; default: in proportion to their rows). weights={source: w} with one path blends
+    the named sources of one dataset (manifest["sources"]). `num_samples` is a blend's epoch length
+    (default: the sources' rows together); `source_names` names the sources, in the order of their ids.
+
+    shuffle: True (a full seeded shuffle), "block" (blocks of `shuffle_block` consecutive rows in a seeded
+    order, rows shuffled within each `shuffle_window` blocks: coalesced reads from object stores), False.
 
     rank / world_size default to torch.distributed's when it is initialised, else 0 / 1.
     state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: the state is that of
     the process iterating (with num_workers > 0, each worker's own copy, which StatefulDataLoader
-    saves and restores per worker), and loading it makes the next iteration yield exactly the
-    rest of that epoch, in the same order.
+    saves and restores per worker). load_state_dict also takes a whole StatefulDataLoader state_dict
+    (every worker's state) of any one rank, saved at any world size and num_workers: the job then
+    continues the same global order (docs/loading.md, "The global order").
 
     batch_size=B makes it yield batches instead of items: `collate_fn` (collate_varlen or
-    collate_padded, or any function of a list of items) of each B consecutive items of this
-    process's order, the last batch of an epoch shorter. Use it with DataLoader(batch_size=None):
-    the batches equal those of DataLoader(batch_size=B, collate_fn=...) over the item form, but the
-    two built-in collates are cut straight from each block of rows, with no per-item tensors or
-    dicts (several times faster; benchmarks/bench_loader.py). `len()` then counts batches as one
-    process forms them; each DataLoader worker ends its share with its own shorter batch.
+    collate_padded, or any function of a list of items) of each unit of B consecutive positions of
+    this rank (the last one shorter). Use it with DataLoader(batch_size=None): with num_workers=0 the
+    batches equal those of DataLoader(batch_size=B, collate_fn=...) over the item form, and with any
+    num_workers they are the same batches in the same order. The two built-in collates are cut straight
+    from each block of rows, with no per-item tensors or dicts (several times faster;
+    benchmarks/bench_loader.py). `len()` then counts the rank's batches.
+
+    return_source_ids=True adds `source_ids` (int64, one per token: the source of its row).
     """
 
-    def __init__(self, path, *, shuffle: bool = True, seed: int = 0, epoch: int = 0, pad_to: int | None = None,
-                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
-                 return_attention_mask: bool = False, return_document_ids: bool = False,
-                 batch_size: int | None = None, collate_fn=None):
-        manifest = open_dataset(path).manifest
-        self.path, self.manifest = path, manifest
-        self.n_sequences = int(manifest["totals"]["sequences"])
-        self.context_length = int(manifest["config"]["context_length"])
-        self.pad_id = int(manifest["config"].get("pad_id", 0))
+    def __init__(self, path, *, weights=None, num_samples: int | None = None, mix_by: str = "sequences",
+                 shuffle=True, shuffle_block: int = 64, shuffle_window: int = 16, seed: int = 0, epoch: int = 0,
+                 pad_to: int | None = None, rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False, return_attention_mask: bool = False, return_document_ids: bool = False,
+                 return_source_ids: bool = False, batch_size: int | None = None, collate_fn=None):
+        self.path = path
+        names, self.paths = self._paths(path)
+        self.manifests = [open_dataset(p).manifest for p in self.paths]
+        self.manifest = self.manifests[0]
+        self._row_base = np.cumsum([0] + [int(m["totals"]["sequences"]) for m in self.manifests])
+        self.context_length = max(int(m["config"]["context_length"]) for m in self.manifests)
+        pad_ids = {int(m["config"].get("pad_id", 0)) for m in self.manifests}
+        if len(pad_ids) > 1 and pad_to is not None:
+            raise ValueError(f"the blended datasets pad with different ids {sorted(pad_ids)}; rebuild them with "
+                             "one pad id, or leave pad_to=None")
+        self.pad_id = int(self.manifest["config"].get("pad_id", 0))
         if pad_to is not None and pad_to < self.context_length:
             raise ValueError(f"pad_to={pad_to} is shorter than the dataset's context length {self.context_length} "
                              f"({path}); use pad_to >= {self.context_length}, or None")
+        self.sources = [s for d, (m, name) in enumerate(zip(self.manifests, names)) for s in _sources_of(m, d, name)]
+        self.source_names = [s.name for s in self.sources]
+        self.blend = self._blend(weights, num_samples, mix_by)
+        self.n_sequences = self.blend.length if self.blend else int(self._row_base[-1])
         check_rank(rank, world_size)
-        self.shuffle, self.seed, self.epoch, self.pad_to, self.drop_last = shuffle, seed, epoch, pad_to, drop_last
+        self.order = check_shuffle(shuffle, shuffle_block, shuffle_window)
+        self.shuffle, self.shuffle_block, self.shuffle_window = shuffle, shuffle_block, shuffle_window
+        self.seed, self.epoch, self.pad_to, self.drop_last = seed, epoch, pad_to, drop_last
         self.rank, self.world_size = rank, world_size
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1 (or None to yield items)")
@@ -122,19 +132,67 @@ class PackedDataset(IterableDataset):
                              "to the DataLoader")
         self.batch_size, self.collate_fn = batch_size, collate_fn or collate_varlen
         self.return_attention_mask, self.return_document_ids = return_attention_mask, return_document_ids
-        self._ds = None
-        self._yielded = 0  # items this process yielded in the current epoch before the current block
-        self._block_iter = None  # (iterator over the block's items or batches, their count, items, items per one)
+        self.return_source_ids = return_source_ids
+        self._dss = None
+        self._done = (0, 0)  # (units, items) this process yielded in the current epoch before the current block
+        self._block_iter = None  # (iterator over the block's items or batches, their count, items)
         self._resume: dict | None = None  # a loaded state, applied by the next __iter__
-        self._iter_split: dict | None = None  # the split of the iteration in progress
+        self._iter = None  # (split, progress, order length) of the iteration in progress
+
+    @staticmethod
+    def _paths(path) -> tuple[list[str], list]:
+        if isinstance(path, dict):
+            return [str(k) for k in path], list(path.values())
+        if isinstance(path, (list, tuple)):
+            return [Path(str(p)).name or str(p) for p in path], list(path)
+        return [Path(str(path)).name or str(path)], [path]
+
+    def _blend(self, weights, num_samples, mix_by) -> Blend | None:
+        if mix_by not in ("sequences", "tokens"):
+            raise ValueError(f"mix_by={mix_by!r}: use 'sequences' or 'tokens'")
+        if weights is None and len(self.paths) == 1:
+            if num_samples is not None:
+                raise ValueError("num_samples sets a blend's length: pass weights too")
+            return None
+        sizes = np.array([s.end - s.start for s in self.sources], np.float64)
+        if weights is None:
+            w = sizes
+        elif isinstance(weights, dict):
+            unknown = sorted(set(weights) - set(self.source_names))
+            if unknown:
+                raise ValueError(f"weights name {unknown}, not sources of {self.path}: its sources are "
+                                 f"{self.source_names}")
+            w = np.array([float(weights.get(name, 0.0)) for name in self.source_names])
+        else:
+            w = np.asarray(list(weights), np.float64)
+            if len(w) != len(self.sources):
+                raise ValueError(f"{len(w)} weights for {len(self.sources)} sources {self.source_names}")
+        if mix_by == "tokens":  # sequence weights that give these token shares: w_s / mean row length
+            w = w / np.maximum(self._mean_lengths(), 1)
+        length = int(num_samples) if num_samples is not None else int(sizes.sum())
+        return Blend(self.sources, w, length)
+
+    def _mean_lengths(self) -> np.ndarray:
+        out = []
+        for s in self.sources:
+            m = self.manifests[s.dataset]
+            named = {x["name"]: x for x in m.get("sources") or []}
+            tokens = named.get(s.name, {}).get("tokens")
+            if tokens is None:  # the dataset's mean, where the manifest has no per-source count
+                return_rows = int(m["totals"]["sequences"])
+                tokens = m["totals"].get("tokens_out", 0) / max(return_rows, 1) * (s.end - s.start)
+            out.append(float(tokens) / max(s.end - s.start, 1))
+        return np.array(out)
 
     def __getstate__(self):  # DataLoader workers open their own copy: memory maps do not pickle
-        return {**self.__dict__, "_ds": None}
+        return {**self.__dict__, "_dss": None}
 
     def set_epoch(self, epoch: int):
         """Use the order of `epoch`. A state loaded for another epoch is dropped."""
         if self._resume is not None and self._resume["epoch"] != epoch:
             self._resume = None
+        if epoch != self.epoch:
+            self._iter, self._done, self._block_iter = None, (0, 0), None
         self.epoch = epoch
 
     def split(self) -> dict:
@@ -145,15 +203,26 @@ class PackedDataset(IterableDataset):
         """(rank, world size) this dataset reads as: the given ones, else torch.distributed's, else (0, 1)."""
         return rank_world(self.rank, self.world_size)
 
+    @property
+    def unit(self) -> int:
+        return self.batch_size or 1
+
+    def _order_length(self, n: int, world: int) -> int:
+        return n // world * world if self.drop_last else n
+
     def rank_count(self, rank: int, world: int) -> int:
         """Sequences rank `rank` of `world` yields per epoch (over all its workers)."""
-        n = self.n_sequences // world * world if self.drop_last else self.n_sequences
-        return len(range(rank, n, world))
+        return rank_items(self._order_length(self.n_sequences, world), self.unit, world, rank)
 
     def epoch_rows(self, split: dict) -> np.ndarray:
-        """int64: the stored row index of each item `split` yields this epoch, in order."""
-        positions = self._positions(split, 0)
-        return permute(positions, self.n_sequences, self.seed, self.epoch) if self.shuffle else positions
+        """int64: the row index of each item `split` yields this epoch, in order (over several datasets,
+        the datasets' rows counted one after another)."""
+        n = self._order_length(self.n_sequences, split["world_size"])
+        units = np.arange(split["worker"], rank_units(n, self.unit, split["world_size"], split["rank"]),
+                          split["num_workers"])
+        positions, _ = unit_positions(units, n, self.unit, split["world_size"], split["rank"])
+        datasets, rows, _ = self._rows_at(positions)
+        return self._row_base[datasets] + rows
 
     @property
     def resuming(self) -> bool:
@@ -162,74 +231,174 @@ class PackedDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Sequences this rank yields per epoch (over all its workers); with batch_size, batches."""
-        n = self.rank_count(*self.rank_world())
-        return n if self.batch_size is None else -(-n // self.batch_size)
+        rank, world = self.rank_world()
+        n = self._order_length(self.n_sequences, world)
+        return rank_items(n, 1, world, rank) if self.batch_size is None else rank_units(n, self.unit, world, rank)
+
+    def _order_key(self) -> str:
+        order = f"{self.order}:{self.shuffle_block}:{self.shuffle_window}" if self.order == "block" else self.order
+        return f"{order}:{self.blend.fingerprint() if self.blend else self.n_sequences}"
+
+    # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """{seed, shuffle, epoch, yielded, rank, world_size, worker, num_workers}: where this process
-        is in the epoch (`yielded` items so far, as its split sees them)."""
-        split = self._iter_split or self.split()
-        yielded = self._yielded if self._resume is None else self._resume["yielded"]
-        if self._resume is None and self._block_iter is not None:  # items taken from the current block
-            block_iter, n_units, n_items, per_unit = self._block_iter
-            yielded += min(n_items, (n_units - operator.length_hint(block_iter)) * per_unit)
-        return {"seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch, "yielded": yielded, **split}
+        """Where this process is in the epoch: {seed, shuffle, epoch, yielded (items), units (items or
+        batches), its split, unit, progress (what the epoch consumed before this iteration began), order
+        length and order}."""
+        if self._resume is not None or not self._iter:  # not started: where the next pass would begin
+            split = {**self.split(), "unit": self.unit}
+            progress, skip = self._resolve(split)
+            length = self._order_length(len(progress), split["world_size"])
+            return self._state(split, progress, length, skip, self._items_in(skip, split, length))
+        split, progress, length = self._iter
+        units, items = self._done
+        if self._block_iter is not None:  # what was taken from the current block
+            block_iter, n_units, n_items = self._block_iter
+            taken = n_units - operator.length_hint(block_iter)
+            units, items = units + taken, items + min(n_items, taken * self.unit)
+        return self._state(split, progress, length, units, items)
 
-    def load_state_dict(self, state: dict):
+    def _state(self, split, progress, length, units, items) -> dict:
+        return {"seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch, "yielded": items, "units": units,
+                **split, "progress": [progress.n, progress.done, [list(h) for h in progress.holes]],
+                "order_length": length, "order": self._order_key()}
+
+    def load_state_dict(self, state):
+        """Resume from `state`: this process's own state_dict (resumes its own place), or a
+        StatefulDataLoader state_dict, or a list of every worker's state of one rank (the job then
+        continues the global order at any world size and num_workers)."""
+        if isinstance(state, dict) and "_snapshot" in state:  # StatefulDataLoader with workers
+            state = [w["dataset_state"] for w in state["_snapshot"]["_worker_snapshots"].values()]
+        elif isinstance(state, dict) and "dataset_state" in state:  # StatefulDataLoader, num_workers=0
+            state = state["dataset_state"]
+        if isinstance(state, (list, tuple)):
+            self._check_order(state[0])
+            progress = job_progress(list(state))
+            state = {**state[0], "progress": [progress.n, progress.done, [list(h) for h in progress.holes]],
+                     "elastic": True}
         self.epoch = state["epoch"]
         self._resume = dict(state)
 
-    def _check_resume(self, split: dict) -> int:
-        state, self._resume = self._resume, None
-        if state is None:
-            return 0
-        differ = [key for key, value in split.items() if state[key] != value]
-        if differ:
-            saved = ", ".join(f"{k}={state[k]}" for k in differ)
-            here = ", ".join(f"{k}={split[k]}" for k in differ)
-            raise ValueError(f"resume state was saved with {saved}; this loader has {here}: resume with the same "
-                             "ranks, world size and DataLoader num_workers")
-        if (state["seed"], state["shuffle"]) != (self.seed, self.shuffle):
-            raise ValueError(f"resume state was saved with seed={state['seed']}, shuffle={state['shuffle']}; "
-                             f"this dataset has seed={self.seed}, shuffle={self.shuffle}")
-        return int(state["yielded"])
+    def _check_order(self, state: dict):
+        if (state["seed"], state["shuffle"], state.get("order")) != (self.seed, self.shuffle, self._order_key()):
+            raise ValueError(f"resume state was saved with seed={state['seed']}, shuffle={state['shuffle']}, order "
+                             f"{state.get('order')}; this dataset has seed={self.seed}, shuffle={self.shuffle}, "
+                             f"order {self._order_key()}: a changed order (weights, num_samples, shuffle) "
+                             "starts at an epoch boundary (set_epoch)")
 
-    def _positions(self, split: dict, skip: int) -> np.ndarray:
-        """Epoch positions this process yields, in order, after its first `skip`."""
-        rank, world, worker, n_workers = split["rank"], split["world_size"], split["worker"], split["num_workers"]
-        local = np.arange(worker + n_workers * skip, self.rank_count(rank, world), n_workers, dtype=np.int64)
-        return rank + world * local
+    def _start(self, split: dict) -> tuple[Progress, int]:
+        """(progress before this iteration, units of it this process already yielded) from a loaded state,
+        which it consumes."""
+        try:
+            return self._resolve(split)
+        finally:
+            self._resume = None
+
+    def _resolve(self, split: dict) -> tuple[Progress, int]:
+        state = self._resume
+        if state is None:
+            return Progress(self.n_sequences), 0
+        self._check_order(state)
+        n, done, holes = state["progress"]
+        progress = Progress(n, done, tuple(map(tuple, holes)))
+        if state.get("elastic"):
+            return progress, 0
+        if all(state[k] == split[k] for k in _SPLIT_KEYS):
+            return progress, int(state["units"])
+        if state["num_workers"] == 1:  # the whole rank: the job's progress follows
+            return job_progress([state]), 0
+        differ = [k for k in _SPLIT_KEYS if state[k] != split[k]]
+        saved = ", ".join(f"{k}={state[k]}" for k in differ)
+        here = ", ".join(f"{k}={split[k]}" for k in differ)
+        raise ValueError(f"resume state was saved with {saved}; this loader has {here}: one worker's state "
+                         "resumes only that worker; to resume at another world size or num_workers pass every "
+                         "worker's state (the StatefulDataLoader's state_dict()) to PackedDataset.load_state_dict")
+
+    # -- the order and the rows ----------------------------------------------------------------
+
+    def _rows_at(self, positions: np.ndarray):
+        """(dataset, row in it, source) of each global position of this epoch."""
+        if self.blend is not None:
+            return self.blend.rows(positions, self.order, self.seed, self.epoch, self.shuffle_block,
+                                   self.shuffle_window)
+        rows = epoch_order(positions, self.n_sequences, self.order, self.seed, self.epoch, self.shuffle_block,
+                           self.shuffle_window)
+        datasets = np.zeros(len(rows), np.int64)
+        if len(self.sources) == 1 or not self.return_source_ids:
+            return datasets, rows, datasets
+        starts = np.array([s.start for s in self.sources[1:]], np.int64)
+        return datasets, rows, np.searchsorted(starts, rows, side="right")
+
+    def _open(self):
+        if self._dss is None:
+            self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
+        return self._dss
+
+    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list]:
+        dss = self._open()
+        if len(dss) == 1:
+            return read_rows(dss[0], rows)
+        tokens, offsets, picked = [], [], []
+        for d in np.unique(datasets).tolist():
+            here = np.flatnonzero(datasets == d)
+            t, o = read_rows(dss[d], rows[here])
+            tokens += t
+            offsets += o
+            picked.append(here)
+        back = np.argsort(np.concatenate(picked), kind="stable").tolist()
+        return [tokens[k] for k in back], [offsets[k] for k in back]
+
+    def _will_read(self, datasets: np.ndarray, rows: np.ndarray):
+        """Tell readers that can read ahead (streamed stores: ds.will_read) the rows coming next."""
+        for d, ds in enumerate(self._open()):
+            hint = getattr(ds, "will_read", None)
+            if hint is not None:
+                hint(rows[datasets == d] if len(self._dss) > 1 else rows)
 
     def __iter__(self):
-        split = self._iter_split = self.split()
-        skip = self._check_resume(split)
-        if self._ds is None:
-            self._ds = open_dataset(self.path)  # opened per process: memory maps do not pickle
-        positions = self._positions(split, skip)
+        split = {**self.split(), "unit": self.unit}
+        progress, skip = self._start(split)
+        world, rank = split["world_size"], split["rank"]
+        n = self._order_length(len(progress), world)
+        self._iter = (split, progress, n)
         length = self.pad_to or self.context_length
         block = max(1, BLOCK_TOKENS // length)
         if self.return_attention_mask:  # a block's dense masks within 64 MiB (4 rows of 4096)
             block = min(block, max(1, 2**26 // length**2))
-        per_unit = self.batch_size or 1
-        block = -(-block // per_unit) * per_unit  # whole batches in a block
-        chunk = block * max(1, ORDER_CHUNK // block)  # whole blocks in a chunk
-        self._yielded, self._block_iter = skip, None
-        for c in range(0, len(positions), chunk):
-            indices = positions[c:c + chunk]
-            if self.shuffle:
-                indices = permute(indices, self.n_sequences, self.seed, self.epoch)
-            for b in range(0, len(indices), block):
-                picked = indices[b:b + block]
-                units, n_items = self._block_units(read_rows(self._ds, picked)), len(picked)
-                self._block_iter = (iter(units), len(units), n_items, per_unit)
-                del units  # only the iterator holds them: once it ends, the block's buffer is free for the next
+        units_per_block = -(-block // self.unit)
+        units_per_chunk = units_per_block * max(1, ORDER_CHUNK // (units_per_block * self.unit))
+        units = np.arange(split["worker"] + split["num_workers"] * skip, rank_units(n, self.unit, world, rank),
+                          split["num_workers"])
+        self._done, self._block_iter = (skip, self._items_in(skip, split, n)), None
+        for c in range(0, len(units), units_per_chunk):
+            positions, sizes = unit_positions(units[c:c + units_per_chunk], n, self.unit, world, rank)
+            datasets, rows, sources = self._rows_at(progress.position(positions))
+            self._will_read(datasets, rows)
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+            for b in range(0, len(sizes), units_per_block):
+                lo, hi = bounds[b], bounds[min(b + units_per_block, len(sizes))]
+                n_units = min(units_per_block, len(sizes) - b)
+                out = self._block_units(self._read(datasets[lo:hi], rows[lo:hi]), sources[lo:hi])
+                self._block_iter = (iter(out), n_units, hi - lo)
+                del out  # only the iterator holds them: once it ends, the block's buffer is free for the next
                 yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
-                self._yielded += n_items
+                self._done = (self._done[0] + n_units, self._done[1] + hi - lo)
                 self._block_iter = None
 
-    def _block_units(self, rows) -> list:
+    def _items_in(self, units: int, split: dict, n: int) -> int:
+        """Items in this worker's first `units` units: whole units, but for the rank's short last one."""
+        mine = range(split["worker"], rank_units(n, self.unit, split["world_size"], split["rank"]),
+                     split["num_workers"])
+        if units < len(mine) or not len(mine):
+            return units * self.unit
+        last = unit_positions(np.array([mine[-1]]), n, self.unit, split["world_size"], split["rank"])[1]
+        return (len(mine) - 1) * self.unit + int(last[0])
+
+    def _block_units(self, rows, sources) -> list:
         """What one block of rows yields: its items, or with batch_size its batches."""
         block = _make_block(*rows, self.pad_to, self.pad_id, self.return_document_ids)
+        if self.return_source_ids:
+            block.fields["source_ids"] = torch.from_numpy(_source_ids(sources, block.row_start_list))
         n, size = len(block.row_start_list) - 1, self.batch_size
         if size is None:
             return _block_items(block, self.return_attention_mask)
@@ -239,3 +408,11 @@ class PackedDataset(IterableDataset):
         items = _block_items(block, self.return_attention_mask)
         return [self.collate_fn(items[r:r + size]) for r in range(0, n, size)]
 
+
+def _source_ids(sources: np.ndarray, row_starts: list) -> np.ndarray:
+    """int64, one per token of the block: its row's source. A pooled buffer filled row by row: a fresh
+    array would be page-faulted in again on every block (the same cost items.py measured)."""
+    out = _POOL.take(row_starts[-1])
+    for k, source in enumerate(sources.tolist()):
+        out[row_starts[k]:row_starts[k + 1]] = source
+    return out

@@ -54,9 +54,12 @@ def collate_hf(items: list[dict]) -> dict:
 def hf_batch(batch: dict) -> dict:
     """A collate_varlen batch (input_ids [1, N], cu_seqlens, max_seqlen, ...) as the HF batch."""
     cu_seqlens, max_seqlen = batch["cu_seqlens"], int(batch["max_seqlen"])
-    return {"input_ids": batch["input_ids"], "labels": batch["labels"], "position_ids": batch["position_ids"],
-            "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
-            "max_length_k": max_seqlen, "use_cache": False}
+    out = {"input_ids": batch["input_ids"], "labels": batch["labels"], "position_ids": batch["position_ids"],
+           "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
+           "max_length_k": max_seqlen, "use_cache": False}
+    if "source_ids" in batch:  # PackedDataset(return_source_ids=True): pop it before model(**batch)
+        out["source_ids"] = batch["source_ids"]
+    return out
 
 
 # -- the same number of batches on every rank -----------------------------------------------
@@ -191,6 +194,7 @@ class PackedTrainerMixin:
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         inputs.pop("row_ids", None)
+        inputs.pop("source_ids", None)
         return super().compute_loss(model, inputs, *args, **kwargs)
 
 

@@ -365,8 +365,8 @@ def _by_a_function(items):  # not one of the two built-in collates: the items pa
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batch_size_yields_the_dataloaders_batches(sample_dataset, num_workers):
-    """PackedDataset(batch_size=B) through DataLoader(batch_size=None) gives the batches that
-    DataLoader(batch_size=B, collate_fn=...) makes of the items: for both built-in collates (cut
+    """PackedDataset(batch_size=B) through DataLoader(batch_size=None, any num_workers) gives the batches
+    that DataLoader(batch_size=B, collate_fn=...) makes of the items without workers: for both built-in collates (cut
     from blocks), another collate (built from items), document ids, padding and the short last batch."""
     cases = [(3, collate_varlen, {}), (8, collate_varlen, {"return_document_ids": True}),
              (5, collate_padded, {"pad_to": 1024, "return_document_ids": True}), (4, _by_a_function, {}),
@@ -377,8 +377,10 @@ def test_batch_size_yields_the_dataloaders_batches(sample_dataset, num_workers):
         items = PackedDataset(sample_dataset, seed=7, **kw)
         batched = PackedDataset(sample_dataset, seed=7, batch_size=size, collate_fn=collate, **kw)
         n = 3 if kw.get("return_attention_mask") else None  # dense masks: a prefix is enough
-        expected = list(itertools.islice(DataLoader(items, batch_size=size, collate_fn=_FromPlainDicts(collate),
-                                                    num_workers=num_workers), n))
+        # The rank's batches are its units of the global order, whichever worker cuts them: with workers too
+        # they equal the item loader's batches without workers (item loaders with workers batch each
+        # worker's own items, a different grouping).
+        expected = list(itertools.islice(DataLoader(items, batch_size=size, collate_fn=_FromPlainDicts(collate)), n))
         got = list(itertools.islice(DataLoader(batched, batch_size=None, num_workers=num_workers), n))
         _same_batches(got, expected)
         if num_workers == 0 and n is None:
@@ -407,3 +409,48 @@ def test_batch_size_resumes_after_k_batches(sample_dataset):
         resumed = PackedDataset(sample_dataset, seed=5, batch_size=6)
         resumed.load_state_dict(state)
         _same_batches(head + list(resumed), full)
+
+
+# -- block shuffle and read-ahead hints ------------------------------------------------------
+
+
+def test_block_order_is_a_bijection_reading_whole_blocks():
+    from packer.train.order import block_order, spread
+
+    for n, block, window in ((1, 4, 2), (10, 2, 2), (97, 8, 3), (1000, 16, 4), (1024, 16, 4), (5, 8, 4)):
+        order = block_order(np.arange(n), n, block, window, seed=1, epoch=0)
+        assert sorted(order.tolist()) == list(range(n))
+        assert block_order(np.arange(n)[::-1], n, block, window, 1, 0).tolist() == order[::-1].tolist()  # pointwise
+        blocks, seen, p = order // block, [], 0  # windows: runs of `window` blocks, each block whole
+        while p < n:
+            ids = {int(blocks[p])}
+            q = p
+            while q < n and (len(ids | {int(blocks[q])}) <= window):
+                ids.add(int(blocks[q]))
+                q += 1
+            chunk = order[p:q]
+            assert set(chunk.tolist()) == {r for b in ids for r in range(b * block, min((b + 1) * block, n))}
+            seen += chunk.tolist()
+            p = q
+        assert sorted(seen) == list(range(n))
+    n = 20_000
+    full = data.permute(np.arange(n), n, 0, 0)
+    blocked = block_order(np.arange(n), n, 64, 16, 0, 0)
+    assert block_order(np.arange(n), n, 64, 16, 0, 1).tolist() != blocked.tolist()  # reshuffled per epoch
+    assert abs(spread(full, n, 64) - 1) < 0.02
+    assert abs(spread(blocked, n, 64) - (1 - 1 / 16)) < 0.03
+    assert spread(np.arange(n), n, 64) < 0.01
+
+
+def test_block_shuffle_loads_and_hints_reads(sample_dataset):
+    keys = _all_keys(sample_dataset)
+    ds = PackedDataset(sample_dataset, shuffle="block", shuffle_block=8, shuffle_window=4, seed=1)
+    hints = []
+    ds._open()[0].will_read = lambda rows: hints.append(np.asarray(rows).copy())
+    got = _keys_of(ds)
+    assert sorted(got) == sorted(keys) and got != keys
+    assert np.concatenate(hints).tolist() == ds.epoch_rows(ds.split()).tolist()  # told before read, in order
+    stored = [keys.index(k) for k in got[:32]]  # the first window: 4 blocks of 8 stored rows
+    assert len({r // 8 for r in stored}) == 4
+    with pytest.raises(ValueError, match="is not an order"):
+        PackedDataset(sample_dataset, shuffle="blocks")
