@@ -9,7 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer.data import collate_padded, collate_varlen, make_item, make_items  # noqa: E402
+from masked_data import build_masked  # noqa: E402
+
+from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
+from packer.store.dataset import open_dataset  # noqa: E402
+from packer.store.formats import FORMATS  # noqa: E402
 from packer.train.items import _block_batch, _make_block  # noqa: E402
 from packer.train.online import OnlinePackedDataset  # noqa: E402
 
@@ -145,6 +149,55 @@ def test_the_mask_scratch_is_not_shared_between_blocks():
     make_items([t for t, _, _ in other], [o for _, o, _ in other], loss_masks=[np.zeros(len(t), np.uint8)
                                                                               for t, _, _ in other])
     assert all(torch.equal(a["labels"], b) for a, b in zip(first, before))
+
+
+# -- PackedDataset on a stored dataset with masks ------------------------------------------
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def masked_dataset(request, tmp_path_factory):
+    return build_masked(tmp_path_factory.mktemp("sft") / request.param, fmt=request.param)
+
+
+def stored_reference(path, pad_to=None):
+    """Row index -> the reference labels of that row, from the reader's tokens, offsets and masks."""
+    ds = open_dataset(path)
+    rows = np.arange(len(ds))
+    (tokens, offsets), masks = ds.views(rows), ds.mask_views(rows)
+    return [reference_labels(t, o, m, pad_to or len(t)) for t, o, m in zip(tokens, offsets, masks)]
+
+
+def test_packed_dataset_items_and_batches_follow_the_stored_mask(masked_dataset):
+    ds = open_dataset(masked_dataset)
+    assert ds.has_loss_mask
+    order = PackedDataset(masked_dataset, seed=1).epoch_rows({"rank": 0, "world_size": 1, "worker": 0,
+                                                               "num_workers": 1})
+    for pad_to in (None, 160):
+        want = stored_reference(masked_dataset, pad_to)
+        items = list(PackedDataset(masked_dataset, seed=1, pad_to=pad_to))
+        assert [item["labels"].tolist() for item in items] == [want[i] for i in order.tolist()]
+        collate = collate_padded if pad_to else collate_varlen
+        batches = list(PackedDataset(masked_dataset, seed=1, pad_to=pad_to, batch_size=5, collate_fn=collate))
+        got = [row for b in batches for row in (b["labels"].tolist() if pad_to else [b["labels"][0].tolist()])]
+        if pad_to:
+            assert got == [want[i] for i in order.tolist()]
+        else:  # a varlen batch is its rows back to back
+            flat = [sum((want[i] for i in order[k:k + 5].tolist()), []) for k in range(0, len(order), 5)]
+            assert got == flat
+    untrained = sum(lab.count(IGNORE) - len(o) + 1 for lab, o in zip(stored_reference(masked_dataset),
+                                                                       ds.views(np.arange(len(ds)))[1]))
+    assert untrained > 1000  # the masks left many tokens untrained beyond the document starts
+
+
+def test_hf_batches_follow_the_stored_mask(masked_dataset):
+    pytest.importorskip("transformers")
+    from packer.hf import HFBatches
+
+    want = stored_reference(masked_dataset)
+    ds = PackedDataset(masked_dataset, shuffle=False)
+    batches = list(HFBatches(ds, 4, return_row_ids=True))
+    for batch in batches:
+        assert batch["labels"][0].tolist() == sum((want[i] for i in batch["row_ids"].tolist()), [])
 
 
 # -- OnlinePackedDataset -------------------------------------------------------------------

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from packer.attention import available_backends  # noqa: E402
-from packer.data import collate_padded, collate_varlen, make_items  # noqa: E402
+from packer.data import PackedDataset, collate_padded, collate_varlen, make_items  # noqa: E402
 from packer.train.model import GPTConfig, TinyGPT, next_token_loss  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -135,20 +135,24 @@ def test_next_token_loss_counts_trained_targets_only():
 # -- a tiny HF Llama built from a config (no download) -------------------------------------
 
 
-def llama(attn):
+def llama(attn, vocab=VOCAB):
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=2 * CONTEXT)
+                                      max_position_embeddings=4 * CONTEXT)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=torch.float64).train()
 
 
-def hf_differences(model, rows, *, ignore_mask=False) -> dict:
+def hf_rows_batch(rows, *, ignore_mask=False):
     from packer.hf import collate_hf
 
-    tokens, offsets, row_masks, examples = rows
-    batch = collate_hf(make_items(tokens, offsets, loss_masks=None if ignore_mask else row_masks))
+    tokens, offsets, row_masks, _ = rows
+    return collate_hf(make_items(tokens, offsets, loss_masks=None if ignore_mask else row_masks))
+
+
+def hf_differences(model, batch, examples) -> dict:
+    """|packed - per example| of the float64 loss, HF's own .loss and the largest parameter gradient."""
     out = model(**batch)
     labels = batch["labels"][0]
     loss = F.cross_entropy(out.logits[0, :-1], labels[1:], ignore_index=-100)  # float64: HF's .loss is float32
@@ -169,11 +173,58 @@ def hf_differences(model, rows, *, ignore_mask=False) -> dict:
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_hf_llama_packed_sft_equals_each_example_alone(attn):
     rows = sft_rows(1)
-    d = hf_differences(llama(attn), rows)
+    d = hf_differences(llama(attn), hf_rows_batch(rows), rows[3])
     tol = 1e-9 if attn == "sdpa" else 1e-6  # eager takes its softmax in float32 (tests/train/test_hf.py)
     assert d["loss"] < tol and d["grads"] < tol and d["hf_loss"] < 2e-5, d
 
 
 def test_hf_llama_negative_control_mask_ignored():
-    d = hf_differences(llama("sdpa"), sft_rows(1), ignore_mask=True)
+    rows = sft_rows(1)
+    d = hf_differences(llama("sdpa"), hf_rows_batch(rows, ignore_mask=True), rows[3])
     assert d["loss"] > 1e-3 and d["grads"] > 1e-4, d
+
+
+# -- through the loader: a stored dataset with masks ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def masked_dataset(tmp_path_factory):
+    from masked_data import build_masked
+
+    return build_masked(tmp_path_factory.mktemp("sft-train") / "ds")
+
+
+def stored_examples(path, rows):
+    """The stored segments of `rows` with their stored masks: what each example is alone."""
+    from packer.store.dataset import open_dataset
+
+    ds = open_dataset(path)
+    (tokens, offsets), masks = ds.views(rows), ds.mask_views(rows)
+    return [(t[a:b].astype(np.int64), m[a:b]) for t, o, m in zip(tokens, offsets, masks)
+            for a, b in zip(o[:-1].tolist(), o[1:].tolist())]
+
+
+def test_loader_batches_train_as_each_stored_example_alone(masked_dataset):
+    """PackedDataset(batch_size=3) on a dataset with masks: TinyGPT's float64 loss and gradients, and a config-built
+    Llama's, equal the stored examples run alone."""
+    from packer.hf import collate_hf
+
+    batches = list(PackedDataset(masked_dataset, shuffle=False, batch_size=3))
+    k = max(range(len(batches)), key=lambda j: len(batches[j]["cu_seqlens"]))  # the batch with most segments
+    rows = np.arange(3 * k, min(3 * k + 3, len(PackedDataset(masked_dataset))))
+    examples = stored_examples(masked_dataset, rows)
+    assert len(examples) >= 4 and sum(int((m[1:] == 0).sum()) for _, m in examples) > 30
+    batch = {key: (v.reshape(-1) if key in ("input_ids", "labels", "position_ids") else v)
+             for key, v in batches[k].items()}
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=16384, dim=32, n_layers=1, n_heads=4, backend="sdpa")).double()
+    labels = batch.pop("labels")
+    loss = F.cross_entropy(model(**batch)[:-1], labels[1:], ignore_index=-100)
+    g = gradients(model, loss)
+    ref = per_example(model, examples, torch.float64)
+    g_ref = gradients(model, ref)
+    assert relative(loss.detach(), ref.detach()) < 1e-9
+    assert max(relative(g[name], g_ref[name]) for name in g) < 1e-9
+    hf = list(PackedDataset(masked_dataset, shuffle=False, batch_size=3, collate_fn=collate_hf))[k]
+    d = hf_differences(llama("sdpa", vocab=16384), hf, examples)
+    assert d["loss"] < 1e-9 and d["grads"] < 1e-9 and d["hf_loss"] < 2e-5, d
