@@ -169,10 +169,10 @@ class OnlinePackedDataset(IterableDataset):
 
     Fine-tuning examples, pre-tokenized, carry a loss mask: a dict {"input_ids": [...], "loss_mask":
     [0/1 ...]} or {"input_ids": [...], "labels": [... -100 ...]} (labels equal to input_ids except
-    -100 on untrained tokens, HF's unshifted convention), or a pair (ids, loss_mask). Their items'
-    labels are -100 on untrained tokens (packer/train/items.py draws it); a bos added here is
-    untrained, an eos added here trained (it ends the completion). Long examples split as texts
-    do, each piece keeping its part of the mask.
+    -100 on untrained tokens, HF's unshifted convention), or a pair (ids, loss_mask). They are taken
+    as they are, no bos or eos added, as `packer build --input-kind tokens` takes them; their items'
+    labels are -100 on untrained tokens (packer/train/items.py draws it). Long examples split as
+    texts do, each piece keeping its part of the mask.
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
     dataset is indexed directly), so the source must give the same documents in the same order.
     """
@@ -277,7 +277,8 @@ class OnlinePackedDataset(IterableDataset):
                 texts.append(doc)
                 where.append(k)
             else:
-                out[k] = self._add_specials(*doc)
+                ids, mask = doc
+                out[k] = (ids, mask) if mask is not None else (self._add_specials(ids), None)
         if texts:  # the build's encode path: the same ids, bos/eos included, as `packer build` stores
             if self.tokenizer is None:
                 raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
@@ -307,16 +308,13 @@ class OnlinePackedDataset(IterableDataset):
         raise ValueError(f"source document {pos - 1}: expected a text, a list of token ids, an (ids, loss_mask) "
                          f"pair or a dict with {self.text_field!r} or 'input_ids'; got {type(doc).__name__}")
 
-    def _add_specials(self, ids: np.ndarray, mask: np.ndarray | None):
-        """Pre-tokenized ids with this dataset's bos (untrained) and eos (trained) around them."""
+    def _add_specials(self, ids: np.ndarray) -> np.ndarray:
+        """Plain token ids (no mask) with this dataset's bos and eos around them, as texts get them."""
         head = [self.bos_id] if self.bos_id is not None else []
         tail = [self.eos_id] if self.eos_id is not None else []
         if not (head or tail):
-            return ids, mask
-        ids = np.concatenate([np.asarray(head, np.int64), ids, np.asarray(tail, np.int64)])
-        if mask is not None:
-            mask = np.concatenate([np.zeros(len(head), np.uint8), mask, np.ones(len(tail), np.uint8)])
-        return ids, mask
+            return ids
+        return np.concatenate([np.asarray(head, np.int64), ids, np.asarray(tail, np.int64)])
 
     def _pieces(self, docs: list[tuple]) -> list[tuple]:
         """(ids, mask) pieces of the documents under the long-document policy; a piece's mask is its

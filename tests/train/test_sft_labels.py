@@ -212,14 +212,14 @@ def sft_examples(seed, n, high=30):
     return [{"input_ids": x.tolist(), "loss_mask": (x % 3 != 0).astype(np.uint8).tolist()} for x in ids]
 
 
-def check_online_item(item, eos_id=None, bos_id=None, padded=False):
+def check_online_item(item, padded=False):
     """Every label is -100 at a segment start, on padding (with `padded`: the last segment) and on ids % 3 == 0,
-    else the id; eos is trained, bos not."""
+    else the id."""
     ids, labels, cu = item["input_ids"].tolist(), item["labels"].tolist(), item["cu_seqlens"].tolist()
     real = cu[-2] if padded else len(ids)
     starts = set(cu[:-1])
     for i, (t, lab) in enumerate(zip(ids, labels)):
-        trained = i not in starts and i < real and (t == eos_id or (t != bos_id and t % 3 != 0))
+        trained = i not in starts and i < real and t % 3 != 0
         assert lab == (t if trained else IGNORE), (i, t, lab)
 
 
@@ -236,7 +236,9 @@ def test_online_pre_tokenized_examples_keep_their_masks(long_docs):
     assert sum(item["labels"].tolist().count(IGNORE) > len(item["cu_seqlens"]) - 1 for item in items) > 10
 
 
-def test_online_labels_form_eos_bos_pairs_and_padding():
+def test_online_labels_form_pairs_and_padding_with_no_specials_added():
+    """Masked examples are taken as they are (as `packer build --input-kind tokens` takes them): eos and bos on,
+    yet no token is added; a plain id list beside them still gets its eos."""
     examples = sft_examples(1, 80)
     eos, bos = 10_000, 10_001
     as_labels = [{"input_ids": ex["input_ids"], "labels": [t if m else IGNORE for t, m in zip(ex["input_ids"],
@@ -246,14 +248,17 @@ def test_online_labels_form_eos_bos_pairs_and_padding():
     runs = []
     for source in (examples, as_labels, as_pairs):
         ds = OnlinePackedDataset(source, context_length=32, buffer_docs=20, eos_id=eos, bos=True, bos_id=bos,
-                                 pad_to=40, pad_id=eos)
+                                 pad_to=40, pad_id=0)
         items = list(ds)
         for item in items:
             assert len(item["input_ids"]) == 40
-            check_online_item(item, eos_id=eos, bos_id=bos, padded=True)
+            check_online_item(item, padded=True)
         runs.append([(item["input_ids"].tolist(), item["labels"].tolist()) for item in items])
+        assert sorted(t for ids, _ in runs[-1] for t in ids if t) == sorted(t for ex in examples for t in ex["input_ids"])
     assert runs[0] == runs[1] == runs[2]
-    assert any(eos in labels for _, labels in runs[0])
+    (mixed,) = OnlinePackedDataset([[1, 2], {"input_ids": [4, 5], "loss_mask": [0, 1]}], context_length=16,
+                                   eos_id=eos, bos=True, bos_id=bos)
+    assert sorted(mixed["input_ids"].tolist()) == sorted([bos, 1, 2, eos, 4, 5])
 
 
 def test_online_texts_and_masked_examples_mix():
