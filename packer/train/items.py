@@ -3,7 +3,8 @@
 Each item, for a stored row of T tokens (or `pad_to` = L >= T):
 
     input_ids       int64 [L]         the row's tokens, then pad_id
-    labels          int64 [L]         input_ids, -100 at each document's first token and on padding
+    labels          int64 [L]         input_ids, -100 at each document's first token, on padding and
+                                      on untrained tokens (a loss mask: below)
     position_ids    int64 [L]         restart at 0 for every document (and for the padding segment)
     cu_seqlens      int32 [n_seg + 1] document boundaries (flash-attn); padding is the last segment
     max_seqlen      int               longest segment
