@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from masked_data import build_masked  # noqa: E402
 
+from packer import masks  # noqa: E402
 from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.store.formats import FORMATS  # noqa: E402
@@ -111,6 +112,22 @@ def test_labels_equal_the_reference_on_random_blocks(pad_to):
             unmasked_rows += mask is None
     assert untrained_inside > 100 and unmasked_rows > 5  # the property was exercised
     assert padded_rows > 100 if pad_to else padded_rows == 0
+
+
+def test_masks_labels_the_leaf_reference_equals_the_block_builder():
+    """packer.masks.labels / batch_labels (row by row, numpy and torch) give make_items' labels."""
+    for seed in range(5):
+        rows = random_rows(seed)
+        items = make_items([t for t, _, _ in rows], [o for _, o, _ in rows], loss_masks=[m for _, _, m in rows],
+                           pad_to=40)
+        ids_BL = torch.stack([item["input_ids"] for item in items])
+        batch = masks.batch_labels(ids_BL, [o for _, o, _ in rows], [m for _, _, m in rows])
+        assert torch.equal(batch, torch.stack([item["labels"] for item in items]))
+        for (tokens, offsets, mask), item in zip(rows, items):
+            assert masks.labels(item["input_ids"].numpy(), offsets, mask).tolist() == item["labels"].tolist()
+            assert torch.equal(masks.labels(item["input_ids"], torch.from_numpy(offsets), mask), item["labels"])
+    with pytest.raises(ValueError, match="a loss mask of 3 values for a row of 4 tokens"):
+        masks.labels(np.arange(6), [0, 4], [1, 1, 0])
 
 
 def test_mask_dtypes_bool_and_int_are_read_as_nonzero_trained():
