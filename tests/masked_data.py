@@ -25,7 +25,6 @@ def prompt_mask(lengths) -> np.ndarray:
 def build_masked(out, *, fmt="arrow", context_length=128, n_docs=60):
     """Build `n_docs` sample documents at `context_length` into `out` with prompt masks; returns `out`."""
     from packer.build.pipeline import build
-    from packer.build.writer import write_shard
     from packer.config import BuildConfig, Job
 
     with open(SAMPLE / "prose.jsonl", encoding="utf-8") as f:
@@ -35,10 +34,19 @@ def build_masked(out, *, fmt="arrow", context_length=128, n_docs=60):
     job = Job(inputs=(str(source),), tokenizer=TOKENIZER, output=str(out), workers=1,
               config=BuildConfig(context_length=context_length, format=fmt))
     build(job, keep_work=True, progress="off")
+    return add_prompt_masks(out)
+
+
+def add_prompt_masks(out):
+    """Give a dataset built with keep_work=True prompt masks: unit mask files, then every shard written
+    again with loss_mask=True and the manifest's entries replaced. Returns `out`."""
+    from packer.build.writer import write_shard
+
     units, work = out / "_work" / "units", out / "_work"
     for lengths_file in sorted(units.glob("unit-*.lengths.npy")):
         np.save(units / lengths_file.name.replace(".lengths.npy", ".loss_mask.npy"), prompt_mask(np.load(lengths_file)))
     manifest = json.loads((out / "manifest.json").read_text())
+    fmt = manifest["config"]["format"]
     for p in [*(work / "shards").glob("*.json"), *out.glob("shard-*")]:
         p.unlink()
     manifest["shards"] = [write_shard(str(work / "plan.npz"), k, str(work), str(out), manifest["config"]["token_dtype"],
