@@ -358,7 +358,8 @@ def show_mask(dataset, seq, out_path):
 @click.option("--seq", type=int, default=None, help="Show this packed sequence, decoded, with document boundaries marked.")
 @click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
 def inspect(dataset, seq, raw):
-    """Show a dataset's manifest summary, or one packed sequence (DATASET: a directory or a URI)."""
+    """Show a dataset's manifest summary, or one packed sequence (DATASET: a directory or a URI).
+    With a loss mask (fine-tuning data) untrained spans print in [brackets], dim on a terminal."""
     from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
@@ -370,7 +371,12 @@ def inspect(dataset, seq, raw):
     if not 0 <= seq < len(ds):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
     tokens, offsets = ds[seq]
-    click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents")
+    mask = ds.mask_views([seq])[0] if ds.has_loss_mask else None
+    trained = "" if mask is None else f", {int(mask.sum())} trained"
+    click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents{trained}")
+    if mask is not None:
+        click.echo("legend: " + click.style("[untrained]", dim=True) + " loss mask 0 (context, never a target); "
+                   "the rest trained")
     tok = None
     if not raw:
         from packer.build.tokenizer import load_tokenizer
@@ -378,9 +384,23 @@ def inspect(dataset, seq, raw):
 
         tok = load_tokenizer(str(tokenizer_file(ds.path, ds.manifest) or ds.path / "tokenizer.json"))
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        piece = tokens[a:b]
         click.secho(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan")
-        click.echo(" ".join(map(str, piece.tolist())) if raw else tok.decode(piece.tolist(), skip_special_tokens=False))
+        spans = [(tokens[a:b], True)] if mask is None else _mask_spans(tokens[a:b], mask[a:b])
+        click.echo(("" if tok else " ").join(_show_span(ids, is_trained, tok) for ids, is_trained in spans))
+
+
+def _mask_spans(tokens, mask) -> list[tuple]:
+    """(token ids, trained) runs of a document: mask [0 0 1 1 1 0] -> ids [0, 2), [2, 5), [5, 6)."""
+    import numpy as np
+
+    cuts = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    return [(ids, bool(m[0])) for ids, m in zip(np.split(tokens, cuts), np.split(mask, cuts))]
+
+
+def _show_span(ids, trained: bool, tok) -> str:
+    """One run decoded (token ids when tok is None); an untrained run in brackets, dim."""
+    text = tok.decode(ids.tolist(), skip_special_tokens=False) if tok is not None else " ".join(map(str, ids.tolist()))
+    return text if trained else click.style(f"[{text}]", dim=True)
 
 
 @main.command()

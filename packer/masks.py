@@ -6,6 +6,7 @@ A row of 6 tokens holding documents of lengths 3, 2, 1 has
     position_ids  [0, 1, 2, 0, 1, 0]
     document_ids  [0, 0, 0, 1, 1, 2]
     labels        [-100, t1, t2, -100, t4, -100]   (input_ids, -100 at each document's first token)
+    with a loss mask [1, 0, 1, 1, 1, 1] (token 1 untrained): [-100, -100, t2, -100, t4, -100]
     mask_TT       block-causal: query i sees key j iff j <= i and both are in the same document
 
         1 . . . . .
@@ -113,17 +114,33 @@ def cu_seqlens(offsets, length: int | None = None):
     return offsets.astype(np.int32)
 
 
-def labels(input_ids, offsets):
-    """int64 [T or L]: input_ids with -100 at each document's first token and past offsets[-1] (padding).
+def labels(input_ids, offsets, loss_mask=None):
+    """int64 [T or L]: input_ids with -100 at each document's first token, past offsets[-1] (padding)
+    and, given a loss mask (one value per token of the row, 0 = untrained), at every untrained token.
 
     With these labels and the usual shift (position t predicts labels[t + 1]) the last token of a
-    document is never trained to predict the first token of the next one.
+    document is never trained to predict the first token of the next one, and an untrained token is
+    never a target (it stays an input).
     """
     out = _as_int64(input_ids).clone() if _is_torch(input_ids) else np.array(input_ids, dtype=np.int64)
     offsets = _as_int64(offsets)
     out[offsets[:-1]] = IGNORE_INDEX
     out[int(offsets[-1]):] = IGNORE_INDEX
+    if loss_mask is not None:
+        _mask_untrained(out, loss_mask, int(offsets[-1]))
     return out
+
+
+def _mask_untrained(out, loss_mask, n: int):
+    """-100 in out[:n] (a row's n tokens) where loss_mask is 0."""
+    if len(loss_mask) != n:
+        raise ValueError(f"a loss mask of {len(loss_mask)} values for a row of {n} tokens; give one value per token")
+    if _is_torch(out):
+        import torch
+
+        out[:n][torch.as_tensor(loss_mask, device=out.device) == 0] = IGNORE_INDEX
+    else:
+        out[:n][np.asarray(loss_mask) == 0] = IGNORE_INDEX
 
 
 def block_causal_mask(offsets, length: int | None = None):
@@ -168,13 +185,15 @@ def batch_document_ids(offsets_list, length: int):
     return doc_BL - doc_BL[:, :1]
 
 
-def batch_labels(input_ids_BL, offsets_list):
-    """int64 [B, L]: `labels` of each row of a padded batch."""
+def batch_labels(input_ids_BL, offsets_list, loss_masks=None):
+    """int64 [B, L]: `labels` of each row of a padded batch (row b's loss mask: loss_masks[b], or None)."""
     out = _as_int64(input_ids_BL).clone() if _is_torch(input_ids_BL) else np.array(input_ids_BL, dtype=np.int64)
     for b, offsets in enumerate(offsets_list):  # a loop over rows, not tokens
         offsets = _as_int64(offsets)
         out[b, offsets[:-1]] = IGNORE_INDEX
         out[b, int(offsets[-1]):] = IGNORE_INDEX
+        if loss_masks is not None and loss_masks[b] is not None:
+            _mask_untrained(out[b], loss_masks[b], int(offsets[-1]))
     return out
 
 

@@ -227,3 +227,46 @@ def test_verify_quick_says_what_it_skips_and_inspect_refuses_a_swapped_tokenizer
     tok.write_text(tok.read_text(encoding="utf-8").replace('"<|endoftext|>"', '"<|endoftexx|>"', 1), encoding="utf-8")
     swapped = runner.invoke(main, ["inspect", str(out), "--seq", "0"])
     assert swapped.exit_code == 1 and "tokenizer.json" in swapped.output and "Traceback" not in swapped.output
+
+
+def test_inspect_shows_untrained_spans_of_a_masked_dataset(tmp_path):
+    import numpy as np
+    from masked_data import build_masked
+
+    from packer.store.dataset import open_dataset
+
+    out = build_masked(tmp_path / "sft")
+    ds = open_dataset(out)
+    seq = max(range(len(ds)), key=lambda i: len(ds[i][1]))  # the row with the most documents
+    tokens, offsets = ds[seq]
+    mask = ds.mask_views([seq])[0]
+    runner = CliRunner()
+    raw = runner.invoke(main, ["inspect", str(out), "--seq", str(seq), "--raw"])
+    assert raw.exit_code == 0, raw.output
+    lines = raw.output.splitlines()
+    assert lines[0] == f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents, {int(mask.sum())} trained"
+    assert lines[1].startswith("legend: [untrained] loss mask 0")
+    got_ids, got_mask = [], []  # the printed ids, and the mask read back from the brackets
+    for line in lines[2:]:
+        if line.startswith("──── document"):
+            continue
+        inside = False
+        for word in line.split():
+            inside = inside or word.startswith("[")
+            got_ids.append(int(word.strip("[]")))
+            got_mask.append(0 if inside else 1)
+            inside = inside and not word.endswith("]")
+    assert got_ids == tokens.tolist() and got_mask == mask.tolist() and 0 < sum(got_mask) < len(got_mask)
+
+    text = runner.invoke(main, ["inspect", str(out), "--seq", str(seq)])
+    assert text.exit_code == 0 and "\x1b[" not in text.output  # not a terminal: plain text
+    assert text.output.count("──── document") == len(offsets) - 1 and "[" in text.output
+    styled = runner.invoke(main, ["inspect", str(out), "--seq", str(seq)], color=True)
+    assert "\x1b[2m[" in styled.output  # dim, on a terminal
+
+    plain = tmp_path / "plain"
+    assert _build(runner, plain).exit_code == 0
+    unmasked = runner.invoke(main, ["inspect", str(plain), "--seq", "0", "--raw"])
+    body = [line for line in unmasked.output.splitlines()[1:] if not line.startswith("──── document")]
+    assert "legend" not in unmasked.output and "trained" not in unmasked.output
+    assert all(np.array(line.split(), dtype=np.int64).size for line in body)  # ids only, no brackets

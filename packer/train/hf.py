@@ -4,7 +4,8 @@ attention implementation, and a loader that Trainer and accelerate take without 
 Two rows [a a a | b b] and [c c c c] give one flattened row (N = 9 tokens, three documents):
 
     input_ids       int64 [1, N]   a a a b b c c c c
-    labels          int64 [1, N]   - a a - b - c c c       (- = -100: no token predicts across a boundary)
+    labels          int64 [1, N]   - a a - b - c c c       (- = -100: no token predicts across a boundary;
+                                                            also every untrained token of fine-tuning data)
     position_ids    int64 [1, N]   0 1 2 0 1 0 1 2 3       resets: transformers' packed-sequence signal
     cu_seq_lens_q   int32 [4]      0 3 5 9                 flash_attention_2/3 varlen path (cu_seq_lens_k: the same)
     max_length_q    int            4                       (max_length_k: the same)

@@ -3,7 +3,8 @@
 Each item, for a stored row of T tokens (or `pad_to` = L >= T):
 
     input_ids       int64 [L]         the row's tokens, then pad_id
-    labels          int64 [L]         input_ids, -100 at each document's first token and on padding
+    labels          int64 [L]         input_ids, -100 at each document's first token, on padding and
+                                      on untrained tokens (a loss mask: below)
     position_ids    int64 [L]         restart at 0 for every document (and for the padding segment)
     cu_seqlens      int32 [n_seg + 1] document boundaries (flash-attn); padding is the last segment
     max_seqlen      int               longest segment
@@ -15,6 +16,18 @@ A row [a a a | b b] padded to 6 with pad id p:
     input_ids     [a a a b b p]       cu_seqlens [0, 3, 5, 6]
     labels        [- a a - b -]       (- = -100)
     position_ids  [0 1 2 0 1 0]       max_seqlen 3
+
+A loss mask (uint8 [T], one per token, 1 = trained; fine-tuning data) adds -100 at every token
+whose mask is 0. labels[i] is the *target* token i (the model shifts: the logits at position i - 1
+predict labels[i]), so an untrained token is never predicted, yet stays an input that later
+predictions see. A prompt p p and its completion c c, then a second example q | d:
+
+    input_ids     [p p c c q d]       (two documents: offsets [0, 4, 6])
+    loss_mask     [0 0 1 1 0 1]
+    labels        [- - c c - d]       -100 at document starts, untrained tokens and padding
+
+So the first completion token is trained (predicted from the last prompt token), and with an
+all-ones mask the labels are exactly those without one.
 """
 
 from __future__ import annotations
@@ -31,18 +44,20 @@ from packer import masks
 # -- items ---------------------------------------------------------------------------------
 
 
-def make_item(tokens, offsets, *, pad_to=None, pad_id=0, return_attention_mask=False,
+def make_item(tokens, offsets, *, loss_mask=None, pad_to=None, pad_id=0, return_attention_mask=False,
               return_document_ids=False) -> dict:
-    """One training item (see the module docstring) from a row's tokens and its offsets."""
-    return make_items([tokens], [offsets], pad_to=pad_to, pad_id=pad_id,
-                      return_attention_mask=return_attention_mask,
+    """One training item (see the module docstring) from a row's tokens, its offsets and optionally
+    its loss mask (one value per token, 0 = untrained; None = every token trained)."""
+    return make_items([tokens], [offsets], loss_masks=None if loss_mask is None else [loss_mask], pad_to=pad_to,
+                      pad_id=pad_id, return_attention_mask=return_attention_mask,
                       return_document_ids=return_document_ids)[0]
 
 
-def make_items(tokens_list, offsets_list, *, pad_to=None, pad_id=0, return_attention_mask=False,
+def make_items(tokens_list, offsets_list, *, loss_masks=None, pad_to=None, pad_id=0, return_attention_mask=False,
                return_document_ids=False) -> list[dict]:
-    """`make_item` for many rows at once (row k: tokens_list[k], offsets_list[k], e.g. the views
-    `ds.views(indices)` gives): one vectorized pass over all their tokens.
+    """`make_item` for many rows at once (row k: tokens_list[k], offsets_list[k], loss_masks[k],
+    e.g. the views `ds.views(indices)` and `ds.mask_views(indices)` give): one vectorized pass over
+    all their tokens. `loss_masks` None, or a row's entry None: every token of it trained.
 
     The items' tensors are views into one block tensor per field (cheap to build, and
     `collate_varlen` joins consecutive items of a block without copying); clone one to keep it
@@ -50,12 +65,13 @@ def make_items(tokens_list, offsets_list, *, pad_to=None, pad_id=0, return_atten
     """
     if not len(tokens_list):
         return []
-    block = _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids)
+    block = _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids, loss_masks=loss_masks)
     return _block_items(block, return_attention_mask)
 
 
-def _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids) -> _Block:
-    """The token fields of many rows, in one buffer, with their layout."""
+def _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids, *, loss_masks=None) -> _Block:
+    """The token fields of many rows, in one buffer, with their layout; -100 in labels where a
+    row's loss mask is 0."""
     rows = _Layout(tokens_list, offsets_list, pad_to)
     # One pooled allocation for all token fields: fresh arrays page-faulted in again on every
     # block (12.6 ms against 1.0 ms a block of 32 rows of 4096; measured 2026-11-29).
@@ -64,6 +80,8 @@ def _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids) 
     input_ids, labels, position_ids = buffer[0], buffer[1], buffer[2]
     _write_tokens(input_ids, labels, tokens_list, rows, pad_id)
     labels[rows.seg_start[:-1]] = masks.IGNORE_INDEX
+    if loss_masks is not None:
+        _mask_labels(labels, loss_masks, rows)
     _position_ids(position_ids, rows)
     fields = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
     if return_document_ids:  # 0 at each row start, +1 at each later segment start: 0 0 1 1 1 2 ...
@@ -161,6 +179,45 @@ def _write_tokens(input_ids, labels, tokens_list, rows: _Layout, pad_id: int):
         labs += (tokens, ignore[:n])
     np.concatenate(ids, out=input_ids)
     np.concatenate(labs, out=labels)
+
+
+def _mask_labels(labels, loss_masks, rows: _Layout):
+    """-100 in labels wherever a row's loss mask is 0. The masks are gathered into one flat uint8
+    array in block layout (padding and rows without a mask count as trained: padding labels are
+    -100 already), inverted into a bool array, then one masked write: three passes over the block,
+    none in Python per token. 64 rows of 4096 with prompt-like runs: 0.15 ms on top of the block's
+    0.4 ms (gather 0.01, invert 0.01, masked write 0.08; busy 2-core box, 2026-12-01)."""
+    n_rows = len(rows.n_tokens)
+    if len(loss_masks) != n_rows:
+        raise ValueError(f"{len(loss_masks)} loss masks for {n_rows} rows; give one per row (None: all trained)")
+    complete = not any(mask is None for mask in loss_masks)
+    n_mask = np.fromiter(map(len, loss_masks), np.int64, n_rows) if complete else \
+        np.array([n if mask is None else len(mask) for mask, n in zip(loss_masks, rows.n_tokens.tolist())], np.int64)
+    if (n_mask != rows.n_tokens).any():
+        k = int(np.flatnonzero(n_mask != rows.n_tokens)[0])
+        raise ValueError(f"row {k}: a loss mask of {n_mask[k]} values for a row of {rows.n_tokens[k]} tokens; give "
+                         "one 0/1 value per token (or None for an all-trained row)")
+    trained = _scratch("trained", rows.total, np.uint8)
+    if complete and not rows.padded.any():  # the stored case: the masks back to back
+        np.concatenate(loss_masks, out=trained, casting="unsafe")
+    else:
+        ones = _scratch("ones_u8", int(rows.row_len.max()), np.uint8, fill=1)  # only read: shared by the parts
+        parts = []
+        for mask, n, pad in zip(loss_masks, rows.n_tokens.tolist(), (rows.row_len - rows.n_tokens).tolist()):
+            parts += (ones[:n] if mask is None else mask, ones[:pad])  # rows, not tokens
+        np.concatenate(parts, out=trained, casting="unsafe")
+    untrained = np.logical_not(trained, out=_scratch("untrained", rows.total, bool))
+    np.copyto(labels, masks.IGNORE_INDEX, where=untrained)
+
+
+def _scratch(name: str, n: int, dtype, fill=None) -> np.ndarray:
+    """A per-thread array of at least n values, kept between calls (grown in 64 Ki steps); `fill`
+    sets every value when it is made (for arrays only ever read)."""
+    array = getattr(_SCRATCH, name, None)
+    if array is None or len(array) < n:
+        array = np.empty(-(-n // 2**16) * 2**16, dtype) if fill is None else np.full(-(-n // 2**16) * 2**16, fill, dtype)
+        setattr(_SCRATCH, name, array)
+    return array[:n]
 
 
 _SCRATCH = threading.local()  # per thread: an int64 array of ones, restored after each use

@@ -38,6 +38,7 @@ from packer.build.tokenizer import (
     special_id,
 )
 from packer.config import ALGORITHMS, LONG_DOC_POLICIES
+from packer.masks import IGNORE_INDEX
 
 try:  # the lengths-only part (online_fill_rate, for `packer stats`) must import without torch
     import torch
@@ -165,6 +166,13 @@ class OnlinePackedDataset(IterableDataset):
     Texts become exactly the ids `packer build` stores (the one encode path, encode_stream in
     packer/build/tokenize.py); `tokenizer` is a tokenizer.json path, or a tokenizers.Tokenizer, which
     is copied and the copy configured (packer/build/tokenizer.py), never changed itself.
+
+    Fine-tuning examples, pre-tokenized, carry a loss mask: a dict {"input_ids": [...], "loss_mask":
+    [0/1 ...]} or {"input_ids": [...], "labels": [... -100 ...]} (labels equal to input_ids except
+    -100 on untrained tokens, HF's unshifted convention), or a pair (ids, loss_mask). They are taken
+    as they are, no bos or eos added, as `packer build --input-kind tokens` takes them; their items'
+    labels are -100 on untrained tokens (packer/train/items.py draws it). Long examples split as
+    texts do, each piece keeping its part of the mask.
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
     dataset is indexed directly), so the source must give the same documents in the same order.
     """
@@ -216,7 +224,8 @@ class OnlinePackedDataset(IterableDataset):
 
     def _fresh_state(self, partition: int, n_partitions: int) -> dict:
         return {"config": self._config(), "epoch": self.epoch, "partition": partition,
-                "n_partitions": n_partitions, "source_pos": 0, "buffer_index": 0, "n_yielded": 0, "carry": []}
+                "n_partitions": n_partitions, "source_pos": 0, "buffer_index": 0, "n_yielded": 0, "carry": [],
+                "carry_masks": []}
 
     def state_dict(self) -> dict:
         """Where this object's iteration stands: after the last item it yielded. Plain ints and lists
@@ -225,7 +234,7 @@ class OnlinePackedDataset(IterableDataset):
         state = self._resume or self._state
         if state is None:
             state = self._fresh_state(*self._partition())
-        return {**state, "carry": [list(c) for c in state["carry"]]}
+        return _copy_carry(state)
 
     def load_state_dict(self, state: dict):
         """Make the next iteration continue where `state` stopped (same source, config and partition)."""
@@ -235,7 +244,7 @@ class OnlinePackedDataset(IterableDataset):
                 raise ValueError(f"cannot resume: the saved state has {key}={saved!r} but this dataset has "
                                  f"{key}={now!r}; construct the dataset with the saved value")
         self.epoch = state["epoch"]
-        self._resume = {**state, "carry": [list(c) for c in state["carry"]]}
+        self._resume = _copy_carry(state)
 
     def set_epoch(self, epoch: int):
         """Change the shuffle of the bins (not the order documents are read); restart from the top."""
@@ -258,25 +267,18 @@ class OnlinePackedDataset(IterableDataset):
             if i % n_partitions == partition:
                 yield i + 1, doc
 
-    def _tokenize(self, docs: list[tuple[int, object]]) -> list[np.ndarray]:
+    def _tokenize(self, docs: list[tuple[int, object]]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """(ids int64 [T], loss mask uint8 [T] or None for all trained) of each source document."""
         out: list = [None] * len(docs)
         texts, where = [], []
         for k, (pos, doc) in enumerate(docs):
-            if isinstance(doc, dict):
-                doc = doc[self.text_field] if self.text_field in doc else doc.get("input_ids")
+            doc = self._unpack(pos, doc)
             if isinstance(doc, str):
                 texts.append(doc)
                 where.append(k)
-            elif isinstance(doc, (list, tuple, np.ndarray)) or (torch is not None and torch.is_tensor(doc)):
-                out[k] = np.asarray(doc, dtype=np.int64).reshape(-1)
             else:
-                raise ValueError(f"source document {pos - 1}: expected a text, a list of token ids or a dict "
-                                 f"with {self.text_field!r}; got {type(doc).__name__}")
-        head = [self.bos_id] if self.bos_id is not None else []
-        tail = [self.eos_id] if self.eos_id is not None else []
-        if head or tail:
-            out = [x if x is None else np.concatenate([np.asarray(head, np.int64), x, np.asarray(tail, np.int64)])
-                   for x in out]
+                ids, mask = doc
+                out[k] = (ids, mask) if mask is not None else (self._add_specials(ids), None)
         if texts:  # the build's encode path: the same ids, bos/eos included, as `packer build` stores
             if self.tokenizer is None:
                 raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
@@ -284,14 +286,44 @@ class OnlinePackedDataset(IterableDataset):
             flat = np.concatenate([ids for ids, _ in batches])
             lengths = np.concatenate([n for _, n in batches])
             for k, ids in zip(where, np.split(flat, np.cumsum(lengths)[:-1])):
-                out[k] = ids
+                out[k] = (ids, None)
         return out
 
-    def _pieces(self, docs: list[np.ndarray]) -> list[np.ndarray]:
-        docs = [d for d in docs if len(d)]
-        lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+    def _unpack(self, pos: int, doc):
+        """A source document as a text, or (ids int64 [T], loss mask uint8 [T] or None)."""
+        if isinstance(doc, dict):
+            if self.text_field in doc:
+                doc = doc[self.text_field]
+            elif "input_ids" in doc:
+                return _masked_ids(pos, doc["input_ids"], doc.get("loss_mask"), doc.get("labels"))
+            else:
+                raise ValueError(f"source document {pos - 1}: a dict without {self.text_field!r} or 'input_ids' "
+                                 f"(keys: {', '.join(map(str, doc))}); pass text_field=NAME")
+        if isinstance(doc, str):
+            return doc
+        if isinstance(doc, tuple) and len(doc) == 2 and all(np.ndim(x) == 1 for x in doc):  # (ids, loss_mask)
+            return _masked_ids(pos, doc[0], doc[1], None)
+        if isinstance(doc, (list, tuple, np.ndarray)) or (torch is not None and torch.is_tensor(doc)):
+            return np.asarray(doc, dtype=np.int64).reshape(-1), None
+        raise ValueError(f"source document {pos - 1}: expected a text, a list of token ids, an (ids, loss_mask) "
+                         f"pair or a dict with {self.text_field!r} or 'input_ids'; got {type(doc).__name__}")
+
+    def _add_specials(self, ids: np.ndarray) -> np.ndarray:
+        """Plain token ids (no mask) with this dataset's bos and eos around them, as texts get them."""
+        head = [self.bos_id] if self.bos_id is not None else []
+        tail = [self.eos_id] if self.eos_id is not None else []
+        if not (head or tail):
+            return ids
+        return np.concatenate([np.asarray(head, np.int64), ids, np.asarray(tail, np.int64)])
+
+    def _pieces(self, docs: list[tuple]) -> list[tuple]:
+        """(ids, mask) pieces of the documents under the long-document policy; a piece's mask is its
+        slice of its document's."""
+        docs = [d for d in docs if len(d[0])]
+        lengths = np.fromiter((len(ids) for ids, _ in docs), dtype=np.int64, count=len(docs))
         piece_doc, piece_offset, piece_len = _cut_long(lengths, self.context_length, self.long_docs)
-        return [docs[d][o : o + n] for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
+        return [(docs[d][0][o : o + n], None if docs[d][1] is None else docs[d][1][o : o + n])
+                for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
 
     def __iter__(self):
         from packer.train.items import make_item
@@ -304,28 +336,32 @@ class OnlinePackedDataset(IterableDataset):
                              f"{state['n_partitions']} but this iterator is partition {partition} of {n_partitions}; "
                              "resume with the same ranks and DataLoader workers")
         self._state = state
-        carry = [np.asarray(c, dtype=np.int64) for c in state["carry"]]
+        carry_masks = state.get("carry_masks") or [None] * len(state["carry"])  # older states: texts only
+        carry = [(np.asarray(c, dtype=np.int64), None if m is None else np.asarray(m, dtype=np.uint8))
+                 for c, m in zip(state["carry"], carry_masks)]
         source_pos, buffer_index, skip = state["source_pos"], state["buffer_index"], state["n_yielded"]
         docs = self._documents(source_pos, partition, n_partitions)
         while True:
             at_start = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": 0,
-                        "carry": [c.tolist() for c in carry]}  # resuming from here re-reads this buffer
+                        **_carry_lists(carry)}  # resuming from here re-reads this buffer
             raw = list(itertools.islice(docs, self.buffer_docs))
             final = len(raw) < self.buffer_docs
             next_pos = raw[-1][0] if raw else source_pos
             pieces = carry + self._pieces(self._tokenize(raw))
-            lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+            lengths = np.fromiter((len(ids) for ids, _ in pieces), dtype=np.int64, count=len(pieces))
             emitted, carried = pack_buffer(lengths, self.context_length, self.algorithm, policy=self.policy,
                                            final=final)
-            carry = [pieces[i].copy() for i in _flat(carried)]  # a copy: a view would pin its whole document
+            carry = [tuple(None if x is None else x.copy() for x in pieces[i])  # a copy: a view would pin
+                     for i in _flat(carried)]  # its whole document
             after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
-                     "carry": [c.tolist() for c in carry]}
+                     **_carry_lists(carry)}
             order = np.random.default_rng([self.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))
             for j in range(skip, len(emitted)):
                 self._state = {**at_start, "n_yielded": j + 1} if j + 1 < len(emitted) else after
                 bin_pieces = [pieces[i] for i in emitted[order[j]]]
-                offsets = np.concatenate([[0], np.cumsum([len(p) for p in bin_pieces])])
-                yield make_item(np.concatenate(bin_pieces), offsets, pad_to=self.pad_to, pad_id=self.pad_id,
+                offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in bin_pieces])])
+                yield make_item(np.concatenate([ids for ids, _ in bin_pieces]), offsets,
+                                loss_mask=_bin_mask(bin_pieces), pad_to=self.pad_to, pad_id=self.pad_id,
                                 return_attention_mask=self.return_attention_mask,
                                 return_document_ids=self.return_document_ids)
             self._state = after  # also when the buffer emitted nothing (every bin carried)
@@ -339,3 +375,41 @@ def _special_id(tokenizer, given: int | None, candidates, what: str) -> int:
         return int(given)
     return special_id(tokenizer, None, candidates, what,
                       f"pass {what}_id=ID, or {what}=False if the token ids already carry it")
+
+
+def _masked_ids(pos: int, ids, loss_mask, labels) -> tuple[np.ndarray, np.ndarray]:
+    """A pre-tokenized example as (ids int64 [T], loss mask uint8 [T]); labels (-100 = untrained,
+    else equal to the id) become the mask. Checked here, at the edge: lengths, 0/1 values."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if loss_mask is None and labels is None:
+        return ids, None
+    if labels is not None:
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+        if len(labels) != len(ids) or ((labels != IGNORE_INDEX) & (labels != ids)).any():
+            raise ValueError(f"source document {pos - 1}: labels must equal input_ids except -100 on untrained tokens "
+                             f"({len(labels)} labels, {len(ids)} ids); give loss_mask (0/1 per token) instead")
+        return ids, (labels != IGNORE_INDEX).astype(np.uint8)
+    mask = np.asarray(loss_mask).reshape(-1)
+    if len(mask) != len(ids) or not np.isin(mask, (0, 1)).all():
+        raise ValueError(f"source document {pos - 1}: loss_mask needs one 0/1 value per token ({len(mask)} values "
+                         f"for {len(ids)} ids)")
+    return ids, mask.astype(np.uint8)
+
+
+def _bin_mask(pieces: list[tuple]) -> np.ndarray | None:
+    """The loss mask of a bin of (ids, mask) pieces: None when no piece has one (all trained)."""
+    if all(mask is None for _, mask in pieces):
+        return None
+    return np.concatenate([np.ones(len(ids), np.uint8) if mask is None else mask for ids, mask in pieces])
+
+
+def _carry_lists(carry: list[tuple]) -> dict:
+    """Carried (ids, mask) pieces as the state's plain lists: "carry" (ids) and "carry_masks" (mask or None)."""
+    return {"carry": [ids.tolist() for ids, _ in carry],
+            "carry_masks": [None if mask is None else mask.tolist() for _, mask in carry]}
+
+
+def _copy_carry(state: dict) -> dict:
+    masks = state.get("carry_masks") or [None] * len(state["carry"])
+    return {**state, "carry": [list(c) for c in state["carry"]],
+            "carry_masks": [None if m is None else list(m) for m in masks]}
