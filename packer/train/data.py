@@ -67,6 +67,11 @@ def _sources_of(manifest: dict, dataset: int, name: str) -> list[Source]:
     return out
 
 
+def _loss_masks(ds, rows) -> list | None:
+    """ds.mask_views(rows) where the dataset stores loss masks (fine-tuning data), else None."""
+    return ds.mask_views(rows) if getattr(ds, "has_loss_mask", False) else None
+
+
 class PackedDataset(IterableDataset):
     """Iterate a dataset built by `packer build` (any format `open_dataset` reads), shuffled per
     epoch, split over ranks and DataLoader workers, resumable mid-epoch at the same or another world size.
@@ -334,19 +339,23 @@ class PackedDataset(IterableDataset):
             self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
         return self._dss
 
-    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list]:
+    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:
+        """(token views, offset views, loss masks) of the rows; the masks are None when no dataset has one,
+        and a row of a dataset without masks has None (all trained) beside masked ones."""
         dss = self._open()
         if len(dss) == 1:
-            return read_rows(dss[0], rows)
-        tokens, offsets, picked = [], [], []
+            return (*read_rows(dss[0], rows), _loss_masks(dss[0], rows))
+        tokens, offsets, masks, picked = [], [], [], []
         for d in np.unique(datasets).tolist():
             here = np.flatnonzero(datasets == d)
             t, o = read_rows(dss[d], rows[here])
             tokens += t
             offsets += o
+            masks += _loss_masks(dss[d], rows[here]) or [None] * len(here)
             picked.append(here)
         back = np.argsort(np.concatenate(picked), kind="stable").tolist()
-        return [tokens[k] for k in back], [offsets[k] for k in back]
+        masks = None if all(m is None for m in masks) else [masks[k] for k in back]
+        return [tokens[k] for k in back], [offsets[k] for k in back], masks
 
     def _will_read(self, datasets: np.ndarray, rows: np.ndarray):
         """Tell readers that can read ahead (streamed stores: ds.will_read) the rows coming next."""
@@ -395,8 +404,9 @@ class PackedDataset(IterableDataset):
         return (len(mine) - 1) * self.unit + int(last[0])
 
     def _block_units(self, rows, sources) -> list:
-        """What one block of rows yields: its items, or with batch_size its batches."""
-        block = _make_block(*rows, self.pad_to, self.pad_id, self.return_document_ids)
+        """What one block of rows (tokens, offsets, loss masks) yields: its items, or with batch_size its batches."""
+        tokens, offsets, loss_masks = rows
+        block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks)
         if self.return_source_ids:
             block.fields["source_ids"] = torch.from_numpy(_source_ids(sources, block.row_start_list))
         n, size = len(block.row_start_list) - 1, self.batch_size

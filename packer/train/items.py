@@ -349,7 +349,8 @@ def collate_varlen(items: list[dict]) -> dict:
     run = _block_run(items)
     if run:  # consecutive rows of one block: slices of its tensors, no copy
         return _block_batch(*run, padded=False)
-    batch = {key: _join([it[key] for it in items])[None] for key in ("input_ids", "labels", "position_ids")}
+    keys = ("input_ids", "labels", "position_ids") + tuple(k for k in ("source_ids",) if k in items[0])
+    batch = {key: _join([it[key] for it in items])[None] for key in keys}
     lengths = [it["input_ids"].shape[0] for it in items]
     batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], lengths)
     batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
