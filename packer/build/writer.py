@@ -27,7 +27,9 @@ from packer.store.rows import Layout
 
 @functools.lru_cache(maxsize=1)
 def _load_plan(path: str, stamp: tuple) -> Plan:
-    return Plan.load(fs.for_numpy(path))  # once per worker process, not once per shard
+    """The plan at `path`: the plan stage writes one file per shard (read once, by its write task);
+    a whole plan.npz (tests, benchmarks) is read once per worker process, not once per shard."""
+    return Plan.load(fs.for_numpy(path))
 
 
 def _gather_tokens(plan: Plan, p0: int, p1: int, units_dir, dtype, units: dict) -> np.ndarray:
@@ -122,7 +124,7 @@ def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: 
         if _complete(entry, out, fmt):
             return entry
     plan = _load_plan(plan_path, fs.stamp(plan_path))
-    layout, p0 = shard_layout(plan, shard)
+    layout, p0 = shard_layout(plan, 0 if plan.n_shards == 1 else shard)  # a one-shard plan is this shard's own
     pieces = p0 + np.concatenate([[0], np.cumsum(np.diff(layout.offset_starts) - 1)])  # first piece of each row
     units: dict[int, np.ndarray] = {}
 
