@@ -44,6 +44,8 @@ class BuildConfig:
     unit_bytes: int = _field(64 * 2**20, "Uncompressed inputs are split into work units of about this many bytes.", minimum=1)
     pack_group: int | None = _field(None, "Pack each N consecutive documents separately (bounded planning work; "
                                           "costs a little fill rate). Default: all at once.", minimum=1)
+    plan_memory: int | None = _field(None, "Plan in groups that fit this many bytes per planning task (instead of "
+                                           "--pack-group; about 200 bytes a document). Default: all at once.", minimum=1)
     text_split: str = _field("file", ".txt inputs: one document per file, or documents separated by blank lines.")
     strict: bool = _field(False, "Fail on the first bad record instead of skipping and counting it.")
     on_file_error: str = _field("fail", "An unreadable or corrupt input file fails the run, or is skipped and reported.")
@@ -69,6 +71,11 @@ class BuildConfig:
                 f"pack_group must be a whole number of documents >= 1 (or unset to pack all at once), "
                 f"got {self.pack_group!r}"
             )
+        memory = self.plan_memory
+        if memory is not None and (type(memory) is not int or memory < 1):
+            raise ValueError(f"plan_memory must be a whole number of bytes >= 1 (or unset), got {memory!r}")
+        if memory is not None and group is not None:
+            raise ValueError(f"pack_group ({group}) and plan_memory ({memory}) both set the group size; give one of them")
         if self.bos not in (None, True, False):
             raise ValueError(f"bos must be true, false or unset (as the tokenizer says), got {self.bos!r}")
         if self.max_doc_bytes < 1:
@@ -81,6 +88,8 @@ class BuildConfig:
         d = dataclasses.asdict(self)
         if d["max_skip_fraction"] is None:  # off: not written, so manifests of builds without it keep their bytes
             del d["max_skip_fraction"]
+        if d["plan_memory"] is None:  # likewise
+            del d["plan_memory"]
         return d
 
 

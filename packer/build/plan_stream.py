@@ -315,7 +315,7 @@ def plan_streamed(unit_docs, config, work, executor, source_units=(0,), on_group
     if not source_units or source_units[0] != 0 or sorted(set(source_units)) != source_units or source_units[-1] > len(unit_docs):
         raise ValueError(f"source_units must ascend from 0 and stay below {len(unit_docs) + 1} units, got {source_units}")
     (work / PLAN_DIR).mkdir(exist_ok=True)
-    groups, buckets = plan_tasks(unit_docs, source_units, group_size(config.pack_group, getattr(config, "plan_memory", None)))
+    groups, buckets = plan_tasks(unit_docs, source_units, group_size(config.pack_group, config.plan_memory))
     done = executor.map(plan_group, [(g, config, str(work)) for g in groups], on_done=on_group)
     results = executor.map(plan_bucket, [(b, config, str(work)) for b in buckets])
     index = _number_shards(buckets, results, done, len(source_units))
