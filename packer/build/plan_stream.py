@@ -44,9 +44,10 @@ from packer.io import atomic, failpoints, fs
 GROUP_BYTES_PER_DOC = 200
 PLAN_DIR = "plan"
 INDEX = "plan.npz"
-# One piece in a group file: where its tokens are (unit, start, len), its global document, its bin
-# in the group's packing order, and whether its document is longer than the context (for stats).
-PIECE = np.dtype([("unit", "<u4"), ("start", "<u8"), ("len", "<u4"), ("doc", "<i8"), ("bin", "<u4"), ("split", "u1")])
+# One piece in a group file (25 bytes): where its tokens are (unit, start, len), its document (from
+# the group's first), its bin in the group's packing order, and whether its document is longer than
+# the context (for stats).
+PIECE = np.dtype([("unit", "<u4"), ("start", "<u8"), ("len", "<u4"), ("doc", "<u4"), ("bin", "<u4"), ("split", "u1")])
 _DEAL, _SHUFFLE = 0x6465616C, 0x73687566  # tags that keep the two kinds of rng streams apart
 
 
@@ -69,6 +70,7 @@ class BucketTask:
     bucket: int  # global bucket number (names the files)
     local: int  # bucket number within the source
     groups: tuple  # global numbers of the source's groups
+    group_docs: tuple  # the first document of each of those groups
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def plan_tasks(unit_docs, source_units, group: int | None) -> tuple[list[GroupTa
                           for u in range(u0, u1) if first_doc[u] < d1 and first_doc[u + 1] > d0 or (d0 == d1 == first_doc[u]))
             mine.append(len(groups))
             groups.append(GroupTask(s, len(groups), j, n, d0, d1, spans))
-        buckets += [BucketTask(s, len(buckets) + j, j, tuple(mine)) for j in range(n)]
+        first = tuple(groups[g].d0 for g in mine)
+        buckets += [BucketTask(s, len(buckets) + j, j, tuple(mine), first) for j in range(n)]
     return groups, buckets
 
 
@@ -199,7 +202,7 @@ def _group_pieces(task: GroupTask, units_dir, config):
         piece_doc, piece_offset, piece_len = keep, np.zeros(len(keep), np.int64), np.minimum(doc_len[keep], L)
     rec = np.empty(len(piece_doc), dtype=PIECE)
     rec["unit"], rec["start"] = doc_unit[piece_doc], doc_start[piece_doc] + piece_offset
-    rec["len"], rec["doc"], rec["split"] = piece_len, task.d0 + piece_doc, doc_len[piece_doc] > L
+    rec["len"], rec["doc"], rec["split"] = piece_len, piece_doc, doc_len[piece_doc] > L
     return rec, n_truncated, n_dropped
 
 
@@ -253,17 +256,25 @@ def _read_slice(path, a: int, b: int) -> np.ndarray:
 
 def _bucket_records(task: BucketTask, plan_dir) -> tuple[np.ndarray, np.ndarray]:
     """This bucket's pieces from every group of its source (group order) and bucket-local bin ids."""
-    parts = []
-    for g in task.groups:
+    parts, docs = [], []
+    for g, d0 in zip(task.groups, task.group_docs):
         s = np.load(fs.for_numpy(plan_dir / f"group-{g:06d}.starts.npy"))
         parts.append(_read_slice(plan_dir / f"group-{g:06d}.npy", int(s[task.local]), int(s[task.local + 1])))
+        docs.append(d0 + parts[-1]["doc"].astype(np.int64))
     rec = np.concatenate(parts) if parts else np.zeros(0, PIECE)
+    doc = np.concatenate(docs) if docs else np.zeros(0, np.int64)
     new = np.ones(len(rec), dtype=bool)  # a piece starts a new bin: another bin number, or another group
     if len(rec):
         new[1:] = rec["bin"][1:] != rec["bin"][:-1]
         edges = np.cumsum([len(p) for p in parts])[:-1]
         new[edges[edges < len(rec)]] = True
-    return rec, np.cumsum(new) - 1
+    return rec, doc, np.cumsum(new) - 1
+
+
+def _small(x: np.ndarray) -> np.ndarray:
+    """x in the smallest unsigned type that holds it (shard plans: 18 bytes a piece, not 32)."""
+    top = int(x.max()) if len(x) else 0
+    return x.astype(np.uint16 if top < 2**16 else np.uint32 if top < 2**32 else np.uint64)
 
 
 def plan_bucket(task: BucketTask, config, work: str) -> dict:
@@ -274,13 +285,13 @@ def plan_bucket(task: BucketTask, config, work: str) -> dict:
     done = plan_dir / f"bucket-{task.bucket:06d}.json"
     if done.exists():
         return json.loads(done.read_text(encoding="utf-8"))
-    rec, bins = _bucket_records(task, plan_dir)
+    rec, doc, bins = _bucket_records(task, plan_dir)
     n_bins = int(bins[-1]) + 1 if len(bins) else 0
     position = _bucket_rng(config.seed, task.source, task.local).permutation(n_bins)  # output position of each bin
     seq_of_piece = position[bins]
     del bins
     order = np.argsort(seq_of_piece, kind="stable")  # by output position, then as the group file had them
-    rec = rec[order]
+    rec, doc = rec[order], doc[order]
     seq_counts = np.bincount(seq_of_piece, minlength=n_bins)
     del order, seq_of_piece
     seq_starts = np.concatenate([[0], np.cumsum(seq_counts)]).astype(np.int64)
@@ -292,9 +303,8 @@ def plan_bucket(task: BucketTask, config, work: str) -> dict:
     for j, (s0, s1) in enumerate(zip(shard_starts[:-1].tolist(), shard_starts[1:].tolist())):
         p0, p1 = int(seq_starts[s0]), int(seq_starts[s1])
         part = rec[p0:p1]
-        atomic.save_npz(plan_dir / _shard_name(task.bucket, j), piece_unit=part["unit"].astype(np.int32),
-                        piece_start=part["start"].astype(np.int64), piece_len=part["len"].astype(np.int32),
-                        piece_doc=part["doc"], seq_starts=seq_starts[s0 : s1 + 1] - p0,
+        atomic.save_npz(plan_dir / _shard_name(task.bucket, j), piece_unit=part["unit"], piece_start=_small(part["start"]),
+                        piece_len=_small(part["len"]), piece_doc=doc[p0:p1], seq_starts=seq_starts[s0 : s1 + 1] - p0,
                         shard_starts=np.array([0, s1 - s0], dtype=np.int64))
         shards.append({"sequences": s1 - s0, "tokens": int(seq_tokens[s0:s1].sum()), "pieces": p1 - p0})
     atomic.save_npz(plan_dir / f"bucket-{task.bucket:06d}.stats.npz", seq_tokens=seq_tokens.astype(np.int32),
@@ -320,6 +330,9 @@ def plan_streamed(unit_docs, config, work, executor, source_units=(0,), on_group
     results = executor.map(plan_bucket, [(b, config, str(work)) for b in buckets])
     index = _number_shards(buckets, results, done, len(source_units))
     index.save(work / INDEX)
+    for g in groups:  # read by every bucket, needed by none now: the shard plans hold it all
+        for suffix in (".npy", ".starts.npy"):
+            (work / PLAN_DIR / f"group-{g.group:06d}{suffix}").unlink(missing_ok=True)
     return index
 
 

@@ -58,7 +58,8 @@ def test_plan_tasks_hand_case():
     groups, buckets = plan_tasks([3, 4, 2], [0, 2], 4)
     assert [(g.source, g.d0, g.d1, g.units) for g in groups] == [
         (0, 0, 4, ((0, 0, 3), (1, 0, 1))), (0, 4, 7, ((1, 1, 4),)), (1, 7, 9, ((2, 0, 2),))]
-    assert [(b.source, b.bucket, b.local, b.groups) for b in buckets] == [(0, 0, 0, (0, 1)), (0, 1, 1, (0, 1)), (1, 2, 0, (2,))]
+    assert [(b.source, b.bucket, b.local, b.groups, b.group_docs) for b in buckets] == [
+        (0, 0, 0, (0, 1), (0, 4)), (0, 1, 1, (0, 1), (0, 4)), (1, 2, 0, (2,), (7,))]
     assert [g.n_buckets for g in groups] == [2, 2, 1]
 
 
