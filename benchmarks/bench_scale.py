@@ -1,7 +1,7 @@
 """Does planning stay in bounded memory at corpus scale? The plan and write stages on synthetic unit files.
 
     python benchmarks/bench_scale.py --docs 10_000_000
-    python benchmarks/bench_scale.py --docs 1_000_000_000 --workers 2      # ~50 GB of plan files on disk
+    python benchmarks/bench_scale.py --docs 1_000_000_000 --workers 2 --pack-group 2_000_000   # ~50 GB of plan files
 
 Unit files of web-like document lengths (lognormal, median ~400 tokens, 1% over the context of
 4096), 1M documents a unit; their token files are sparse (a .npy header, then a hole: zero cost,
@@ -49,6 +49,18 @@ FILL_GROUPS = (10_000, 100_000, 1_000_000, None)
 
 def _rss_mb(who=resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024  # KiB on Linux
+
+
+def _workers_peak_mb(executor) -> float:
+    """Peak RSS (VmHWM) of the pool's worker processes, read before they are stopped."""
+    peak = 0.0
+    for pid in list(getattr(getattr(executor, "_pool", None), "_processes", None) or {}):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                peak = max(peak, *(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM")))
+        except OSError:
+            pass
+    return peak
 
 
 def _lengths(u: int) -> np.ndarray:
@@ -111,10 +123,11 @@ def main():
         t, cpu = time.perf_counter(), time.process_time()
         try:
             index = plan_streamed(unit_docs, config, root / "work", executor)
+            workers_peak = _workers_peak_mb(executor)
         finally:
             executor.close()
         seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
-        peak, workers_peak = _rss_mb(), _rss_mb(resource.RUSAGE_CHILDREN)
+        peak = _rss_mb()
         plan_dir = root / "work" / PLAN_DIR
         sizes = np.array([index.shard_path(plan_dir, k).stat().st_size for k in range(index.n_shards)])
         slots = index.n_sequences * CONTEXT_LENGTH

@@ -45,7 +45,7 @@ class BuildConfig:
     pack_group: int | None = _field(None, "Pack each N consecutive documents separately (bounded planning work; "
                                           "costs a little fill rate). Default: all at once.", minimum=1)
     plan_memory: int | None = _field(None, "Plan in groups that fit this many bytes per planning task (instead of "
-                                           "--pack-group; about 200 bytes a document). Default: all at once.", minimum=1)
+                                           "--pack-group; about 128 bytes a document). Default: all at once.", minimum=1)
     text_split: str = _field("file", ".txt inputs: one document per file, or documents separated by blank lines.")
     strict: bool = _field(False, "Fail on the first bad record instead of skipping and counting it.")
     on_file_error: str = _field("fail", "An unreadable or corrupt input file fails the run, or is skipped and reported.")
@@ -117,7 +117,13 @@ class Job:
 
     @property
     def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        """--workers, else one per usable core (taskset and cpusets counted, as packer/build/executors.py's thread policy)."""
+        if self.workers:
+            return self.workers
+        try:
+            return len(os.sched_getaffinity(0)) or 1
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
 
 
 def _check_choices(obj):

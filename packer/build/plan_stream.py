@@ -40,8 +40,9 @@ from packer.build.plan import _shard_boundaries, split_documents
 from packer.io import atomic, failpoints, fs
 
 # Peak bytes a document of one group task (lengths, pieces, the packer's sort, the sorted records),
-# from benchmarks/bench_scale.py, 2026-12-01: --plan-memory M gives groups of M // this documents.
-GROUP_BYTES_PER_DOC = 200
+# from benchmarks/bench_scale.py, 2026-12-01: 108-112 measured, plus room for a bucket above the mean.
+# --plan-memory M gives groups of M // this documents.
+GROUP_BYTES_PER_DOC = 128
 PLAN_DIR = "plan"
 INDEX = "plan.npz"
 # One piece in a group file (25 bytes): where its tokens are (unit, start, len), its document (from
@@ -200,10 +201,19 @@ def _group_pieces(task: GroupTask, units_dir, config):
         else:
             n_dropped, keep = int(long.sum()), np.flatnonzero(~long)
         piece_doc, piece_offset, piece_len = keep, np.zeros(len(keep), np.int64), np.minimum(doc_len[keep], L)
-    rec = np.empty(len(piece_doc), dtype=PIECE)
-    rec["unit"], rec["start"] = doc_unit[piece_doc], doc_start[piece_doc] + piece_offset
-    rec["len"], rec["doc"], rec["split"] = piece_len, piece_doc, doc_len[piece_doc] > L
-    return rec, n_truncated, n_dropped
+    columns = {"unit": doc_unit[piece_doc], "start": doc_start[piece_doc] + piece_offset, "len": piece_len,
+               "doc": piece_doc, "split": doc_len[piece_doc] > L}
+    return columns, n_truncated, n_dropped
+
+
+def stable_order(key: np.ndarray) -> np.ndarray:
+    """np.argsort(key, kind="stable") for non-negative integer keys: below 2**32 as two stable
+    16-bit radix passes (low half, then high half), which numpy sorts about 10x faster than the
+    timsort it uses for wider keys."""
+    if not len(key) or int(key.max()) >= 2**32:
+        return np.argsort(key, kind="stable")
+    low = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+    return low[np.argsort((key[low] >> 16).astype(np.uint16), kind="stable")]
 
 
 def plan_group(task: GroupTask, config, work: str) -> dict:
@@ -214,25 +224,27 @@ def plan_group(task: GroupTask, config, work: str) -> dict:
     done = plan_dir / f"group-{task.group:06d}.json"
     if done.exists():
         return json.loads(done.read_text(encoding="utf-8"))
-    rec, n_truncated, n_dropped = _group_pieces(task, fs.location(work) / "units", config)
-    bins = pack(rec["len"], config.context_length, config.algorithm)
+    columns, n_truncated, n_dropped = _group_pieces(task, fs.location(work) / "units", config)
+    bins = pack(columns["len"], config.context_length, config.algorithm)
     n_bins = int(bins.max()) + 1 if len(bins) else 0
     if task.n_buckets > 1:
         deal = np.random.default_rng([config.seed, _DEAL, task.source, task.local])
         bucket = deal.integers(task.n_buckets, size=n_bins)
     else:
         bucket = np.zeros(n_bins, dtype=np.int64)
-    rec["bin"] = bins
-    order = np.argsort(bucket[bins] * max(n_bins, 1) + bins, kind="stable")  # by bucket, bin, then document
+    columns["bin"] = bins
+    order = stable_order(bucket[bins] * max(n_bins, 1) + bins)  # by bucket, bin, then document
     counts = np.bincount(bucket, minlength=task.n_buckets)
     starts = np.concatenate([[0], np.cumsum(np.bincount(bucket[bins], minlength=task.n_buckets))]).astype(np.int64)
     del bins, bucket
-    rec = rec[order]
+    rec = np.empty(len(order), dtype=PIECE)
+    for name in PIECE.names:
+        rec[name] = columns.pop(name)[order]
     del order
     atomic._save(plan_dir / f"group-{task.group:06d}.npy", lambda f: np.save(f, rec))
     atomic._save(plan_dir / f"group-{task.group:06d}.starts.npy", lambda f: np.save(f, starts))
-    result = {"group": task.group, "docs": task.d1 - task.d0, "pieces": len(rec), "bins": n_bins, "tokens": int(rec["len"].sum(dtype=np.int64)),
-              "bins_per_bucket_max": int(counts.max()) if len(counts) else 0,
+    result = {"group": task.group, "docs": task.d1 - task.d0, "pieces": len(rec), "bins": n_bins,
+              "tokens": int(rec["len"].sum(dtype=np.int64)), "bins_per_bucket_max": int(counts.max()) if len(counts) else 0,
               "truncated_tokens": n_truncated, "dropped_docs": n_dropped}
     atomic.write_json(done, result)
     return result
@@ -290,21 +302,23 @@ def plan_bucket(task: BucketTask, config, work: str) -> dict:
     position = _bucket_rng(config.seed, task.source, task.local).permutation(n_bins)  # output position of each bin
     seq_of_piece = position[bins]
     del bins
-    order = np.argsort(seq_of_piece, kind="stable")  # by output position, then as the group file had them
-    rec, doc = rec[order], doc[order]
+    order = stable_order(seq_of_piece)  # by output position, then as the group file had them
+    cols = {name: rec[name][order] for name in ("unit", "start", "len", "split")}
+    doc = doc[order]
+    del rec
     seq_counts = np.bincount(seq_of_piece, minlength=n_bins)
     del order, seq_of_piece
     seq_starts = np.concatenate([[0], np.cumsum(seq_counts)]).astype(np.int64)
-    piece_len = rec["len"].astype(np.int64)
+    piece_len = cols["len"].astype(np.int64)
     seq_tokens = np.add.reduceat(piece_len, seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
-    seq_split = np.add.reduceat(rec["split"].astype(np.int64), seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
+    seq_split = np.add.reduceat(cols["split"].astype(np.int64), seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
     shard_starts = _shard_boundaries(seq_tokens, config.shard_size)
     shards = []
     for j, (s0, s1) in enumerate(zip(shard_starts[:-1].tolist(), shard_starts[1:].tolist())):
         p0, p1 = int(seq_starts[s0]), int(seq_starts[s1])
-        part = rec[p0:p1]
-        atomic.save_npz(plan_dir / _shard_name(task.bucket, j), piece_unit=part["unit"], piece_start=_small(part["start"]),
-                        piece_len=_small(part["len"]), piece_doc=doc[p0:p1], seq_starts=seq_starts[s0 : s1 + 1] - p0,
+        atomic.save_npz(plan_dir / _shard_name(task.bucket, j), piece_unit=cols["unit"][p0:p1],
+                        piece_start=_small(cols["start"][p0:p1]), piece_len=_small(cols["len"][p0:p1]), piece_doc=doc[p0:p1],
+                        seq_starts=seq_starts[s0 : s1 + 1] - p0,
                         shard_starts=np.array([0, s1 - s0], dtype=np.int64))
         shards.append({"sequences": s1 - s0, "tokens": int(seq_tokens[s0:s1].sum()), "pieces": p1 - p0})
     atomic.save_npz(plan_dir / f"bucket-{task.bucket:06d}.stats.npz", seq_tokens=seq_tokens.astype(np.int32),

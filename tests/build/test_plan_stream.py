@@ -15,7 +15,7 @@ from conftest import SAMPLE_INPUTS, TOKENIZER
 from packer.binpack import pack
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins, split_documents
-from packer.build.plan_stream import PLAN_DIR, group_size, plan_streamed, plan_tasks
+from packer.build.plan_stream import GROUP_BYTES_PER_DOC, PLAN_DIR, group_size, plan_streamed, plan_tasks, stable_order
 from packer.config import BuildConfig
 from packer.io import failpoints
 
@@ -169,7 +169,7 @@ def test_single_source_of_many_is_its_own_plan(tmp_path):
 
 def test_group_size_and_config():
     assert group_size(None, None) is None and group_size(10, None) == 10
-    assert group_size(None, 2_000_000) == 2_000_000 // 200 and group_size(None, 1) == 1
+    assert group_size(None, 2_000_000) == 2_000_000 // GROUP_BYTES_PER_DOC and group_size(None, 1) == 1
     assert BuildConfig(plan_memory=10**9).plan_memory == 10**9
     assert "plan_memory" not in BuildConfig().to_dict()
     with pytest.raises(ValueError, match="give one of them"):
@@ -223,3 +223,11 @@ def test_resume_after_a_kill_during_planning(tmp_path, kill_at):
     code, log = _build(tmp_path / "killed")
     assert code == 0, log
     assert _files(tmp_path / "killed") == _files(tmp_path / "whole")
+
+
+def test_stable_order_is_a_stable_argsort():
+    rng = np.random.default_rng(4)
+    for top in (3, 2**16, 2**20, 2**31, 2**40):
+        key = rng.integers(0, top, size=5000)
+        assert stable_order(key).tolist() == np.argsort(key, kind="stable").tolist()
+    assert stable_order(np.zeros(0, np.int64)).tolist() == []
