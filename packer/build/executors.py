@@ -126,9 +126,11 @@ def _main_without_a_missing_file():
 class InlineExecutor:
     """Runs each call in this process: one worker, no pickling, easiest to debug. Its tokenizer
     threads follow the same policy as a pool's (every usable core for the one worker), set in
-    this process unless it already encoded something (then its pool is as it was)."""
+    this process unless it already encoded something (then its pool is as it was). close() puts
+    the variables back, so processes this one starts later do not take them for the user's."""
 
     def __init__(self):
+        self._saved = {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
         _set_threads(tokenizer_threads(1))
 
     def map(self, fn, items, on_done=None):
@@ -140,7 +142,11 @@ class InlineExecutor:
         return results
 
     def close(self):
-        pass
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class LocalExecutor:
