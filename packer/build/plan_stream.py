@@ -184,8 +184,7 @@ def _group_pieces(task: GroupTask, units_dir, config):
     L = config.context_length
     lengths, unit, start = [], [], []
     for u, a, b in task.units:
-        x = np.load(fs.for_numpy(fs.location(units_dir) / f"unit-{u:06d}.lengths.npy"), mmap_mode="r")
-        x = np.asarray(x[:b], dtype=np.int64)
+        x = np.asarray(_read_slice(fs.location(units_dir) / f"unit-{u:06d}.lengths.npy", 0, b), dtype=np.int64)
         starts = np.cumsum(x) - x
         lengths.append(x[a:])
         start.append(starts[a:])
@@ -259,7 +258,7 @@ def _bucket_rng(seed: int, source: int, local: int):
 
 
 def _read_slice(path, a: int, b: int) -> np.ndarray:
-    """Rows [a, b) of a group file: a memory map locally (only those pages are read)."""
+    """Rows [a, b) of a .npy file: a memory map locally (only those pages are read)."""
     loc = fs.location(path)
     if isinstance(loc, fs.RemotePath):  # TODO(plan-remote): ranged read of the rows instead of the whole file
         return np.load(fs.for_numpy(loc))[a:b]
