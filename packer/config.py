@@ -18,6 +18,11 @@ CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FO
            "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS}  # field -> allowed values (the CLI's too)
 
 
+# Tokenizer threads a default worker gets: one encode_batch_fast keeps about 1.5 cores busy, and on
+# this 2-core box 1 worker x 2 threads built 1.9x faster than 2 x 1 (benchmarks/bench_cores.py, 2026-12-01).
+THREADS_PER_WORKER = 2
+
+
 def _field(default, help: str, minimum: int | None = None):
     """A config field with its one line of --help and its least value (the CLI builds its options from these)."""
     return field(default=default, metadata={"help": help, "minimum": minimum})
@@ -101,7 +106,8 @@ class Job:
     tokenizer: str
     output: str
     config: BuildConfig = field(default_factory=BuildConfig)
-    workers: int = _field(0, "Worker processes (default 0: all cores; ray: tasks in flight, 0 = 2x the cluster's CPUs).", minimum=0)
+    workers: int = _field(0, "Worker processes (default 0: one per 2 usable cores, each with 2 tokenizer threads; "
+                             "ray: tasks in flight, 0 = 2x the cluster's CPUs).", minimum=0)
     executor: str = _field("local", "Run stages in local processes or as Ray tasks (same output bytes).")
     ray_address: str | None = _field(None, "Ray cluster for --executor ray (default: $RAY_ADDRESS, a cluster on "
                                            "this machine, else a new local one).")
@@ -117,13 +123,15 @@ class Job:
 
     @property
     def n_workers(self) -> int:
-        """--workers, else one per usable core (taskset and cpusets counted, as packer/build/executors.py's thread policy)."""
+        """--workers, else one per THREADS_PER_WORKER usable cores (taskset and cpusets counted); each
+        worker then runs cores // workers tokenizer threads (packer/build/executors.py)."""
         if self.workers:
             return self.workers
         try:
-            return len(os.sched_getaffinity(0)) or 1
+            cores = len(os.sched_getaffinity(0)) or 1
         except AttributeError:  # not Linux
-            return os.cpu_count() or 1
+            cores = os.cpu_count() or 1
+        return max(1, cores // THREADS_PER_WORKER)
 
 
 def _check_choices(obj):
