@@ -9,7 +9,9 @@ the build runs with the policy (RAYON_NUM_THREADS unset) and with every hand-pic
 worker per usable core). Ratio: policy time / the best hand-picked time at that worker count
 (<= 1.0 plus noise: never slower), and default / the best of all.
 
-2026-12-01, shared 2-core box at load ~15 (others' tests): see docs/scale.md for the table.
+2026-12-01, shared 2-core box at load 12-17 (others' tests): see docs/scale.md. That run was noise
+(the same setting, measured twice, differed by up to 3x); its one steady signal, 1 worker x 2
+threads well ahead of 2 x 1 and 4 x 1 on 2 cores, set the default of one worker per 2 cores.
 """
 
 from __future__ import annotations
