@@ -19,6 +19,11 @@ CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FO
            "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS}  # field -> allowed values (the CLI's too)
 
 
+# Tokenizer threads a default worker gets: one encode_batch_fast keeps about 1.5 cores busy, and on
+# this 2-core box 1 worker x 2 threads built 1.9x faster than 2 x 1 (benchmarks/bench_cores.py, 2026-12-01).
+THREADS_PER_WORKER = 2
+
+
 def _field(default, help: str, minimum: int | None = None):
     """A config field with its one line of --help and its least value (the CLI builds its options from these)."""
     return field(default=default, metadata={"help": help, "minimum": minimum})
@@ -45,6 +50,8 @@ class BuildConfig:
     unit_bytes: int = _field(64 * 2**20, "Uncompressed inputs are split into work units of about this many bytes.", minimum=1)
     pack_group: int | None = _field(None, "Pack each N consecutive documents separately (bounded planning work; "
                                           "costs a little fill rate). Default: all at once.", minimum=1)
+    plan_memory: int | None = _field(None, "Plan in groups that fit this many bytes per planning task (instead of "
+                                           "--pack-group; about 128 bytes a document). Default: all at once.", minimum=1)
     text_split: str = _field("file", ".txt inputs: one document per file, or documents separated by blank lines.")
     strict: bool = _field(False, "Fail on the first bad record instead of skipping and counting it.")
     on_file_error: str = _field("fail", "An unreadable or corrupt input file fails the run, or is skipped and reported.")
@@ -70,6 +77,11 @@ class BuildConfig:
                 f"pack_group must be a whole number of documents >= 1 (or unset to pack all at once), "
                 f"got {self.pack_group!r}"
             )
+        memory = self.plan_memory
+        if memory is not None and (type(memory) is not int or memory < 1):
+            raise ValueError(f"plan_memory must be a whole number of bytes >= 1 (or unset), got {memory!r}")
+        if memory is not None and group is not None:
+            raise ValueError(f"pack_group ({group}) and plan_memory ({memory}) both set the group size; give one of them")
         if self.bos not in (None, True, False):
             raise ValueError(f"bos must be true, false or unset (as the tokenizer says), got {self.bos!r}")
         if self.max_doc_bytes < 1:
@@ -82,6 +94,8 @@ class BuildConfig:
         d = dataclasses.asdict(self)
         if d["max_skip_fraction"] is None:  # off: not written, so manifests of builds without it keep their bytes
             del d["max_skip_fraction"]
+        if d["plan_memory"] is None:  # likewise
+            del d["plan_memory"]
         return d
 
 
@@ -122,7 +136,8 @@ class Job:
     tokenizer: str
     output: str
     config: BuildConfig = field(default_factory=BuildConfig)
-    workers: int = _field(0, "Worker processes (default 0: all cores; ray: tasks in flight, 0 = 2x the cluster's CPUs).", minimum=0)
+    workers: int = _field(0, "Worker processes (default 0: one per 2 usable cores, each with 2 tokenizer threads; "
+                             "ray: tasks in flight, 0 = 2x the cluster's CPUs).", minimum=0)
     executor: str = _field("local", "Run stages in local processes or as Ray tasks (same output bytes).")
     ray_address: str | None = _field(None, "Ray cluster for --executor ray (default: $RAY_ADDRESS, a cluster on "
                                            "this machine, else a new local one).")
@@ -143,7 +158,15 @@ class Job:
 
     @property
     def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        """--workers, else one per THREADS_PER_WORKER usable cores (taskset and cpusets counted); each
+        worker then runs cores // workers tokenizer threads (packer/build/executors.py)."""
+        if self.workers:
+            return self.workers
+        try:
+            cores = len(os.sched_getaffinity(0)) or 1
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        return max(1, cores // THREADS_PER_WORKER)
 
 
 def _check_sources(sources):

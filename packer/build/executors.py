@@ -31,10 +31,32 @@ RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times
 RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
 
 
-def _init_worker():
-    # One tokenizer thread per process: the pool already uses every core.
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+def usable_cores() -> int:
+    """Cores this process may run on (taskset and cgroup cpusets narrow it; os.cpu_count does not see them)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def tokenizer_threads(n_workers: int) -> int:
+    """The thread policy: each of n workers gets cores // n tokenizer threads (at least one), so
+    workers x threads = the cores, never more. encode_batch_fast runs on a Rayon pool of
+    RAYON_NUM_THREADS threads; a RAYON_NUM_THREADS the user set wins. 2 cores: 1 worker x 2 threads
+    or 2 x 1; 64 cores, --workers 64: 64 x 1, not 64 x 64 (benchmarks/bench_cores.py)."""
+    user = os.environ.get("RAYON_NUM_THREADS", "")
+    return int(user) if user.isdigit() and int(user) > 0 else max(1, usable_cores() // max(n_workers, 1))
+
+
+def _set_threads(threads: int):
+    """Before the first encode in this process (Rayon builds its pool once): `threads` tokenizer
+    threads; TOKENIZERS_PARALLELISM=false would make encode_batch_fast run on one whatever the pool."""
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+
+
+def _init_worker(threads: int = 1):
+    _set_threads(threads)
     _exit_with_driver()
 
 
@@ -103,7 +125,14 @@ def _main_without_a_missing_file():
 
 
 class InlineExecutor:
-    """Runs each call in this process: one worker, no pickling, easiest to debug."""
+    """Runs each call in this process: one worker, no pickling, easiest to debug. Its tokenizer
+    threads follow the same policy as a pool's (every usable core for the one worker), set in
+    this process unless it already encoded something (then its pool is as it was). close() puts
+    the variables back, so processes this one starts later do not take them for the user's."""
+
+    def __init__(self):
+        self._saved = {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+        _set_threads(tokenizer_threads(1))
 
     def map(self, fn, items, on_done=None):
         results = []
@@ -114,16 +143,22 @@ class InlineExecutor:
         return results
 
     def close(self):
-        pass
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class LocalExecutor:
-    """A pool of `n_workers` processes (forkserver start method: no inherited threads or locks)."""
+    """A pool of `n_workers` processes (forkserver start method: no inherited threads or locks),
+    each with tokenizer_threads(n_workers) tokenizer threads."""
 
     def __init__(self, n_workers: int):
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         self._pool = ProcessPoolExecutor(
-            max_workers=n_workers, mp_context=mp.get_context(method), initializer=_init_worker
+            max_workers=n_workers, mp_context=mp.get_context(method), initializer=_init_worker,
+            initargs=(tokenizer_threads(n_workers),),
         )
 
     def map(self, fn, items, on_done=None):
@@ -171,7 +206,7 @@ class LocalExecutor:
 def _run_task(fn, args, cwd: str, env: dict):
     """Body of every Ray task: the driver's packer variables (`env`, e.g. failpoints), its
     directory (relative paths mean the same on every node of a shared mount), one tokenizer
-    thread, then the stage function."""
+    thread (a task holds one CPU), then the stage function."""
     os.environ.update(env)
     _init_worker()
     if os.getcwd() != cwd:

@@ -4,7 +4,8 @@
     OUTPUT/.packer-owned.json                                     what packer wrote here, with sha256 (packer/build/owned.py)
     OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/build/resume.py)
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
-    OUTPUT/_work/plan.npz                                         plan (lengths only)
+    OUTPUT/_work/plan/{group,bucket}-*.{npy,npz,json}            plan tasks (lengths only; one plan file per shard)
+    OUTPUT/_work/plan.npz                                         plan index: shard -> plan file, counts per shard
     OUTPUT/_work/dataset/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json
                                                                   write (one per shard; the .json says done)
     OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json}
@@ -28,9 +29,9 @@ import time
 import numpy as np
 
 from packer import __version__
-from packer.build import owned, readers, resume, sources, writer
+from packer.build import owned, plan_stream, readers, resume, sources, writer
 from packer.build.executors import make_executor
-from packer.build.plan import Plan, plan_bins
+from packer.build.plan_stream import PlanIndex
 from packer.build.tokenize import tokenize_unit, unit_paths
 from packer.build.tokenizer import resolved_config, specials_manifest, tokenizer_info
 from packer.config import Job
@@ -68,30 +69,43 @@ def _tokenize_task(unit, info, config, units_dir: str) -> dict:
     return tokenize_unit(unit, info, config, units_dir)
 
 
-def _plan_stage(n_units: int, config, work, source_starts=None) -> Plan:
-    path = work / "plan.npz"
-    if path.exists():
-        return Plan.load(fs.for_numpy(path))
-    unit_lengths = [np.load(fs.for_numpy(unit_paths(work / "units", u)["lengths.npy"])) for u in range(n_units)]
-    plan = (sources.plan_by_source if source_starts else plan_bins)(
-        unit_lengths,
-        *([source_starts] if source_starts else []),
-        context_length=config.context_length,
-        algorithm=config.algorithm,
-        long_docs=config.long_docs,
-        seed=config.seed,
-        shard_size=config.shard_size,
-        pack_group=config.pack_group,
-    )
-    atomic.save_npz(path, **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
+def _unit_docs(units_dir, n_units: int) -> list[int]:
+    """Documents of each unit, from its lengths.npy header alone."""
+    out = []
+    for u in range(n_units):
+        with fs.location(unit_paths(units_dir, u)["lengths.npy"]).open("rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, _ = read_header(f)
+        out.append(int(shape[0]))
+    return out
+
+
+def _plan_stage(n_units: int, config, work, executor, source_units=(0,), progress="auto") -> PlanIndex:
+    """Plan as tasks on `executor` (packer/build/plan_stream.py): groups of documents, then buckets
+    of bins, one plan file per shard; the driver keeps only the index. source_units: the first unit
+    of each source (one source: all units)."""
+    if (work / plan_stream.INDEX).exists():
+        return plan_stream.PlanIndex.load(work / plan_stream.INDEX)
+    unit_docs = _unit_docs(work / "units", n_units)
+    n_done = 0
+    with Progress("plan", sum(unit_docs), "doc", mode=progress) as bar:
+
+        def done(result):
+            nonlocal n_done
+            n_done += 1
+            bar.update(result["docs"])
+            failpoints.hit("planned", n_done)
+
+        index = plan_stream.plan_streamed(unit_docs, config, work, executor, source_units, on_group=done)
     failpoints.hit("plan", 0)
-    return plan
+    return index
 
 
-def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto", unit_sources=None):
+def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="auto", unit_sources=None):
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
-    with Progress("write", int(plan.piece_len.sum()), "tok", mode=progress) as bar:
+    with Progress("write", plan.n_tokens, "tok", mode=progress) as bar:
 
         def done(entry):
             nonlocal n_done
@@ -100,7 +114,8 @@ def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto",
             failpoints.hit("write", n_done)
 
         args = [
-            (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format, *([unit_sources] if unit_sources else []))
+            (str(plan.shard_path(work / plan_stream.PLAN_DIR, k)), k, str(work), str(out), info.dtype.name, config.format,
+             *([unit_sources] if unit_sources else []))
             for k in range(plan.n_shards)
         ]
         return executor.map(_write_task if unit_sources else writer.write_shard, args, on_done=done)
@@ -110,7 +125,7 @@ def _write_task(plan_path, shard, work_dir, out_dir, dtype, fmt, unit_sources) -
     return writer.write_shard(plan_path, shard, work_dir, out_dir, dtype, fmt, unit_sources=unit_sources)
 
 
-def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
+def _totals(unit_counters, plan: PlanIndex, config, skipped_files=()) -> dict:
     skipped: dict[str, int] = {}
     failed = {f["path"]: f["error"] for f in skipped_files}
     for c in unit_counters:
@@ -119,7 +134,7 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
         for reason, n in c["skipped"].items():
             skipped[reason] = skipped.get(reason, 0) + n
     tokens_in = sum(c["tokens"] for c in unit_counters)
-    tokens_out = int(plan.piece_len.sum())
+    tokens_out = plan.n_tokens
     slots = plan.n_sequences * config.context_length
     return {
         "docs_read": sum(c["docs_read"] for c in unit_counters),
@@ -132,7 +147,7 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
         "tokens_out": tokens_out,
         "tokens_truncated": plan.n_truncated_tokens,
         "sequences": plan.n_sequences,
-        "pieces": len(plan.piece_len),
+        "pieces": plan.n_pieces,
         "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
     }
 
@@ -188,7 +203,7 @@ def _shipped(info) -> dict:
     return out
 
 
-def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, work,
+def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, out, work,
               skipped_files=(), named=None) -> dict:
     config = job.config
     doc_lengths = np.concatenate(
@@ -196,9 +211,12 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
         or [np.zeros(0, np.int64)]
     )
     if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
-        figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+        sequences = plan.sequence_stats(work / plan_stream.PLAN_DIR)
+        figures = plan_stats(doc_lengths, plan, sequences, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
         if named:
-            figures["sources"] = plan_source_figures(plan, named.unit_sources, named.names, counters, config.context_length)
+            summary = sources.summary(plan, doc_lengths, counters, named.unit_sources, config)
+            figures["sources"] = plan_source_figures(summary, named.names, counters, named.unit_sources,
+                                                     config.context_length)
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
@@ -222,7 +240,9 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
         "totals": _totals(counters, plan, config, skipped_files),
     }
     if named:
-        manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, plan, config.context_length)
+        summary = sources.summary(plan, doc_lengths, counters, named.unit_sources, config)
+        manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
+                                                     config.context_length)
     failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 
@@ -310,7 +330,7 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
             if not work.exists():  # nothing accepted: nothing kept, not even the record
                 owned.remove_work(out, record)
             raise
-        plan = _plan_stage(len(units), config, work, named.source_starts if named else None)
+        plan = _plan_stage(len(units), config, work, executor, named.source_starts[:-1] if named else (0,), progress)
         entries = _write_stage(plan, info, config, work, staged, executor, progress, named.unit_sources if named else None)
     finally:
         executor.close()

@@ -40,10 +40,12 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
+        """A whole plan (plan_bins, saved), or one shard's plan (packer/build/plan_stream.py writes
+        those: the same arrays for that shard alone, without the counters)."""
         with np.load(path) as z:
-            fields = {k: z[k] for k in z.files}
-        fields["n_truncated_tokens"] = int(fields["n_truncated_tokens"])
-        fields["n_dropped_docs"] = int(fields["n_dropped_docs"])
+            fields = {k: z[k].astype(np.int64) for k in z.files}
+        fields["n_truncated_tokens"] = int(fields.get("n_truncated_tokens", 0))
+        fields["n_dropped_docs"] = int(fields.get("n_dropped_docs", 0))
         return cls(**fields)
 
 

@@ -4,7 +4,7 @@
     units    0 1 2 (a, b)  |  3 4 (c)             unit_sources (0, 0, 0, 1, 1), source_starts [0, 3, 5]
     plan     rows [0, 40) web  |  rows [40, 52) code   shards [0, 2) web  |  [2, 3) code
 
-Each source is planned on its own (its documents packed and its bins shuffled apart from the
+Each source is planned on its own (packer/build/plan_stream.py, given the first unit of each) (its documents packed and its bins shuffled apart from the
 others'), so no row mixes sources and each source's rows are contiguous in shard order: the
 loader blends sources by those row ranges (manifest["sources"][i]["sequences"]), and every
 stored segment carries its source's index (`unit_sources` to the writer). A job without named
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.build import readers
-from packer.build.plan import Plan, plan_bins
 from packer.config import BuildConfig, Source
 from packer.io import fs
 
@@ -88,49 +87,20 @@ def plan_source_units(sources, files_by_source, config: BuildConfig, skipped_fil
     return units, tuple(unit_sources), starts
 
 
-def plan_by_source(unit_lengths: list[np.ndarray], source_starts, **plan_options) -> Plan:
-    """plan_bins over each source's units on its own, the plans laid end to end: units, documents,
-    sequences and shards of source i + 1 are numbered on after those of source i.
+def summary(index, doc_lengths, counters, unit_sources, config: BuildConfig) -> dict:
+    """Per source, from the plan index (packer/build/plan_stream.py: each source planned on its own,
+    its rows and shards contiguous) and the accepted documents' lengths (units in order):
 
-        source_starts [0, 2, 3]: units 0-1 packed together, unit 2 apart; a source with no units
-        (or no accepted document) has no rows and no shard."""
-    parts = []
-    for a, b in zip(source_starts[:-1], source_starts[1:]):
-        parts.append(plan_bins(unit_lengths[a:b], **plan_options))
-    unit_base = np.asarray(source_starts[:-1], dtype=np.int64)
-    doc_base = np.cumsum([0] + [sum(len(x) for x in unit_lengths[a:b])
-                                for a, b in zip(source_starts[:-1], source_starts[1:])])
-    piece_base = np.cumsum([0] + [len(p.piece_len) for p in parts])
-    seq_base = np.cumsum([0] + [p.n_sequences for p in parts])
-
-    def cat(name, base):
-        return np.concatenate([getattr(p, name) + off for p, off in zip(parts, base)] or [np.zeros(0, np.int64)])
-
-    return Plan(
-        piece_unit=cat("piece_unit", unit_base),
-        piece_start=cat("piece_start", [0] * len(parts)),
-        piece_len=cat("piece_len", [0] * len(parts)),
-        piece_doc=cat("piece_doc", doc_base),
-        seq_starts=np.concatenate([[0]] + [p.seq_starts[1:] + off for p, off in zip(parts, piece_base)]).astype(np.int64),
-        shard_starts=np.concatenate([[0]] + [p.shard_starts[1:] + off for p, off in zip(parts, seq_base)]).astype(np.int64),
-        n_truncated_tokens=sum(p.n_truncated_tokens for p in parts),
-        n_dropped_docs=sum(p.n_dropped_docs for p in parts),
-    )
-
-
-def source_rows(plan: Plan, unit_sources, n_sources: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """((first_row, end_row), (first_shard, end_shard)) of each source, read off the plan: the source
-    of a row is the source of its first piece's unit. Asserts what plan_by_source promises (rows of
-    one source contiguous, no shard across two sources)."""
-    unit_sources = np.asarray(unit_sources, dtype=np.int64)
-    row_source = unit_sources[plan.piece_unit[plan.seq_starts[:-1]]] if plan.n_sequences else np.zeros(0, np.int64)
-    assert np.all(np.diff(row_source) >= 0), "rows of a source are not contiguous"
-    row_ends = np.searchsorted(row_source, np.arange(n_sources), side="right")
-    row_firsts = np.searchsorted(row_source, np.arange(n_sources), side="left")
-    shard_ends = np.searchsorted(plan.shard_starts, row_ends)
-    shard_firsts = np.searchsorted(plan.shard_starts, row_firsts)
-    assert np.all(plan.shard_starts[shard_ends] == row_ends), "a shard holds rows of two sources"
-    return [((int(a), int(b)), (int(c), int(d))) for a, b, c, d in zip(row_firsts, row_ends, shard_firsts, shard_ends)]
+        ranges     [((first_row, end_row), (first_shard, end_shard)), ...]
+        tokens     int64 per source: tokens stored (the shard totals of its shards)
+        documents  int64 per source: documents stored (accepted less dropped as too long)"""
+    ranges = [(tuple(r["sequences"]), tuple(r["shards"])) for r in index.source_ranges()]
+    n = len(ranges)
+    shard_tokens = np.concatenate([[0], np.cumsum(index.shard_tokens, dtype=np.int64)])
+    tokens = np.array([shard_tokens[k1] - shard_tokens[k0] for _, (k0, k1) in ranges], dtype=np.int64)
+    doc_source = np.repeat(np.asarray(unit_sources, np.int64), [c["docs_accepted"] for c in counters])
+    stored = np.asarray(doc_lengths) <= config.context_length if config.long_docs == "drop" else slice(None)
+    return {"ranges": ranges, "tokens": tokens, "documents": np.bincount(doc_source[stored], minlength=n)}
 
 
 def fingerprint_sources(sources, files_by_source) -> list[dict]:
@@ -144,18 +114,14 @@ def fingerprint_sources(sources, files_by_source) -> list[dict]:
     return out
 
 
-def source_entries(described: list[dict], unit_sources, counters, plan: Plan, context_length: int) -> list[dict]:
-    """manifest["sources"]: each source's description plus its rows, shards and totals. Summed over the
-    sources, docs_read, docs_accepted, docs_skipped, tokens_in, tokens and the row counts are the
-    build's totals; documents (stored) is docs_accepted less docs_dropped_long."""
+def source_entries(described: list[dict], unit_sources, counters, summary: dict, context_length: int) -> list[dict]:
+    """manifest["sources"]: each source's description plus its rows, shards and totals (`summary`:
+    see summary()). Summed over the sources, docs_read, docs_accepted, docs_skipped, tokens_in, tokens
+    and the row counts are the build's totals; documents (stored) is docs_accepted less docs_dropped_long."""
     unit_sources = np.asarray(unit_sources, dtype=np.int64)
-    piece_source = unit_sources[plan.piece_unit] if len(plan.piece_unit) else np.zeros(0, np.int64)
-    n = len(described)
-    tokens = np.bincount(piece_source, weights=plan.piece_len, minlength=n).astype(np.int64)
-    _, first_piece = np.unique(plan.piece_doc, return_index=True)  # one piece of each stored document
-    stored_docs = np.bincount(piece_source[first_piece], minlength=n)
+    tokens, stored_docs = summary["tokens"], summary["documents"]
     out = []
-    for i, ((r0, r1), (k0, k1)) in enumerate(source_rows(plan, unit_sources, n)):
+    for i, ((r0, r1), (k0, k1)) in enumerate(summary["ranges"]):
         mine = [c for c, s in zip(counters, unit_sources.tolist()) if s == i]
         skipped: dict[str, int] = {}
         for c in mine:

@@ -27,7 +27,9 @@ from packer.store.rows import Layout, extras_of
 
 @functools.lru_cache(maxsize=1)
 def _load_plan(path: str, stamp: tuple) -> Plan:
-    return Plan.load(fs.for_numpy(path))  # once per worker process, not once per shard
+    """The plan at `path`: the plan stage writes one file per shard (read once, by its write task);
+    a whole plan.npz (tests, benchmarks) is read once per worker process, not once per shard."""
+    return Plan.load(fs.for_numpy(path))
 
 
 def _gather_tokens(plan: Plan, p0: int, p1: int, units_dir, dtype, units: dict, kind: str = "tokens") -> np.ndarray:
@@ -138,7 +140,7 @@ def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: 
         if _complete(entry, out, fmt):
             return entry
     plan = _load_plan(plan_path, fs.stamp(plan_path))
-    layout, p0 = shard_layout(plan, shard)
+    layout, p0 = shard_layout(plan, 0 if plan.n_shards == 1 else shard)  # a one-shard plan is this shard's own
     if unit_sources is not None:
         p1 = p0 + len(layout.doc_ids)
         sources = np.asarray(unit_sources, np.uint16)[plan.piece_unit[p0:p1]]

@@ -12,6 +12,9 @@ Points (n is the unit, shard or count):
 
     tokenize:N     driver, after N units are done        write:N        driver, after N shards are done
     plan:0         driver, after the plan is saved       finalize:0     driver, before the manifest
+    planned:N      driver, after N plan groups are done
+    group:K        the process planning group K, as it starts (packer/build/plan_stream.py)
+    bucket:K       the process shuffling bucket K into shard plans, as it starts
     unit:K         the process tokenizing unit K, as it starts
     shard:K        the process writing shard K, as it starts
     write-shard:K  the process writing shard K, after its temporary files, before the renames

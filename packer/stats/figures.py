@@ -204,8 +204,11 @@ def composition(seq_docs: np.ndarray, seq_tokens: np.ndarray, seq_single_split: 
 def attention_cost(segment_lengths: np.ndarray, n_sequences: int, context_length: int) -> dict:
     """Causal attention score entries: dense over whole sequences (n * L^2 / 2) against
     block-causal within each document segment (sum of l^2 / 2)."""
+    return _attention(float((segment_lengths.astype(np.float64) ** 2).sum() / 2), n_sequences, context_length)
+
+
+def _attention(block: float, n_sequences: int, context_length: int) -> dict:
     dense = n_sequences * context_length**2 / 2
-    block = float((segment_lengths.astype(np.float64) ** 2).sum() / 2)
     return {"dense_causal": dense, "block_causal": block, "saving_share": 1 - block / dense if dense else 0.0}
 
 
@@ -260,29 +263,27 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
     return out
 
 
-def plan_stats(doc_lengths, plan, context_length: int, *, algorithm: str, seed: int, batch_size: int = 8,
-               inputs=()) -> dict:
-    """Figures of a build from what its plan stage holds (a packer.build.plan.Plan, and the lengths of
-    all accepted documents): the strategies, and the composition of the planned sequences in
-    output order. Nothing is packed again, so only the build's own algorithm has a pack row."""
+def plan_stats(doc_lengths, plan, sequences: dict, context_length: int, *, algorithm: str, seed: int,
+               batch_size: int = 8, inputs=()) -> dict:
+    """Figures of a build from its plan's summaries, never its pieces: `plan` (a packer.build.plan_stream
+    PlanIndex: n_sequences, n_tokens, piece_sq_sum), `sequences` (per sequence in output order:
+    seq_tokens, seq_docs = pieces, seq_split = pieces of documents longer than the context), and the
+    lengths of all accepted documents. Nothing is packed again, so only the build's own algorithm
+    has a pack row."""
     out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=(),
                        inputs=inputs)
     L, n = context_length, plan.n_sequences
     lengths = np.asarray(doc_lengths, dtype=np.int64)
-    seq_docs = np.diff(plan.seq_starts)
-    starts = plan.seq_starts[:-1]
-    seq_tokens = np.add.reduceat(plan.piece_len, starts) if n else np.zeros(0, np.int64)
-    split = (lengths[plan.piece_doc] > L).astype(np.int64)
-    seq_split = np.add.reduceat(split, starts) if n else np.zeros(0, np.int64)
-    n_tokens = int(plan.piece_len.sum())
-    bound = lower_bound(plan.piece_len, L)
+    seq_docs, seq_tokens, seq_split = sequences["seq_docs"], sequences["seq_tokens"], sequences["seq_split"]
+    n_tokens = plan.n_tokens
+    bound = lower_bound([n_tokens], L)
     out["strategies"][f"pack_{algorithm}"] = _strategy(
         n, n * L, n_tokens, int(lengths.sum()) - n_tokens, int(lengths.sum()),
         fill_rate=n_tokens / (n * L) if n else 1.0, lower_bound=bound, bins_over_lower_bound=n - bound)
     out["source"]["kind"] = "dataset"
     out["packing"] = {"algorithm": algorithm, "source": "dataset", **_pack_totals(n, n_tokens, L),
                       **composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), L)}
-    out["attention"] = attention_cost(plan.piece_len, n, L)
+    out["attention"] = _attention(float(plan.piece_sq_sum) / 2, n, L)  # exact: integer squares below 2**53
     return out
 
 
@@ -356,6 +357,11 @@ def source_figures(names, seg_source, seg_len, seg_doc, row_source, context_leng
     _, first = np.unique(np.asarray(seg_doc), return_index=True)  # one segment of each document
     documents = np.bincount(seg_source[first], minlength=n)
     rows = np.bincount(np.asarray(row_source, dtype=np.int64), minlength=n)
+    return counted_source_figures(names, documents, tokens, rows, context_length, skipped)
+
+
+def counted_source_figures(names, documents, tokens, rows, context_length: int, skipped=None) -> list[dict]:
+    """source_figures from each source's counts: documents, tokens, sequences (rows)."""
     out = []
     for i, name in enumerate(names):
         slots = int(rows[i]) * context_length
@@ -368,12 +374,12 @@ def source_figures(names, seg_source, seg_len, seg_doc, row_source, context_leng
     return out
 
 
-def plan_source_figures(plan, unit_sources, names, counters, context_length: int) -> list[dict]:
-    """source_figures of a build from its plan, the source of each unit and the units' counters (in unit order)."""
-    seg_source = np.asarray(unit_sources, dtype=np.int64)[plan.piece_unit]
+def plan_source_figures(summary: dict, names, counters, unit_sources, context_length: int) -> list[dict]:
+    """source_figures of a build from its per-source summary (packer/build/sources.py summary), the
+    source of each unit and the units' counters (in unit order)."""
     skipped = [{} for _ in names]
     for c, s in zip(counters, unit_sources):
         for reason, k in c["skipped"].items():
             skipped[s][reason] = skipped[s].get(reason, 0) + k
-    return source_figures(names, seg_source, plan.piece_len, plan.piece_doc, seg_source[plan.seq_starts[:-1]],
-                          context_length, skipped)
+    rows = [r1 - r0 for (r0, r1), _ in summary["ranges"]]
+    return counted_source_figures(names, summary["documents"], summary["tokens"], rows, context_length, skipped)

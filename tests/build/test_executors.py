@@ -191,3 +191,43 @@ def test_busy_worker_ends_when_its_driver_is_killed(tmp_path):
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def _threads_env(_):
+    return os.environ.get("RAYON_NUM_THREADS"), os.environ.get("TOKENIZERS_PARALLELISM")
+
+
+def test_tokenizer_threads_policy(monkeypatch):
+    """cores // workers threads a worker (at least one); a RAYON_NUM_THREADS the user set wins."""
+    from packer.build.executors import tokenizer_threads, usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    cores = usable_cores()
+    assert 1 <= cores <= (os.cpu_count() or 1)
+    assert tokenizer_threads(1) == cores and tokenizer_threads(cores) == 1 and tokenizer_threads(4 * cores) == 1
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+    assert tokenizer_threads(1) == 3 == tokenizer_threads(64)
+    assert Job(inputs=("a",), tokenizer="t", output="o").n_workers == max(1, cores // 2)
+
+
+def test_workers_are_given_their_threads(monkeypatch):
+    from packer.build.executors import usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    ex = LocalExecutor(2)
+    try:
+        got = ex.map(_threads_env, [(i,) for i in range(2)])
+    finally:
+        ex.close()
+    threads = max(1, usable_cores() // 2)
+    assert got == [(str(threads), "true" if threads > 1 else "false")] * 2
+
+
+def test_inline_sets_the_threads_and_puts_them_back(monkeypatch):
+    from packer.build.executors import usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    ex = InlineExecutor()
+    assert ex.map(_threads_env, [(0,)]) == [(str(usable_cores()), "true" if usable_cores() > 1 else "false")]
+    ex.close()
+    assert os.environ.get("RAYON_NUM_THREADS") is None

@@ -13,8 +13,6 @@ from conftest import SAMPLE_INPUTS, TOKENIZER
 from tokenizers import Tokenizer
 
 from packer.build.pipeline import build
-from packer.build.plan import plan_bins
-from packer.build.sources import plan_by_source, source_rows
 from packer.cli import main
 from packer.config import BuildConfig, Job, Source, load_job, sources_from_options
 from packer.store.dataset import open_dataset
@@ -251,31 +249,6 @@ def test_a_complete_dataset_is_complete_only_for_the_same_sources(corpus, tmp_pa
 
 
 # ---- planning source after source ----------------------------------------------------------
-
-
-def test_plan_by_source_is_each_source_planned_alone_laid_end_to_end():
-    rng = np.random.default_rng(0)
-    for trial in range(30):
-        n_units = [int(rng.integers(0, 4)) for _ in range(int(rng.integers(1, 4)))]
-        lengths = [rng.integers(1, 30, size=int(rng.integers(0, 12))) for _ in range(sum(n_units))]
-        starts = np.concatenate([[0], np.cumsum(n_units)]).tolist()
-        options = dict(context_length=16, seed=trial, shard_size=40)
-        plan = plan_by_source(lengths, starts, **options)
-        unit_sources = np.repeat(np.arange(len(n_units)), n_units)
-        ranges = source_rows(plan, unit_sources, len(n_units))
-        docs_before = 0
-        for i, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
-            alone = plan_bins(lengths[a:b], **options)
-            (r0, r1), (k0, k1) = ranges[i]
-            assert r1 - r0 == alone.n_sequences and k1 - k0 == alone.n_shards
-            p0, p1 = plan.seq_starts[r0], plan.seq_starts[r1]
-            assert np.array_equal(plan.piece_unit[p0:p1], alone.piece_unit + a)
-            assert np.array_equal(plan.piece_doc[p0:p1], alone.piece_doc + docs_before)
-            assert np.array_equal(plan.piece_start[p0:p1], alone.piece_start)
-            assert np.array_equal(plan.seq_starts[r0:r1 + 1] - p0, alone.seq_starts)
-            assert np.array_equal(plan.shard_starts[k0:k1 + 1] - r0, alone.shard_starts)
-            docs_before += sum(len(x) for x in lengths[a:b])
-        assert plan.n_sequences == sum(r1 - r0 for (r0, r1), _ in ranges)
 
 
 def test_per_source_text_split(tmp_path):
