@@ -40,6 +40,7 @@ def build_masked(out, *, fmt="arrow", context_length=128, n_docs=60):
 def add_prompt_masks(out):
     """Give a dataset built with keep_work=True prompt masks: unit mask files, then every shard written
     again with loss_mask=True and the manifest's entries replaced. Returns `out`."""
+    from packer.build.plan_stream import INDEX, PLAN_DIR, PlanIndex
     from packer.build.writer import write_shard
 
     units, work = out / "_work" / "units", out / "_work"
@@ -49,7 +50,14 @@ def add_prompt_masks(out):
     fmt = manifest["config"]["format"]
     for p in [*(work / "shards").glob("*.json"), *out.glob("shard-*")]:
         p.unlink()
-    manifest["shards"] = [write_shard(str(work / "plan.npz"), k, str(work), str(out), manifest["config"]["token_dtype"],
-                                      fmt, loss_mask=True) for k in range(len(manifest["shards"]))]
+    index = PlanIndex.load(work / INDEX)
+    manifest["shards"] = [write_shard(str(index.shard_path(work / PLAN_DIR, k)), k, str(work), str(out),
+                                      manifest["config"]["token_dtype"], fmt, loss_mask=True)
+                          for k in range(len(manifest["shards"]))]
+    if fmt == "arrow":  # datasets' files name the shards' sha256
+        from packer.store.formats import arrow
+
+        for name, data in arrow.hf_metadata(manifest["shards"]).items():
+            (out / name).write_bytes(data)
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out

@@ -5,10 +5,13 @@ tokens are, read back by open_dataset and checked by it and by verify."""
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
 
+from packer.build.plan import Plan
+from packer.build.plan_stream import INDEX, PLAN_DIR, PlanIndex
 from packer.build.writer import write_rows, write_shard
 from packer.config import BuildConfig, Job
 from packer.store import formats
@@ -80,6 +83,20 @@ def _build(tmp_path, fmt):
     return tmp_path / fmt
 
 
+def _plan_path(work, k: int) -> str:
+    """Shard k's own plan file (packer/build/plan_stream.py)."""
+    return str(PlanIndex.load(work / INDEX).shard_path(work / PLAN_DIR, k))
+
+
+def _whole_plan(work):
+    """The shards' plans laid end to end: row s's pieces are seq_starts[s]:seq_starts[s+1]."""
+    parts = [Plan.load(_plan_path(work, k)) for k in range(PlanIndex.load(work / INDEX).n_shards)]
+    seq_starts = np.concatenate([[0]] + [p.seq_starts[1:] + base for p, base in
+                                         zip(parts, np.cumsum([0] + [len(p.piece_len) for p in parts]))])
+    cat = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("piece_unit", "piece_start", "piece_len")}
+    return types.SimpleNamespace(seq_starts=seq_starts.astype(np.int64), **cat)
+
+
 def _rewrite_with_extras(out, fmt, rng):
     """Give every unit a random loss mask (unit 0 none: all trained), every unit a source, and write
     the shards again with them, as a build with masks and sources would; returns (masks, unit_sources)."""
@@ -97,7 +114,7 @@ def _rewrite_with_extras(out, fmt, rng):
         p.unlink()
     for p in out.glob("shard-*"):
         p.unlink()
-    entries = [write_shard(str(out / "_work" / "plan.npz"), k, str(out / "_work"), str(out),
+    entries = [write_shard(_plan_path(out / "_work", k), k, str(out / "_work"), str(out),
                            manifest["config"]["token_dtype"], fmt, loss_mask=True, unit_sources=unit_sources)
                for k in range(len(manifest["shards"]))]
     for old, new in zip(manifest["shards"], entries):
@@ -113,11 +130,9 @@ def _rewrite_with_extras(out, fmt, rng):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_writer_gathers_masks_and_sources_and_the_reader_returns_them(tmp_path, fmt):
-    from packer.build.plan import Plan
-
     out = _build(tmp_path, fmt)
     masks, unit_sources = _rewrite_with_extras(out, fmt, np.random.default_rng(1))
-    plan = Plan.load(out / "_work" / "plan.npz")
+    plan = _whole_plan(out / "_work")
     ds = open_dataset(out)
     assert ds.has_loss_mask and ds.has_source_ids and ds.source_names == ["prose", "code"]
     rows = np.arange(len(ds))[::-1]
@@ -163,7 +178,7 @@ def test_shards_with_and_without_masks_do_not_mix(tmp_path):
     first = dict(manifest["shards"][0])
     _rewrite_with_extras(out, "memmap", np.random.default_rng(3))
     manifest = json.loads((out / "manifest.json").read_text())
-    plain = write_shard(str(out / "_work" / "plan.npz"), 0, str(out / "_work"), str(tmp_path), manifest["config"]["token_dtype"],
+    plain = write_shard(_plan_path(out / "_work", 0), 0, str(out / "_work"), str(tmp_path), manifest["config"]["token_dtype"],
                         "memmap")  # shard 0 again, without extras, beside the dataset
     for key in ("file", "index_file"):
         (out / plain[key]).write_bytes((tmp_path / plain[key]).read_bytes())
