@@ -14,11 +14,12 @@ real object store (none is reachable from the machine this was written on).
 from __future__ import annotations
 
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from packer.io import fs
+from packer.io import fs, retry
 
 # Read through a hole this small rather than issue another request: about time-to-first-byte x
 # bandwidth of one connection (20 ms x 50 MiB/s), the rule pyarrow's CacheOptions.from_network_metrics uses.
@@ -69,3 +70,42 @@ def gather(units_dir, piece_unit, begin, end, files: dict) -> bytes:
     bufs = list(_POOL[0].map(read, reads)) if len(reads) > 1 else [read(r) for r in reads]
     begin_l, end_l = begin.tolist(), end.tolist()
     return b"".join([bufs[w][b - reads[w][1] : e - reads[w][1]] for w, b, e in zip(where, begin_l, end_l)])
+
+
+# -- reads of any remote file's byte range, retried (the streaming reader's, packer/store/stream.py) --
+
+_HANDLES = threading.local()  # per thread {uri: RandomAccessFile}: pyarrow locks a Python file per object
+MAX_HANDLES = 64  # open files a thread keeps (oldest closed first)
+
+
+def _handle(path):
+    handles = _HANDLES.__dict__.setdefault("files", {})
+    f = handles.pop(path.uri, None)
+    if f is None:
+        f = path.open_input()
+        if len(handles) >= MAX_HANDLES:
+            handles.pop(next(iter(handles))).close()
+    handles[path.uri] = f  # most recently used last
+    return f
+
+
+def _drop_handle(path, error=None):
+    f = _HANDLES.__dict__.get("files", {}).pop(path.uri, None)
+    if f is not None:
+        try:
+            f.close()
+        except OSError:
+            pass
+
+
+def read_range(path, start: int, stop: int):
+    """Bytes [start, stop) of a remote file (a RemotePath) as a pyarrow Buffer, in one ranged
+    read, retried with backoff (packer/io/retry.py); a short read counts as a failed try. Each
+    thread keeps its own open file per path."""
+    def read():
+        data = _handle(path).read_at(stop - start, start)
+        if len(data) != stop - start:
+            raise OSError(f"short read: {len(data)} of {stop - start} bytes (the object was replaced or truncated)")
+        return data
+
+    return retry.retried(read, path, start, stop, on_error=lambda e: _drop_handle(path))

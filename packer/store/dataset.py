@@ -171,6 +171,16 @@ def read_rows(ds, indices) -> tuple[list, list]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def open_dataset(path) -> ShardDataset:
-    """Open a dataset directory written by `packer build` (any shard format), or its URI."""
+def open_dataset(path, **stream_options):
+    """Open a dataset directory written by `packer build` (any shard format), or its URI.
+
+    A local directory is memory-mapped (ShardDataset). A URI is streamed (packer/store/stream.py:
+    indexes at open, then blocks of rows by ranged reads, read ahead, with a bounded memory and an
+    optional cache directory); `stream_options` are its memory_bytes, read_ahead, cache_dir,
+    cache_bytes and block_bytes (else the PACKER_* environment variables, else defaults), and
+    a local path ignores them."""
+    if fs.is_remote(path):
+        from packer.store.stream import StreamDataset
+
+        return StreamDataset(path, **stream_options)
     return ShardDataset(path)

@@ -34,7 +34,8 @@ import struct
 
 import numpy as np
 
-from packer.io import fs
+from packer.io import fs, retry
+from packer.store.formats import memmap
 from packer.store.rows import Layout, Rows, little_endian, row_chunks
 
 FILES = (
@@ -138,3 +139,37 @@ def blocks(paths):
                          f"{dtype.itemsize} bytes (truncated?)")
     tokens = raw.view(dtype) if len(raw) else np.zeros(0, dtype)
     yield Rows(tokens, token_starts, offsets, offset_starts), _read_doc_ids(doc_ids_path, len(lengths))
+
+
+# -- streaming reads (packer/store/stream.py): the .idx and doc_ids whole, the .bin by blocks --
+
+
+def csr_index(lengths: np.ndarray, document_indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token_starts, offsets, offset_starts) of the rows a Megatron index describes (what
+    `blocks` computes for the whole shard)."""
+    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    token_starts = cumulative[document_indices]
+    offset_starts = document_indices + np.arange(len(document_indices))
+    row = np.repeat(np.arange(len(document_indices) - 1), np.diff(offset_starts))  # the row of each offset
+    offsets = (cumulative[np.arange(len(row)) - row] - token_starts[row]).astype(np.int32)
+    return token_starts, offsets, offset_starts
+
+
+def stream_index(read, size, paths, block_bytes: int):
+    """memmap.stream_index's twin: (row bounds, byte ranges of each block, state, counts).
+    The .idx and the doc_ids are read whole, retried (`read`/`size` are not needed for them)."""
+    bin_path, idx_path, doc_ids_path = paths
+    dtype, lengths, _, document_indices = retry.retried(lambda: read_index(idx_path), idx_path)
+    token_starts, offsets, offset_starts = csr_index(lengths, document_indices)
+    doc_ids = retry.retried(lambda: _read_doc_ids(doc_ids_path, len(lengths)), doc_ids_path)
+    bin_size = size(bin_path)
+    if bin_size != int(token_starts[-1]) * dtype.itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {bin_size} bytes, its index says {int(token_starts[-1])} tokens of "
+                         f"{dtype.itemsize} bytes (truncated?)")
+    csr = (dtype, token_starts, offsets, offset_starts, doc_ids)
+    bounds, ranges, counts = memmap.csr_plan(csr, block_bytes)
+    return bounds, ranges, csr, counts
+
+
+def stream_block(state, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    return memmap.csr_block(state, bounds, k, buffers[0])

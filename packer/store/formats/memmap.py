@@ -54,19 +54,23 @@ def read_header(path) -> tuple[int, int, int]:
     path = fs.location(path)
     with path.open("rb") as f:
         head = f.read(HEADER.size)
-    size = fs.size(path)
+    return parse_header(head, fs.size(path), fs.redact(path))
+
+
+def parse_header(head: bytes, size: int, where: str) -> tuple[int, int, int]:
+    """read_header of an index file whose first bytes are `head` and whose size is `size`."""
     if len(head) < HEADER.size:
-        raise ValueError(f"{fs.redact(path)}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
-    magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head)
+        raise ValueError(f"{where}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
+    magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head[: HEADER.size])
     if magic != MAGIC:
-        raise ValueError(f"{fs.redact(path)}: not a packer index file (magic {magic!r}, expected {MAGIC!r})")
+        raise ValueError(f"{where}: not a packer index file (magic {magic!r}, expected {MAGIC!r})")
     if version != VERSION:
-        raise ValueError(f"{fs.redact(path)}: index version {version}, this packer reads version {VERSION}; upgrade packer")
+        raise ValueError(f"{where}: index version {version}, this packer reads version {VERSION}; upgrade packer")
     if itemsize not in TOKEN_DTYPES:
-        raise ValueError(f"{fs.redact(path)}: token itemsize {itemsize}, expected 2 or 4")
+        raise ValueError(f"{where}: token itemsize {itemsize}, expected 2 or 4")
     want = HEADER.size + 8 * (2 * (n_rows + 1) + n_segments) + 4 * (n_segments + n_rows)
     if size != want:
-        raise ValueError(f"{fs.redact(path)}: {size} bytes, its header implies {want} (truncated or corrupt)")
+        raise ValueError(f"{where}: {size} bytes, its header implies {want} (truncated or corrupt)")
     return itemsize, n_rows, n_segments
 
 
@@ -110,3 +114,66 @@ def blocks(paths):
     """The whole shard as one block: (Rows, doc_ids) over the two memory maps."""
     tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(*paths)
     yield Rows(tokens, token_starts, offsets, offset_starts), doc_ids
+
+
+# -- streaming reads (packer/store/stream.py): the index whole, then blocks of rows by ranged reads --
+
+
+def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> np.ndarray:
+    """Row bounds [0, r1, r2, ..., S] of blocks of consecutive rows: a new block starts at the first
+    row whose tokens start in the next `block_bytes` window of the .bin, so a block holds at most
+    block_bytes + one row of token bytes. Rows of 8 KiB in 1 MiB windows: 128 rows a block."""
+    n_rows = len(token_starts) - 1
+    window = np.asarray(token_starts[:-1], dtype=np.int64) * itemsize // block_bytes
+    cuts = np.flatnonzero(np.diff(window)) + 1
+    return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
+
+
+def csr_block(csr, bounds, k: int, tokens) -> tuple[Rows, np.ndarray]:
+    """Block k (rows bounds[k]..bounds[k+1]) of a shard whose index is `csr` = (dtype,
+    token_starts, offsets, offset_starts, doc_ids), given that block's token bytes: offsets stay
+    views of the index, token_starts are shifted to start at 0."""
+    dtype, token_starts, offsets, offset_starts, doc_ids = csr
+    r0, r1 = int(bounds[k]), int(bounds[k + 1])
+    o0, o1 = int(offset_starts[r0]), int(offset_starts[r1])
+    rows = Rows(np.frombuffer(tokens, dtype) if len(tokens) else np.zeros(0, dtype),
+                token_starts[r0 : r1 + 1] - token_starts[r0], offsets, offset_starts[r0 : r1 + 1])
+    return rows, doc_ids[o0 - r0 : o1 - r1]
+
+
+def csr_plan(csr, block_bytes: int):
+    """(row bounds, byte ranges of each block in file 0 (the .bin), counts) of a CSR index."""
+    dtype, token_starts = csr[0], csr[1]
+    bounds = block_bounds(token_starts, dtype.itemsize, block_bytes)
+    starts = (np.asarray(token_starts, dtype=np.int64)[bounds] * dtype.itemsize).tolist()
+    ranges = [((0, a, b),) for a, b in zip(starts[:-1], starts[1:])]
+    counts = {"sequences": len(token_starts) - 1, "tokens": int(token_starts[-1] - token_starts[0]),
+              "documents": len(csr[4])}
+    return bounds, ranges, counts
+
+
+def stream_index(read, size, paths, block_bytes: int):
+    """What a streaming reader needs of one shard before any token: (row bounds of its blocks,
+    each block's byte ranges ((file index, start, stop), ...), state for `stream_block`, counts).
+    `read(path, start, stop)` and `size(path)` reach the files (retried, cached). The .idx is read
+    whole (O(rows + segments) bytes); the .bin only by blocks."""
+    bin_path, idx_path = paths
+    where = fs.redact(idx_path)
+    idx_size = size(idx_path)
+    raw = np.frombuffer(read(idx_path, 0, idx_size), np.uint8) if idx_size else np.zeros(0, np.uint8)
+    itemsize, n_rows, n_segments = parse_header(raw[: HEADER.size].tobytes(), idx_size, where)
+    cuts = np.cumsum([HEADER.size, 8 * (n_rows + 1), 8 * (n_rows + 1), 8 * n_segments, 4 * (n_segments + n_rows)])
+    token_starts, offset_starts, doc_ids = (raw[a:b].view("<i8") for a, b in zip(cuts[:3], cuts[1:4]))
+    offsets = raw[cuts[3] : cuts[4]].view("<i4")
+    bin_size = size(bin_path)
+    if bin_size != int(token_starts[-1]) * itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {bin_size} bytes, its index says {int(token_starts[-1])} tokens of "
+                         f"{itemsize} bytes (truncated?)")
+    csr = (TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids)
+    bounds, ranges, counts = csr_plan(csr, block_bytes)
+    return bounds, ranges, csr, counts
+
+
+def stream_block(state, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    """Block k of a streamed shard from the bytes of its ranges (stream_index's order)."""
+    return csr_block(state, bounds, k, buffers[0])
