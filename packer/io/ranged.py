@@ -80,20 +80,21 @@ MAX_HANDLES = 64  # open files a thread keeps (oldest closed first)
 
 def _handle(path):
     handles = _HANDLES.__dict__.setdefault("files", {})
-    f = handles.pop(path.uri, None)
-    if f is None:
-        f = path.open_input()
+    key = (path.uri, id(path.fs))  # one URI may be reached through two filesystem objects
+    fs_and_file = handles.pop(key, None)
+    if fs_and_file is None:
+        fs_and_file = (path.fs, path.open_input())  # the filesystem kept alive: its id stays its own
         if len(handles) >= MAX_HANDLES:
-            handles.pop(next(iter(handles))).close()
-    handles[path.uri] = f  # most recently used last
-    return f
+            handles.pop(next(iter(handles)))[1].close()
+    handles[key] = fs_and_file  # most recently used last
+    return fs_and_file[1]
 
 
-def _drop_handle(path, error=None):
-    f = _HANDLES.__dict__.get("files", {}).pop(path.uri, None)
-    if f is not None:
+def _drop_handle(path):
+    fs_and_file = _HANDLES.__dict__.get("files", {}).pop((path.uri, id(path.fs)), None)
+    if fs_and_file is not None:
         try:
-            f.close()
+            fs_and_file[1].close()
         except OSError:
             pass
 
