@@ -258,15 +258,15 @@ class StreamDataset:
         n_threads = int(self.options["read_ahead"])
         if not n_threads:
             return
-        budget = int(self.options["memory_bytes"])
+        ahead_budget = int(self.options["memory_bytes"]) // 2  # the other half keeps blocks being read
         while self._plan_at < len(self._plan) and sum(not f.done() for f in self._ahead.values()) < n_threads:
             b = int(self._plan[self._plan_at])
             if b in self._held:
                 self._held.move_to_end(b)  # wanted soon: evicted last
             elif b not in self._ahead:
                 ahead_bytes = sum(self._nbytes[a] for a in self._ahead)
-                if self._ahead and ahead_bytes + self._nbytes[b] > budget:
-                    return  # memory full of blocks not read yet: wait for the loader to read some
+                if self._ahead and ahead_bytes + self._nbytes[b] > ahead_budget:
+                    return  # half the memory holds blocks not read yet: wait for the loader to read some
                 self._hold(self._nbytes[b])
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
