@@ -58,7 +58,9 @@ def retried(call, where, start: int | None = None, stop: int | None = None, on_e
                 on_error(e)
             span = f" bytes {start}-{stop}" if start is not None else ""
             if not is_transient(e):
-                raise type(e)(f"{fs.redact(where)}{span}: {_cause(e)}; check the dataset's URI and credentials") from None
+                error = type(e)(f"{fs.redact(where)}{span}: {_cause(e)}; check the dataset's URI and credentials")
+                error.where = fs.redact(where)  # what a caller names: the file, never its credentials
+                raise error from None
             if attempt == ATTEMPTS:
                 raise OSError(f"{fs.redact(where)}{span}: read failed {ATTEMPTS} times over "
                               f"{time.monotonic() - began:.1f} s ({_cause(e)}); check the store is reachable, then "

@@ -5,8 +5,11 @@
     check_rows(rows)     offsets start at 0, rise strictly, end at the row length; one doc_id
                          per segment (O(offsets)): verify, and open_dataset at a block's first read
     check_dtype          tokens stored in the dtype the manifest says
+    check_doc_ids        every doc_id a document of the build: 0 <= id < docs_accepted
     check_token_ids      every id below the vocabulary (O(tokens)): verify, and open_dataset at
                          a block's first read
+    check_extras         a loss mask (one 0/1 per token) and source ids (one per segment, below the
+                         number of sources) where the block has them: lengths at open, values at first read
     check_counts         a shard's sequences, tokens and segments as its manifest entry says
     check_totals         the shards' sequences and tokens as the manifest totals say
 
@@ -81,6 +84,33 @@ def check_token_ids(rows: Rows, where: str, vocab_size: int):
     used = rows.tokens[int(rows.token_starts[0]) : int(rows.token_starts[-1])] if len(rows) else rows.tokens[:0]
     if used.size and int(used.max()) >= vocab_size:
         raise ValueError(f"{where}: token id {int(used.max())} >= the vocabulary size {vocab_size} (corrupt shard: "
+                         "rebuild it)")
+
+
+def check_extras(rows: Rows, n_doc_ids: int, where: str, n_sources: int, values: bool = True):
+    """A loss mask aligned with the tokens and holding only 0/1; source ids one per segment (doc_id),
+    each below `n_sources` (the manifest's sources). `values=False`: lengths only (O(1))."""
+    if rows.loss_mask is not None:
+        if len(rows.loss_mask) != len(rows.tokens):
+            raise ValueError(f"{where}: {len(rows.loss_mask)} loss mask values for {len(rows.tokens)} tokens (corrupt shard)")
+        if values and rows.loss_mask.size and int(rows.loss_mask.max()) > 1:
+            raise ValueError(f"{where}: loss mask value {int(rows.loss_mask.max())}, expected 0 or 1 (corrupt shard)")
+    if rows.source_ids is not None:
+        if len(rows.source_ids) != n_doc_ids:
+            raise ValueError(f"{where}: {len(rows.source_ids)} source ids for {n_doc_ids} segments (corrupt shard)")
+        if values and rows.source_ids.size and int(rows.source_ids.max()) >= n_sources:
+            raise ValueError(f"{where}: source id {int(rows.source_ids.max())}, but the manifest names {n_sources} "
+                             "sources (corrupt shard, or the manifest's sources were edited)")
+
+
+def check_doc_ids(doc_ids: np.ndarray, where: str, n_docs: int | None):
+    """Every doc_id is a document index of this build: 0 <= id < n_docs (the accepted documents)."""
+    if n_docs is None or not len(doc_ids):
+        return
+    low, high = int(doc_ids.min()), int(doc_ids.max())
+    if low < 0 or high >= n_docs:
+        bad = low if low < 0 else high
+        raise ValueError(f"{where}: doc_id {bad} outside [0, {n_docs}), the build's accepted documents (corrupt shard: "
                          "rebuild it)")
 
 

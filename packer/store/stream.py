@@ -94,6 +94,8 @@ class StreamDataset:
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.dtype = np.dtype(config["token_dtype"])
+        self.source_names = [source.get("name") for source in self.manifest.get("sources") or []]
+        self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
         self._module = formats.get(self.format)
         self._cache = (BlockCache(self.options["cache_dir"], int(self.options["cache_bytes"]))
                        if self.options["cache_dir"] else None)
@@ -107,13 +109,17 @@ class StreamDataset:
     def _open_shards(self):
         files = formats.manifest_files(self.format, self.manifest["shards"])  # names inside the directory, none twice
         paths = [[self.path / name for name, _ in shard] for shard in files]
+        extras = [formats.entry_extras(self.format, entry) for entry in self.manifest["shards"]]
         for shard in files:
             self._sha.update({(self.path / name).uri: sha for name, sha in shard if sha})
         block_bytes = int(self.options["block_bytes"])
 
         def index(k):
             try:
-                return self._module.stream_index(self._read, self._size, paths[k], block_bytes)
+                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k])
+            except FileNotFoundError as e:
+                raise ValueError(f"shard missing: {getattr(e, 'where', None) or fs.redact(paths[k][0])} (listed in the manifest); "
+                                 "restore it or rebuild the dataset") from None
             except (pa.ArrowException, KeyError, IndexError, struct.error) as e:  # damaged bytes, not our checks'
                 raise ValueError(f"{fs.redact(paths[k][0])}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); "
                                  "run `packer verify`, or rebuild") from None
@@ -121,11 +127,12 @@ class StreamDataset:
         with ThreadPoolExecutor(max(1, min(16, len(paths)))) as pool:  # shards' headers read in parallel
             indexes = list(pool.map(index, range(len(paths))))
         self._shards = []  # (paths, state, row bounds) per shard
-        starts, ranges, where, n_tokens = [0], [], [], 0
-        for k, (entry, (bounds, block_ranges, state, counts)) in enumerate(zip(self.manifest["shards"], indexes)):
+        starts, ranges, where, n_tokens, fields = [0], [], [], 0, []
+        for k, (entry, (bounds, block_ranges, state, counts, present)) in enumerate(zip(self.manifest["shards"], indexes)):
             name = fs.redact(paths[k][0])
-            self._check_shard(entry, name, bounds, state, counts)
+            self._check_shard(entry, name, state, counts)
             self._shards.append((paths[k], state, bounds))
+            fields.append((name, set(present)))
             for b in range(len(block_ranges)):
                 ranges.append((k, b, block_ranges[b]))
                 where.append((name, int(bounds[b])))
@@ -139,18 +146,19 @@ class StreamDataset:
         if n_tokens is None:  # an Arrow dataset: tokens are in the bodies, checked by `packer verify`
             totals["tokens"] = self.manifest["totals"].get("tokens_out")
         checks.check_totals(totals, self.manifest["totals"])
+        self.has_loss_mask, self.has_source_ids = (_all_or_none(fields, f) for f in ("loss_mask", "source_ids"))
 
-    def _check_shard(self, entry, name, bounds, state, counts):
+    def _check_shard(self, entry, name, state, counts):
         for key, value in counts.items():
             if value != entry.get(key):
                 raise ValueError(f"{name}: {value} {key}, the manifest says {entry.get(key)!r} (the manifest was "
                                  "edited or the shard replaced; rebuild the dataset)")
-        if self.format in ("memmap", "megatron"):  # the whole index is here: every row bound, as ShardDataset
-            dtype, token_starts, offsets, offset_starts, _ = state
-            fake = np.broadcast_to(np.zeros(1, dtype), (int(token_starts[-1]),))  # no token read
-            rows = Rows(fake, token_starts, offsets, offset_starts)
+        if isinstance(state, tuple) and hasattr(state, "token_starts"):  # memmap, Megatron: every row bound now
+            fake = np.broadcast_to(np.zeros(1, state.dtype), (int(state.token_starts[-1]),))  # no token read
+            rows = Rows(fake, state.token_starts, state.offsets, state.offset_starts)
             checks.check_bounds(rows, name, 0, self.context_length)
             checks.check_dtype(rows, name, self.dtype)
+            checks.check_doc_ids(state.doc_ids, name, self._n_docs)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -186,6 +194,8 @@ class StreamDataset:
         checks.check_dtype(rows, where, self.dtype)
         checks.check_rows(rows, len(doc_ids), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
+        checks.check_doc_ids(doc_ids, where, self._n_docs)
+        checks.check_extras(rows, len(doc_ids), where, len(self.source_names))
         self.stats["blocks fetched"] += 1
         return rows, doc_ids
 
@@ -305,10 +315,9 @@ class StreamDataset:
         tokens, offsets = self.views([i])
         return tokens[0], offsets[0]
 
-    def views(self, indices) -> tuple[list, list]:
-        """Rows `indices` (any order, repeats allowed) as (tokens of each row, offsets of each
-        row), ShardDataset.views' shape; copies, not views (a block is let go once read). The
-        call's blocks are fetched together (read_ahead threads), then read in turn."""
+    def _gather(self, indices, fields: tuple[str, ...]) -> dict[str, list]:
+        """{field: one copy per row of `indices`} for fields tokens, offsets, loss_mask,
+        source_ids: the call's blocks fetched together (read_ahead threads), then read in turn."""
         self._check_pid()
         idx = self._indices(indices)
         block = self._block_starts.searchsorted(idx, side="right") - 1
@@ -320,32 +329,55 @@ class StreamDataset:
                 self._plan = np.concatenate([wanted, self._plan[self._plan_at:]])
                 self._plan_at = 0
                 self._pump()
-        tokens, offsets = [None] * len(idx), [None] * len(idx)
+        out = {field: [None] * len(idx) for field in fields}
         local = (idx - self._block_starts[block]).tolist()
+        ends = [*firsts[1:].tolist(), len(order)]
         for g, b in enumerate(wanted.tolist()):
             rows, _ = self._block(b)
-            ts, os_, t, o = rows.token_starts, rows.offset_starts, rows.tokens, rows.offsets
-            for p in order[firsts[g] : firsts[g + 1] if g + 1 < len(firsts) else len(order)].tolist():
+            ts, ost = rows.token_starts, rows.offset_starts
+            for p in order[firsts[g] : ends[g]].tolist():
                 r = local[p]
-                tokens[p] = t[ts[r] : ts[r + 1]].copy()
-                offsets[p] = o[os_[r] : os_[r + 1]].copy()
-        return tokens, offsets
+                for field in fields:
+                    if field in ("tokens", "loss_mask"):
+                        out[field][p] = getattr(rows, field)[ts[r] : ts[r + 1]].copy()
+                    elif field == "offsets":
+                        out[field][p] = rows.offsets[ost[r] : ost[r + 1]].copy()
+                    else:  # a row's segments: its offsets less one, counted from the block's first row
+                        a = ost[r] - r - ost[0]
+                        out[field][p] = rows.source_ids[a : a + ost[r + 1] - ost[r] - 1].copy()
+        return out
+
+    def views(self, indices) -> tuple[list, list]:
+        """Rows `indices` (any order, repeats allowed) as (tokens of each row, offsets of each
+        row), ShardDataset.views' shape; copies, not views (a block is let go once read)."""
+        got = self._gather(indices, ("tokens", "offsets"))
+        return got["tokens"], got["offsets"]
+
+    def mask_views(self, indices) -> list | None:
+        """Rows `indices`' loss masks (uint8, one per token), or None when the dataset has none."""
+        return self._gather(indices, ("loss_mask",))["loss_mask"] if self.has_loss_mask else None
+
+    def source_views(self, indices) -> list | None:
+        """Rows `indices`' source ids (uint16, one per segment), or None when the build named none."""
+        return self._gather(indices, ("source_ids",))["source_ids"] if self.has_source_ids else None
 
     def get_many(self, indices) -> Rows:
-        """Rows `indices` as one CSR batch (ShardDataset.get_many)."""
-        tokens, offsets = self.views(indices)
+        """Rows `indices` as one CSR batch (ShardDataset.get_many), in one pass over their blocks."""
+        fields = ("tokens", "offsets") + ("loss_mask",) * self.has_loss_mask + ("source_ids",) * self.has_source_ids
+        got = self._gather(indices, fields)
+        tokens, offsets = got["tokens"], got["offsets"]
         token_starts = np.zeros(len(tokens) + 1, np.int64)
         offset_starts = np.zeros(len(offsets) + 1, np.int64)
         np.cumsum([len(t) for t in tokens], out=token_starts[1:])
         np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
-        joined = np.concatenate(tokens).astype(self.dtype, copy=False) if tokens else np.zeros(0, self.dtype)
-        return Rows(joined, token_starts, np.concatenate(offsets) if offsets else np.zeros(0, np.int32), offset_starts)
+        return Rows(_joined(tokens, self.dtype), token_starts, _joined(offsets, np.int32), offset_starts,
+                    loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16))
 
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order: from the
         indexes (memmap, Megatron), or every block in turn (Arrow: a pass over the dataset)."""
-        if self.format in ("memmap", "megatron"):
-            parts = [state[4] for _, state, _ in self._shards]
+        if self.format in ("memmap", "megatron"):  # checked at open
+            parts = [state.doc_ids for _, state, _ in self._shards]
         else:
             self.prefetch(np.arange(self._n), reset=True)
             parts = [self._block(b)[1].copy() for b in range(len(self._blocks))]
@@ -358,6 +390,22 @@ class StreamDataset:
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1].copy(), rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]].copy()
+
+
+def _joined(parts, dtype):
+    if parts is None:
+        return None
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def _all_or_none(fields: list[tuple[str, set]], field: str) -> bool:
+    """Whether the shards hold optional `field`: all of them, or none (ShardDataset's rule)."""
+    have = [field in present for _, present in fields]
+    if any(have) and not all(have):
+        where = fields[have.index(not have[0])][0]
+        raise ValueError(f"{where}: {'has' if have[0] is False else 'lacks'} {field}, unlike the dataset's first "
+                         "shard (shards of different builds mixed; rebuild the dataset)")
+    return bool(have) and have[0]
 
 
 def _reopen(path, given):

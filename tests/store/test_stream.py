@@ -29,10 +29,10 @@ SMALL = {"block_bytes": 64 << 10, "memory_bytes": 256 << 10, "read_ahead": 4}  #
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """The sample corpus built once per format (context 1024, 6 shards; Arrow batches of 20 rows,
-    so a shard has several record batches)."""
+    """The sample corpus built once in Arrow and memmap (context 1024, 4 shards; Arrow batches of
+    20 rows, so a shard has several record batches). Megatron: `with_extras` below."""
     out = {}
-    for fmt in FORMATS:
+    for fmt in ("arrow", "memmap"):
         path = tmp_path_factory.mktemp(fmt) / "ds"
         saved = rows_module.ROWS_PER_BATCH
         rows_module.ROWS_PER_BATCH = 20 if fmt == "arrow" else saved
@@ -56,6 +56,10 @@ def remote(local, s3_uri):
     return out
 
 
+def _same(x, y) -> bool:
+    return (x is None and y is None) or (x is not None and y is not None and x.dtype == y.dtype and np.array_equal(x, y))
+
+
 def _assert_same_rows(got, want, indices):
     t1, o1 = got
     t2, o2 = want
@@ -64,7 +68,7 @@ def _assert_same_rows(got, want, indices):
         assert a.dtype == b.dtype and np.array_equal(a, b) and np.array_equal(c, d)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ["arrow", "memmap"])
 def test_streamed_rows_equal_local_rows(fmt, local, remote):
     ds, ref = open_dataset(remote[fmt], **SMALL), open_dataset(local[fmt])
     assert isinstance(ds, StreamDataset) and isinstance(ref, ShardDataset)
@@ -76,7 +80,7 @@ def test_streamed_rows_equal_local_rows(fmt, local, remote):
     repeats = np.array([5, 5, -1, 0, len(ref) - 1, 5])
     _assert_same_rows(ds.views(repeats), ref.views(repeats), repeats)
     a, b = ds.get_many(order[:100]), ref.get_many(order[:100])
-    assert all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b))
+    assert all(_same(x, y) for x, y in zip(a, b)) and a.loss_mask is None
     assert np.array_equal(ds.doc_ids(), ref.doc_ids())
     assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(ds, ref))
     assert np.array_equal(ds[-1][0], ref[-1][0])
@@ -387,3 +391,36 @@ def test_dataloader_workers_stream_from_s3(remote, local):
     want = list(DataLoader(PackedDataset(local["memmap"], seed=4, batch_size=4), batch_size=None, num_workers=2))
     assert len(got) == len(want) > 10
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, want))
+
+
+@pytest.fixture(scope="module")
+def with_extras(tmp_path_factory, s3_uri):
+    """A build per format whose shards carry loss masks and source ids (test_extras.py's rewrite),
+    local and uploaded: {format: (path, URI)}."""
+    from test_extras import _build, _rewrite_with_extras
+
+    out = {}
+    for fmt in FORMATS:
+        path = _build(tmp_path_factory.mktemp(f"extras-{fmt}"), fmt)
+        _rewrite_with_extras(path, fmt, np.random.default_rng(7))
+        uri = s3_uri(f"stream/extras-{fmt}")
+        for file in sorted(p for p in path.iterdir() if p.is_file()):
+            fs.upload(file, fs.location(uri) / file.name)
+        out[fmt] = path, uri
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_streamed_masks_and_sources_equal_local(fmt, with_extras):
+    path, uri = with_extras[fmt]
+    ds, ref = open_dataset(uri, **SMALL), open_dataset(path)
+    assert (ds.has_loss_mask, ds.has_source_ids, ds.source_names) == (True, True, ["prose", "code"])
+    order = np.random.default_rng(8).permutation(len(ref))
+    for c in range(0, len(order), 50):
+        part = order[c : c + 50]
+        _assert_same_rows(ds.views(part), ref.views(part), part)
+        for got, want in ((ds.mask_views(part), ref.mask_views(part)), (ds.source_views(part), ref.source_views(part))):
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, want))
+    a, b = ds.get_many(order[:200]), ref.get_many(order[:200])
+    assert all(_same(x, y) for x, y in zip(a, b))
+    assert a.loss_mask is not None and a.source_ids is not None and 0 < a.loss_mask.mean() < 1

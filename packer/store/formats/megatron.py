@@ -35,14 +35,16 @@ import struct
 import numpy as np
 
 from packer.io import fs, retry
-from packer.store.formats import memmap
-from packer.store.rows import Layout, Rows, little_endian, row_chunks
+from packer.store.formats import memmap, sidecars
+from packer.store.formats.memmap import write_sidecar_chunks
+from packer.store.rows import Layout, Rows
 
 FILES = (
     ("file", "sha256", ".bin"),
     ("index_file", "index_sha256", ".idx"),
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py (Megatron ignores them)
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # 34 bytes
@@ -72,12 +74,10 @@ def index_bytes(layout: Layout, itemsize: int) -> list[bytes | memoryview]:
     return [header] + [memoryview(p).cast("B") for p in parts]
 
 
-def write(layout: Layout, tokens_of, sinks):
-    bin_file, idx_file, doc_ids_file = sinks
-    for r0, r1 in row_chunks(len(layout)):
-        tokens = tokens_of(r0, r1)
-        bin_file.write(little_endian(tokens))
-    for buf in index_bytes(layout, tokens.dtype.itemsize):
+def write(layout: Layout, tokens_of, sinks, extras=()):
+    bin_file, idx_file, doc_ids_file, *rest = sinks
+    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    for buf in index_bytes(layout, itemsize):
         idx_file.write(buf)
     np.lib.format.write_array(doc_ids_file, np.ascontiguousarray(layout.doc_ids, dtype="<i8"), version=(1, 0),
                               allow_pickle=False)
@@ -124,9 +124,9 @@ def _read_doc_ids(path, n_sequences: int) -> np.ndarray:
     return doc_ids.view(np.ndarray)
 
 
-def blocks(paths):
+def blocks(paths, extras=()):
     """The whole shard as one block: (Rows, doc_ids), tokens a view of the mapped .bin."""
-    bin_path, idx_path, doc_ids_path = paths
+    bin_path, idx_path, doc_ids_path, *rest = paths
     dtype, lengths, _, document_indices = read_index(idx_path)
     cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     token_starts = cumulative[document_indices]
@@ -138,7 +138,8 @@ def blocks(paths):
         raise ValueError(f"{fs.redact(bin_path)}: {len(raw)} bytes, its index says {cumulative[-1]} tokens of "
                          f"{dtype.itemsize} bytes (truncated?)")
     tokens = raw.view(dtype) if len(raw) else np.zeros(0, dtype)
-    yield Rows(tokens, token_starts, offsets, offset_starts), _read_doc_ids(doc_ids_path, len(lengths))
+    more = sidecars.read(dict(zip(extras, rest)), len(tokens), len(lengths))
+    yield Rows(tokens, token_starts, offsets, offset_starts, **more), _read_doc_ids(doc_ids_path, len(lengths))
 
 
 # -- streaming reads (packer/store/stream.py): the .idx and doc_ids whole, the .bin by blocks --
@@ -155,21 +156,23 @@ def csr_index(lengths: np.ndarray, document_indices: np.ndarray) -> tuple[np.nda
     return token_starts, offsets, offset_starts
 
 
-def stream_index(read, size, paths, block_bytes: int):
-    """memmap.stream_index's twin: (row bounds, byte ranges of each block, state, counts).
-    The .idx and the doc_ids are read whole, retried (`read`/`size` are not needed for them)."""
-    bin_path, idx_path, doc_ids_path = paths
+def stream_index(read, size, paths, block_bytes: int, extras=()):
+    """memmap.stream_index's twin: (row bounds, byte ranges of each block, a memmap.StreamShard,
+    counts). The .idx, the doc_ids and the source ids are read whole (retried); the .bin and the
+    mask by blocks."""
+    bin_path, idx_path, doc_ids_path = paths[:3]
     dtype, lengths, _, document_indices = retry.retried(lambda: read_index(idx_path), idx_path)
     token_starts, offsets, offset_starts = csr_index(lengths, document_indices)
     doc_ids = retry.retried(lambda: _read_doc_ids(doc_ids_path, len(lengths)), doc_ids_path)
-    bin_size = size(bin_path)
-    if bin_size != int(token_starts[-1]) * dtype.itemsize:
-        raise ValueError(f"{fs.redact(bin_path)}: {bin_size} bytes, its index says {int(token_starts[-1])} tokens of "
-                         f"{dtype.itemsize} bytes (truncated?)")
-    csr = (dtype, token_starts, offsets, offset_starts, doc_ids)
-    bounds, ranges, counts = memmap.csr_plan(csr, block_bytes)
-    return bounds, ranges, csr, counts
+    n_tokens = int(token_starts[-1])
+    if (n := size(bin_path)) != n_tokens * dtype.itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {dtype.itemsize} "
+                         "bytes (truncated?)")
+    sources, mask_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
+    shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
+    bounds, ranges, counts = memmap.stream_plan(shard, block_bytes)
+    return bounds, ranges, shard, counts, tuple(extras)
 
 
-def stream_block(state, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
-    return memmap.csr_block(state, bounds, k, buffers[0])
+def stream_block(shard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    return memmap.stream_rows(shard, bounds, k, buffers)

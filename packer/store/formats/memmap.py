@@ -22,13 +22,16 @@ maps both files and slices them: one block per shard, nothing copied.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
-from packer.io import fs
-from packer.store.rows import Layout, Rows, little_endian, row_chunks
+from packer.io import fs, retry
+from packer.store.formats import sidecars
+from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chunk
 
 FILES = (("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx"))
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py
 MAGIC = b"PACKIDX1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
@@ -101,22 +104,47 @@ def open_shard(bin_path, idx_path):
     return data.view(dtype), token_starts, offsets, offset_starts, doc_ids
 
 
-def write(layout: Layout, tokens_of, sinks):
-    bin_file, idx_file = sinks
+def write_sidecar_chunks(layout: Layout, tokens_of, bin_file, extra_sinks: dict):
+    """The .bin (and the loss mask sidecar) chunk by chunk; then the source_ids sidecar. Returns
+    the token itemsize (memmap and megatron share this)."""
     for r0, r1 in row_chunks(len(layout)):
-        tokens = tokens_of(r0, r1)
+        tokens, mask = split_chunk(tokens_of(r0, r1))
         bin_file.write(little_endian(tokens))
-    for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, tokens.dtype.itemsize):
+        if "loss_mask" in extra_sinks:
+            extra_sinks["loss_mask"].write(memoryview(np.ascontiguousarray(mask, dtype=np.uint8)).cast("B"))
+    if "source_ids" in extra_sinks:
+        sidecars.write_source_ids(extra_sinks["source_ids"], layout.source_ids)
+    return tokens.dtype.itemsize
+
+
+def write(layout: Layout, tokens_of, sinks, extras=()):
+    bin_file, idx_file, *rest = sinks
+    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, itemsize):
         idx_file.write(buf)
 
 
-def blocks(paths):
-    """The whole shard as one block: (Rows, doc_ids) over the two memory maps."""
-    tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(*paths)
-    yield Rows(tokens, token_starts, offsets, offset_starts), doc_ids
+def blocks(paths, extras=()):
+    """The whole shard as one block: (Rows, doc_ids) over the memory maps (and its sidecars')."""
+    tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(paths[0], paths[1])
+    more = sidecars.read(dict(zip(extras, paths[2:])), len(tokens), len(doc_ids))
+    yield Rows(tokens, token_starts, offsets, offset_starts, **more), doc_ids
 
 
 # -- streaming reads (packer/store/stream.py): the index whole, then blocks of rows by ranged reads --
+
+
+class StreamShard(NamedTuple):
+    """A memmap or Megatron shard's index as a streaming reader holds it (no token): the CSR
+    arrays, the source ids (or None), and which of the shard's files holds the loss mask (or None)."""
+
+    dtype: np.dtype
+    token_starts: np.ndarray
+    offsets: np.ndarray
+    offset_starts: np.ndarray
+    doc_ids: np.ndarray
+    source_ids: np.ndarray | None
+    mask_file: int | None
 
 
 def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> np.ndarray:
@@ -129,35 +157,54 @@ def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> n
     return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
 
 
-def csr_block(csr, bounds, k: int, tokens) -> tuple[Rows, np.ndarray]:
-    """Block k (rows bounds[k]..bounds[k+1]) of a shard whose index is `csr` = (dtype,
-    token_starts, offsets, offset_starts, doc_ids), given that block's token bytes: offsets stay
-    views of the index, token_starts are shifted to start at 0."""
-    dtype, token_starts, offsets, offset_starts, doc_ids = csr
-    r0, r1 = int(bounds[k]), int(bounds[k + 1])
-    o0, o1 = int(offset_starts[r0]), int(offset_starts[r1])
-    rows = Rows(np.frombuffer(tokens, dtype) if len(tokens) else np.zeros(0, dtype),
-                token_starts[r0 : r1 + 1] - token_starts[r0], offsets, offset_starts[r0 : r1 + 1])
-    return rows, doc_ids[o0 - r0 : o1 - r1]
-
-
-def csr_plan(csr, block_bytes: int):
-    """(row bounds, byte ranges of each block in file 0 (the .bin), counts) of a CSR index."""
-    dtype, token_starts = csr[0], csr[1]
-    bounds = block_bounds(token_starts, dtype.itemsize, block_bytes)
-    starts = (np.asarray(token_starts, dtype=np.int64)[bounds] * dtype.itemsize).tolist()
-    ranges = [((0, a, b),) for a, b in zip(starts[:-1], starts[1:])]
-    counts = {"sequences": len(token_starts) - 1, "tokens": int(token_starts[-1] - token_starts[0]),
-              "documents": len(csr[4])}
+def stream_plan(shard: StreamShard, block_bytes: int):
+    """(row bounds, the byte ranges ((file, start, stop), ...) of each block, counts) of a shard:
+    a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file."""
+    itemsize = shard.dtype.itemsize
+    bounds = block_bounds(shard.token_starts, itemsize, block_bytes)
+    t = np.asarray(shard.token_starts, dtype=np.int64)[bounds].tolist()
+    ranges = [((0, a * itemsize, b * itemsize),) + (((shard.mask_file, a, b),) if shard.mask_file is not None else ())
+              for a, b in zip(t[:-1], t[1:])]
+    counts = {"sequences": len(shard.token_starts) - 1, "documents": len(shard.doc_ids),
+              "tokens": int(shard.token_starts[-1] - shard.token_starts[0])}
     return bounds, ranges, counts
 
 
-def stream_index(read, size, paths, block_bytes: int):
+def stream_rows(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    """Block k (rows bounds[k]..bounds[k+1]) from the bytes of its ranges: tokens (and mask) from
+    `buffers`, offsets as views of the index, token_starts shifted to start at 0."""
+    r0, r1 = int(bounds[k]), int(bounds[k + 1])
+    o0, o1 = int(shard.offset_starts[r0]), int(shard.offset_starts[r1])
+    tokens = np.frombuffer(buffers[0], shard.dtype) if len(buffers[0]) else np.zeros(0, shard.dtype)
+    mask = None
+    if shard.mask_file is not None:
+        mask = np.frombuffer(buffers[1], np.uint8) if len(buffers[1]) else np.zeros(0, np.uint8)
+    sources = shard.source_ids[o0 - r0 : o1 - r1] if shard.source_ids is not None else None
+    rows = Rows(tokens, shard.token_starts[r0 : r1 + 1] - shard.token_starts[r0], shard.offsets,
+                shard.offset_starts[r0 : r1 + 1], loss_mask=mask, source_ids=sources)
+    return rows, shard.doc_ids[o0 - r0 : o1 - r1]
+
+
+def stream_sidecars(read, size, paths, extras, n_tokens: int, n_segments: int) -> tuple[np.ndarray | None, int | None]:
+    """(source ids, read whole; the index of the loss mask file in `paths`) of a shard's sidecars
+    (FILES first, then the EXTRA_FILES of `extras` in order), their sizes checked."""
+    named = dict(zip(extras, range(len(paths) - len(extras), len(paths))))
+    if "loss_mask" in named and (n := size(paths[named["loss_mask"]])) != n_tokens:
+        raise ValueError(f"{fs.redact(paths[named['loss_mask']])}: {n} bytes, one mask byte per token of the "
+                         f"shard's {n_tokens} (truncated or corrupt)")
+    sources = None
+    if "source_ids" in named:
+        path = paths[named["source_ids"]]
+        sources = retry.retried(lambda: sidecars.read_source_ids(path, n_segments), path)
+    return sources, named.get("loss_mask")
+
+
+def stream_index(read, size, paths, block_bytes: int, extras=()):
     """What a streaming reader needs of one shard before any token: (row bounds of its blocks,
-    each block's byte ranges ((file index, start, stop), ...), state for `stream_block`, counts).
-    `read(path, start, stop)` and `size(path)` reach the files (retried, cached). The .idx is read
-    whole (O(rows + segments) bytes); the .bin only by blocks."""
-    bin_path, idx_path = paths
+    each block's byte ranges, a StreamShard for `stream_block`, counts, the optional fields). `read(path, start, stop)`
+    and `size(path)` reach the files (retried, cached). The .idx is read whole (O(rows + segments)
+    bytes), and the source ids; the .bin and the mask only by blocks."""
+    bin_path, idx_path = paths[0], paths[1]
     where = fs.redact(idx_path)
     idx_size = size(idx_path)
     raw = np.frombuffer(read(idx_path, 0, idx_size), np.uint8) if idx_size else np.zeros(0, np.uint8)
@@ -165,15 +212,16 @@ def stream_index(read, size, paths, block_bytes: int):
     cuts = np.cumsum([HEADER.size, 8 * (n_rows + 1), 8 * (n_rows + 1), 8 * n_segments, 4 * (n_segments + n_rows)])
     token_starts, offset_starts, doc_ids = (raw[a:b].view("<i8") for a, b in zip(cuts[:3], cuts[1:4]))
     offsets = raw[cuts[3] : cuts[4]].view("<i4")
-    bin_size = size(bin_path)
-    if bin_size != int(token_starts[-1]) * itemsize:
-        raise ValueError(f"{fs.redact(bin_path)}: {bin_size} bytes, its index says {int(token_starts[-1])} tokens of "
-                         f"{itemsize} bytes (truncated?)")
-    csr = (TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids)
-    bounds, ranges, counts = csr_plan(csr, block_bytes)
-    return bounds, ranges, csr, counts
+    n_tokens = int(token_starts[-1])
+    if (n := size(bin_path)) != n_tokens * itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {itemsize} bytes "
+                         "(truncated?)")
+    sources, mask_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
+    shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
+    bounds, ranges, counts = stream_plan(shard, block_bytes)
+    return bounds, ranges, shard, counts, tuple(extras)
 
 
-def stream_block(state, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+def stream_block(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
     """Block k of a streamed shard from the bytes of its ranges (stream_index's order)."""
-    return csr_block(state, bounds, k, buffers[0])
+    return stream_rows(shard, bounds, k, buffers)
