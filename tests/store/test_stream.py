@@ -424,3 +424,54 @@ def test_streamed_masks_and_sources_equal_local(fmt, with_extras):
     a, b = ds.get_many(order[:200]), ref.get_many(order[:200])
     assert all(_same(x, y) for x, y in zip(a, b))
     assert a.loss_mask is not None and a.source_ids is not None and 0 < a.loss_mask.mean() < 1
+
+
+# -- the Arrow header walk, against pyarrow's own reader --------------------------------
+
+
+def _ipc_bytes(batches, file_form: bool) -> bytes:
+    sink = pa.BufferOutputStream()
+    new = pa.ipc.new_file if file_form else pa.ipc.new_stream
+    with new(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("file_form", [False, True])
+def test_arrow_batches_found_by_their_headers_are_pyarrows(file_form):
+    from packer.store.formats import arrow
+
+    rng = np.random.default_rng(9)
+    batches = []
+    for n in (1, 7, 300, 2):  # rows per batch
+        lengths = rng.integers(1, 50, n)
+        bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        ids = pa.ListArray.from_arrays(pa.array(bounds), pa.array(rng.integers(0, 9, bounds[-1]).astype(np.uint16)))
+        offs = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * 2),
+                                        pa.array(np.column_stack([np.zeros(n), lengths]).ravel().astype(np.int32)))
+        docs = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), pa.array(np.arange(n, dtype=np.int64)))
+        batches.append(pa.record_batch({"input_ids": ids, "offsets": offs, "doc_ids": docs}))
+    data = _ipc_bytes(batches, file_form)
+    requests = []
+
+    def read(path, start, stop):
+        requests.append((start, stop))
+        return data[start:stop]
+
+    bounds, ranges, state, counts, fields = arrow.stream_index(read, lambda p: len(data), [fs.location("x.arrow")], 0)
+    assert bounds.tolist() == [0, 1, 8, 308, 310] and counts == {"sequences": 310} and fields == ()
+    assert len(requests) <= len(batches) + 3  # one small read per message, not the bodies
+    for k, batch in enumerate(batches):
+        (_, start, stop), = ranges[k]
+        rows, doc_ids = arrow.stream_block(state, bounds, k, [data[start:stop]])
+        assert np.array_equal(rows.tokens, batch.column("input_ids").values.to_numpy())
+        assert np.array_equal(rows.offsets, batch.column("offsets").values.to_numpy())
+        assert np.array_equal(doc_ids, batch.column("doc_ids").values.to_numpy())
+    if not file_form:
+        with pytest.raises(ValueError, match="truncated"):
+            cut = data[: ranges[2][0][2] - 10]
+            arrow.stream_index(lambda p, a, b: cut[a:b], lambda p: len(cut), [fs.location("x.arrow")], 0)
+        with pytest.raises(ValueError, match="bytes after its end-of-stream marker"):
+            more = data + b"\0" * 8
+            arrow.stream_index(lambda p, a, b: more[a:b], lambda p: len(more), [fs.location("x.arrow")], 0)

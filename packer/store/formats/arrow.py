@@ -181,37 +181,45 @@ def message_header(meta: bytes) -> tuple[int, int, int]:
     return kind, body, n_rows
 
 
-def _messages(read, size, path) -> list[tuple[int, int, int, int]]:
-    """(header_type, start, stop, row count) of every message of a shard's IPC stream, one ranged
-    read of HEAD_READ_BYTES at each message's start; also the IPC file form (its stream starts at
-    byte 8, its footer after the end-of-stream marker)."""
+def _messages(read, size, path) -> tuple[list[tuple[int, int, int, int]], bytes]:
+    """(header_type, start, stop, row count) of every message of a shard's IPC stream, and the
+    schema message's bytes: one ranged read of HEAD_READ_BYTES at each message start not already
+    read (the schema and a first small batch come in one). Also the IPC file form (its stream
+    starts at byte 8, its footer after the end-of-stream marker)."""
     where, total = fs.redact(path), size(path)
-    head = bytes(read(path, 0, min(total, HEAD_READ_BYTES)))
-    file_form = head[: len(FILE_MAGIC)] == FILE_MAGIC
-    pos, out = (8 if file_form else 0), []
+    window, base = bytes(read(path, 0, min(total, HEAD_READ_BYTES))), 0
+    file_form = window[: len(FILE_MAGIC)] == FILE_MAGIC
+    pos, out, schema = (8 if file_form else 0), [], b""
+
+    def at(start, n):  # bytes [start, start + n), from the window when it holds them
+        nonlocal window, base
+        if not (base <= start and start + n <= base + len(window)):
+            window, base = bytes(read(path, start, min(total, start + max(n, HEAD_READ_BYTES)))), start
+        return window[start - base : start - base + n]
+
     while True:
-        if pos:
-            head = bytes(read(path, pos, min(total, pos + HEAD_READ_BYTES)))
+        head = at(pos, 8)
         if len(head) < 8:
             raise ValueError(f"{where}: the Arrow stream ends at byte {total} inside a message header (truncated); "
                              "rebuild the dataset")
-        marker, meta_len = struct.unpack_from("<Ii", head)
+        marker, meta_len = struct.unpack("<Ii", head)
         if marker != 0xFFFFFFFF or meta_len < 0:
             raise ValueError(f"{where}: no Arrow IPC message at byte {pos} (corrupt shard); rebuild the dataset")
         if meta_len == 0:  # the end-of-stream marker
             if not file_form and pos + 8 != total:
                 raise ValueError(f"{where}: the Arrow stream ends at byte {pos + 8} of {total} (bytes after its "
                                  "end-of-stream marker); rebuild the dataset")
-            return out
-        if 8 + meta_len > len(head):
-            if pos + 8 + meta_len > total:
-                raise ValueError(f"{where}: an Arrow message header at byte {pos} runs past the end {total} (truncated)")
-            head = bytes(read(path, pos, pos + 8 + meta_len))
-        kind, body, n_rows = message_header(head[8 : 8 + meta_len])
+            return out, schema
+        if pos + 8 + meta_len > total:
+            raise ValueError(f"{where}: an Arrow message header at byte {pos} runs past the end {total} (truncated)")
+        meta = at(pos + 8, meta_len)
+        kind, body, n_rows = message_header(meta)
         stop = pos + 8 + meta_len + body
         if body < 0 or stop > total:
             raise ValueError(f"{where}: an Arrow message at byte {pos} runs to byte {stop}, past the end {total} "
                              "(truncated); rebuild the dataset")
+        if not out:
+            schema = at(pos, stop - pos)
         out.append((kind, pos, stop, n_rows))
         pos = stop
 
@@ -223,14 +231,13 @@ def stream_index(read, size, paths, block_bytes: int, extras=()):
     batch (ROWS_PER_BATCH rows); `block_bytes` does not apply. Counts hold only `sequences` (the
     batch headers' row counts): tokens and documents are in the bodies."""
     path = paths[0]
-    messages = _messages(read, size, path)
+    messages, schema_bytes = _messages(read, size, path)
     if not messages or messages[0][0] != _SCHEMA:
         raise ValueError(f"{fs.redact(path)}: the Arrow stream does not start with its schema (corrupt shard); rebuild")
     if any(kind != _RECORD_BATCH for kind, *_ in messages[1:]):
         raise ValueError(f"{fs.redact(path)}: an Arrow message other than a record batch (dictionaries are not "
                          "packer's); rebuild the dataset")
-    _, start, stop, _ = messages[0]
-    schema = ipc.read_schema(pa.py_buffer(bytes(read(path, start, stop))))
+    schema = ipc.read_schema(pa.py_buffer(schema_bytes))
     bounds = np.concatenate([[0], np.cumsum([m[3] for m in messages[1:]], dtype=np.int64)]).astype(np.int64)
     ranges = [((0, start, stop),) for _, start, stop, _ in messages[1:]]
     fields = tuple(name for name in ("loss_mask", "source_ids") if schema.get_field_index(name) >= 0)
