@@ -9,10 +9,15 @@ latency overlaps; each unit file is opened once per shard (`files` is the caller
 Simulated 10 ms requests (benchmarks/bench_fs.py, 2026-11-29, 16,412 pieces from 16 units):
 16 threads 6x faster than 1, 1 MiB gaps 1.55x faster than 64 KiB; not yet measured against a
 real object store (none is reachable from the machine this was written on).
+
+`read_range(path, start, stop)` is the streaming reader's one ranged read of any remote file
+(packer/store/stream.py): retried with backoff (packer/io/retry.py), each thread with its own
+open file per path (pyarrow serializes reads of one Python-backed file; a forked child opens its own).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -91,7 +96,9 @@ MAX_HANDLES = 64  # open files a thread keeps (oldest closed first)
 
 
 def _handle(path):
-    handles = _HANDLES.__dict__.setdefault("files", {})
+    if _HANDLES.__dict__.get("pid") != os.getpid():  # a forked child: its parent's connections are not its own
+        _HANDLES.files, _HANDLES.pid = {}, os.getpid()
+    handles = _HANDLES.files
     key = (path.uri, id(path.fs))  # one URI may be reached through two filesystem objects
     fs_and_file = handles.pop(key, None)
     if fs_and_file is None:
@@ -103,7 +110,8 @@ def _handle(path):
 
 
 def _drop_handle(path):
-    fs_and_file = _HANDLES.__dict__.get("files", {}).pop((path.uri, id(path.fs)), None)
+    fs_and_file = _HANDLES.__dict__.get("files", {}).pop((path.uri, id(path.fs)), None) \
+        if _HANDLES.__dict__.get("pid") == os.getpid() else None
     if fs_and_file is not None:
         try:
             fs_and_file[1].close()

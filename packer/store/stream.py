@@ -209,6 +209,9 @@ class StreamDataset:
         self._pool = None
         self._held = collections.OrderedDict()  # block -> (Rows, doc_ids), least recently read first
         self._ahead: dict[int, object] = {}  # block -> Future: fetched ahead, not read yet
+        self._ahead_bytes = 0
+        self._urgent: list[int] = []  # blocks the call in progress reads, not fetched yet
+        self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
         self._plan, self._plan_at = np.zeros(0, np.int64), 0  # blocks the loader will read, in order
         self.held_bytes = self.max_held_bytes = 0
 
@@ -234,9 +237,18 @@ class StreamDataset:
             future = self._ahead.pop(b, None)
             if future is None:
                 self._hold(self._nbytes[b])
-        block = future.result() if future is not None else self._fetch_or_release(b)
+            else:
+                self._ahead_bytes -= self._nbytes[b]
+            self._reading.add(b)  # read (or waited for) here, now: not fetched ahead again
+        try:
+            block = future.result() if future is not None else self._fetch_or_release(b)
+        finally:
+            with self._lock:
+                self._reading.discard(b)
         with self._lock:
             self._held[b] = block
+            if self._urgent and self._urgent[0] == b:
+                self._urgent.pop(0)
             self._pump()
         return block
 
@@ -254,7 +266,7 @@ class StreamDataset:
         as far as memory_bytes allows. Without it, a read still fetches the blocks of one call
         together."""
         self._check_pid()
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1) % max(self._n, 1)
+        idx = self._indices(indices)
         blocks = self._block_starts.searchsorted(idx, side="right") - 1
         if blocks.size:
             blocks = blocks[np.concatenate([[True], blocks[1:] != blocks[:-1]])]  # runs of one block: once
@@ -264,26 +276,39 @@ class StreamDataset:
             self._pump()
 
     def _pump(self):
-        """Start fetches of the plan's next blocks while threads and memory allow (lock held)."""
+        """Start fetches (lock held): first the blocks the call in progress reads (`_urgent`)
+        while all of memory_bytes allows, then the plan's next blocks while read_ahead
+        threads are free and half of memory_bytes allows (the other half keeps blocks being read)."""
         n_threads = int(self.options["read_ahead"])
         if not n_threads:
             return
-        ahead_budget = int(self.options["memory_bytes"]) // 2  # the other half keeps blocks being read
+        budget = int(self.options["memory_bytes"])
+        for b in self._urgent:
+            if b in self._held:
+                self._held.move_to_end(b)  # read by this call: not evicted for its other blocks
+        for b in self._urgent:
+            if b not in self._held and b not in self._ahead and b not in self._reading:
+                if self._ahead and self._ahead_bytes + self._nbytes[b] > budget:
+                    break  # the rest on demand, as the call frees memory
+                self._submit(b, n_threads)
         while self._plan_at < len(self._plan) and sum(not f.done() for f in self._ahead.values()) < n_threads:
             b = int(self._plan[self._plan_at])
             if b in self._held:
                 self._held.move_to_end(b)  # wanted soon: evicted last
-            elif b not in self._ahead:
-                ahead_bytes = sum(self._nbytes[a] for a in self._ahead)
-                if self._ahead and ahead_bytes + self._nbytes[b] > ahead_budget:
+            elif b not in self._ahead and b not in self._reading:
+                if self._ahead and self._ahead_bytes + self._nbytes[b] > budget // 2:
                     return  # half the memory holds blocks not read yet: wait for the loader to read some
-                self._hold(self._nbytes[b])
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
-                future = self._pool.submit(self._fetch_or_release, b)
-                future.add_done_callback(lambda _: self._pump_later())
-                self._ahead[b] = future
+                self._submit(b, n_threads)
             self._plan_at += 1
+
+    def _submit(self, b: int, n_threads: int):
+        self._hold(self._nbytes[b])
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
+        future = self._pool.submit(self._fetch_or_release, b)
+        future.add_done_callback(lambda _: self._pump_later())
+        self._ahead[b] = future
+        self._ahead_bytes += self._nbytes[b]
 
     def _pump_later(self):
         if self._lock.acquire(blocking=False):  # else the holder pumps when it is done
@@ -324,11 +349,9 @@ class StreamDataset:
         order = np.argsort(block, kind="stable")
         firsts = np.flatnonzero(np.diff(block[order], prepend=-1))
         wanted = block[order][firsts]
-        if len(wanted) > 1 and int(self.options["read_ahead"]):
-            with self._lock:  # this call's blocks first, then the rest of the plan
-                self._plan = np.concatenate([wanted, self._plan[self._plan_at:]])
-                self._plan_at = 0
-                self._pump()
+        with self._lock:  # this call's blocks first, then the plan's
+            self._urgent = wanted.tolist() if len(wanted) > 1 else []
+            self._pump()
         out = {field: [None] * len(idx) for field in fields}
         local = (idx - self._block_starts[block]).tolist()
         ends = [*firsts[1:].tolist(), len(order)]

@@ -349,7 +349,7 @@ def test_one_cache_directory_serves_two_processes(remote, local, tmp_path):
     assert 0 < held <= cache_bytes * (1 + 2 / 16), (held, cache_bytes)
 
 
-def test_packed_dataset_from_s3_yields_the_local_batches(remote, local):
+def test_packed_dataset_from_s3_yields_the_local_batches_and_resumes(remote, local):
     torch = pytest.importorskip("torch")
     from packer.train.data import PackedDataset
 
@@ -360,6 +360,16 @@ def test_packed_dataset_from_s3_yields_the_local_batches(remote, local):
         assert len(streamed) == len(stored) > 10
         for x, y in zip(streamed, stored):
             assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x if isinstance(x[k], torch.Tensor))
+        interrupted = PackedDataset(remote[fmt], seed=3, batch_size=4)
+        it = iter(interrupted)
+        for _ in range(5):
+            next(it)
+        state = interrupted.state_dict()  # a worker killed here resumes from its saved state
+        resumed = PackedDataset(remote[fmt], seed=3, batch_size=4)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert len(rest) == len(stored) - 5 and all(torch.equal(x["input_ids"], y["input_ids"])
+                                                    for x, y in zip(rest, stored[5:]))
 
 
 def test_options_from_the_environment_and_bad_values(remote, monkeypatch, tmp_path):
