@@ -9,16 +9,22 @@ latency overlaps; each unit file is opened once per shard (`files` is the caller
 Simulated 10 ms requests (benchmarks/bench_fs.py, 2026-11-29, 16,412 pieces from 16 units):
 16 threads 6x faster than 1, 1 MiB gaps 1.55x faster than 64 KiB; not yet measured against a
 real object store (none is reachable from the machine this was written on).
+
+`read_range(path, start, stop)` is the streaming reader's one ranged read of any remote file
+(packer/store/stream.py): retried with backoff (packer/io/retry.py), each thread with its own
+open file per path (pyarrow serializes reads of one Python-backed file; a forked child opens its own).
 """
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from packer.io import fs
+from packer.io import fs, retry
 
 # Read through a hole this small rather than issue another request: about time-to-first-byte x
 # bandwidth of one connection (20 ms x 50 MiB/s), the rule pyarrow's CacheOptions.from_network_metrics uses.
@@ -81,3 +87,46 @@ def gather(units_dir, piece_unit, begin, end, files: dict, kind: str = "tokens")
     bufs = list(_POOL[0].map(read, reads)) if len(reads) > 1 else [read(r) for r in reads]
     begin_l, end_l = begin.tolist(), end.tolist()
     return b"".join([bufs[w][b - reads[w][1] : e - reads[w][1]] for w, b, e in zip(where, begin_l, end_l)])
+
+
+# -- reads of any remote file's byte range, retried (the streaming reader's, packer/store/stream.py) --
+
+_HANDLES = threading.local()  # per thread {uri: RandomAccessFile}: pyarrow locks a Python file per object
+MAX_HANDLES = 64  # open files a thread keeps (oldest closed first)
+
+
+def _handle(path):
+    if _HANDLES.__dict__.get("pid") != os.getpid():  # a forked child: its parent's connections are not its own
+        _HANDLES.files, _HANDLES.pid = {}, os.getpid()
+    handles = _HANDLES.files
+    key = (path.uri, id(path.fs))  # one URI may be reached through two filesystem objects
+    fs_and_file = handles.pop(key, None)
+    if fs_and_file is None:
+        fs_and_file = (path.fs, path.open_input())  # the filesystem kept alive: its id stays its own
+        if len(handles) >= MAX_HANDLES:
+            handles.pop(next(iter(handles)))[1].close()
+    handles[key] = fs_and_file  # most recently used last
+    return fs_and_file[1]
+
+
+def _drop_handle(path):
+    fs_and_file = _HANDLES.__dict__.get("files", {}).pop((path.uri, id(path.fs)), None) \
+        if _HANDLES.__dict__.get("pid") == os.getpid() else None
+    if fs_and_file is not None:
+        try:
+            fs_and_file[1].close()
+        except OSError:
+            pass
+
+
+def read_range(path, start: int, stop: int):
+    """Bytes [start, stop) of a remote file (a RemotePath) as a pyarrow Buffer, in one ranged
+    read, retried with backoff (packer/io/retry.py); a short read counts as a failed try. Each
+    thread keeps its own open file per path."""
+    def read():
+        data = _handle(path).read_at(stop - start, start)
+        if len(data) != stop - start:
+            raise OSError(f"short read: {len(data)} of {stop - start} bytes (the object was replaced or truncated)")
+        return data
+
+    return retry.retried(read, path, start, stop, on_error=lambda e: _drop_handle(path))

@@ -3,9 +3,9 @@
 A dataset's shards, in manifest order, are read as blocks of rows in CSR form (`Rows`,
 packer/store/rows.py) by their format (packer/store/formats/: Arrow IPC, memmap, Megatron);
 `ds[i]` finds row i's block and slices it. Locally every block is a view of a memory map, so
-opening reads only indexes and footers; a dataset at a remote URI (packer/io/fs.py) is read into
-memory when opened: Arrow record batches by ranged reads, the other formats' files whole
-(nothing remote can be memory-mapped). Writing is packer/build/writer.py; checking,
+opening reads only indexes and footers; `open_dataset` of a remote URI (packer/io/fs.py) streams
+it instead (packer/store/stream.py: indexes at open, blocks of rows by ranged reads, read ahead,
+bounded memory, an optional cache directory). Writing is packer/build/writer.py; checking,
 packer/store/verify.py.
 
 Nothing in the manifest is taken on trust (packer/store/checks.py). Opening refuses, in one line:
@@ -232,6 +232,16 @@ def read_rows(ds, indices) -> tuple[list, list]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def open_dataset(path) -> ShardDataset:
-    """Open a dataset directory written by `packer build` (any shard format), or its URI."""
+def open_dataset(path, **stream_options):
+    """Open a dataset directory written by `packer build` (any shard format), or its URI.
+
+    A local directory is memory-mapped (ShardDataset). A URI is streamed (packer/store/stream.py:
+    indexes at open, then blocks of rows by ranged reads, read ahead, with a bounded memory and an
+    optional cache directory); `stream_options` are its memory_bytes, read_ahead, cache_dir,
+    cache_bytes and block_bytes (else the PACKER_* environment variables, else defaults), and
+    a local path ignores them."""
+    if fs.is_remote(path):
+        from packer.store.stream import StreamDataset
+
+        return StreamDataset(path, **stream_options)
     return ShardDataset(path)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -141,3 +142,119 @@ def hf_metadata(shards: list[dict]) -> dict[str, bytes]:
     info = {"description": "packed sequences written by packer; manifest.json says what they hold", "features": None}
     return {name: (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8")
             for name, value in ((HF_STATE, state), (HF_INFO, info))}
+
+
+# -- streaming reads (packer/store/stream.py): record batches located by their message headers --
+#
+# An IPC stream is a run of messages, each
+#     ff ff ff ff | int32 metadata length M | M bytes: a flatbuffer `Message` | bodyLength bytes of body
+# and ends with ff ff ff ff 00 00 00 00 (M = 0). The Message table (Arrow's format/Message.fbs) holds
+# field 1 header_type (ubyte: 1 Schema, 2 DictionaryBatch, 3 RecordBatch), field 2 the header table
+# (for a RecordBatch, its field 0 is the row count `length`, int64) and field 3 bodyLength (int64).
+# Reading those few scalars is all a streaming open needs: one small ranged read per batch.
+
+HEAD_READ_BYTES = 4096  # read this much at a message's start: its metadata (a few hundred bytes here) in one request
+_SCHEMA, _RECORD_BATCH = 1, 3
+
+
+def _table_field(buf: memoryview, table: int, field: int, fmt: str, default=0):
+    """Scalar `field` of the flatbuffer table at byte `table` (its vtable gives the field's place)."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    vtable_size = struct.unpack_from("<H", buf, vtable)[0]
+    slot = 4 + 2 * field
+    at = struct.unpack_from("<H", buf, vtable + slot)[0] if slot < vtable_size else 0
+    return struct.unpack_from(fmt, buf, table + at)[0] if at else default
+
+
+def message_header(meta: bytes) -> tuple[int, int, int]:
+    """(header_type, bodyLength, row count or 0) of one IPC message's flatbuffer metadata."""
+    buf = memoryview(meta)
+    root = struct.unpack_from("<I", buf, 0)[0]
+    kind = _table_field(buf, root, 1, "<B")
+    body = _table_field(buf, root, 3, "<q")
+    n_rows = 0
+    if kind == _RECORD_BATCH:
+        at = _table_field(buf, root, 2, "<I")  # the offset field itself, relative to where it sits
+        vtable = root - struct.unpack_from("<i", buf, root)[0]
+        header = root + struct.unpack_from("<H", buf, vtable + 8)[0] + at
+        n_rows = _table_field(buf, header, 0, "<q")
+    return kind, body, n_rows
+
+
+def _messages(read, size, path) -> tuple[list[tuple[int, int, int, int]], bytes]:
+    """(header_type, start, stop, row count) of every message of a shard's IPC stream, and the
+    schema message's bytes: one ranged read of HEAD_READ_BYTES at each message start not already
+    read (the schema and a first small batch come in one). Also the IPC file form (its stream
+    starts at byte 8, its footer after the end-of-stream marker)."""
+    where, total = fs.redact(path), size(path)
+    window, base = bytes(read(path, 0, min(total, HEAD_READ_BYTES))), 0
+    file_form = window[: len(FILE_MAGIC)] == FILE_MAGIC
+    pos, out, schema = (8 if file_form else 0), [], b""
+
+    def at(start, n):  # bytes [start, start + n), from the window when it holds them
+        nonlocal window, base
+        if not (base <= start and start + n <= base + len(window)):
+            window, base = bytes(read(path, start, min(total, start + max(n, HEAD_READ_BYTES)))), start
+        return window[start - base : start - base + n]
+
+    while True:
+        head = at(pos, 8)
+        if len(head) < 8:
+            raise ValueError(f"{where}: the Arrow stream ends at byte {total} inside a message header (truncated); "
+                             "rebuild the dataset")
+        marker, meta_len = struct.unpack("<Ii", head)
+        if marker != 0xFFFFFFFF or meta_len < 0:
+            raise ValueError(f"{where}: no Arrow IPC message at byte {pos} (corrupt shard); rebuild the dataset")
+        if meta_len == 0:  # the end-of-stream marker
+            if not file_form and pos + 8 != total:
+                raise ValueError(f"{where}: the Arrow stream ends at byte {pos + 8} of {total} (bytes after its "
+                                 "end-of-stream marker); rebuild the dataset")
+            return out, schema
+        if pos + 8 + meta_len > total:
+            raise ValueError(f"{where}: an Arrow message header at byte {pos} runs past the end {total} (truncated)")
+        meta = at(pos + 8, meta_len)
+        kind, body, n_rows = message_header(meta)
+        stop = pos + 8 + meta_len + body
+        if body < 0 or stop > total:
+            raise ValueError(f"{where}: an Arrow message at byte {pos} runs to byte {stop}, past the end {total} "
+                             "(truncated); rebuild the dataset")
+        if not out:
+            schema = at(pos, stop - pos)
+        out.append((kind, pos, stop, n_rows))
+        pos = stop
+
+
+def stream_index(read, size, paths, block_bytes: int, extras=()):
+    """What a streaming reader needs of one shard before any token (memmap.stream_index's shape):
+    (row bounds of its blocks, each block's byte range, (schema, name), counts, the optional
+    fields its columns hold). A block is one record
+    batch (ROWS_PER_BATCH rows); `block_bytes` does not apply. Counts hold only `sequences` (the
+    batch headers' row counts): tokens and documents are in the bodies."""
+    path = paths[0]
+    messages, schema_bytes = _messages(read, size, path)
+    if not messages or messages[0][0] != _SCHEMA:
+        raise ValueError(f"{fs.redact(path)}: the Arrow stream does not start with its schema (corrupt shard); rebuild")
+    if any(kind != _RECORD_BATCH for kind, *_ in messages[1:]):
+        raise ValueError(f"{fs.redact(path)}: an Arrow message other than a record batch (dictionaries are not "
+                         "packer's); rebuild the dataset")
+    schema = ipc.read_schema(pa.py_buffer(schema_bytes))
+    bounds = np.concatenate([[0], np.cumsum([m[3] for m in messages[1:]], dtype=np.int64)]).astype(np.int64)
+    ranges = [((0, start, stop),) for _, start, stop, _ in messages[1:]]
+    fields = tuple(name for name in ("loss_mask", "source_ids") if schema.get_field_index(name) >= 0)
+    return bounds, ranges, (schema, fs.redact(path)), {"sequences": int(bounds[-1])}, fields
+
+
+def stream_block(state, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    """Record batch k of a streamed shard from its message bytes, zero-copy over them (as `blocks`
+    reads a batch, optional columns too)."""
+    schema, where = state
+    batch = ipc.read_record_batch(ipc.read_message(pa.py_buffer(buffers[0])), schema)
+    return _batch_rows(batch, where)
+
+
+def _batch_rows(batch, where) -> tuple[Rows, np.ndarray]:
+    ids, offs, doc_ids = batch.column("input_ids"), batch.column("offsets"), batch.column("doc_ids")
+    rows = Rows(ids.values.to_numpy(zero_copy_only=True), ids.offsets.to_numpy(),
+                offs.values.to_numpy(zero_copy_only=True), offs.offsets.to_numpy(),
+                loss_mask=_extra(batch, "loss_mask", ids, where), source_ids=_extra(batch, "source_ids", doc_ids, where))
+    return rows, doc_ids.flatten().to_numpy(zero_copy_only=True)

@@ -34,8 +34,8 @@ import struct
 
 import numpy as np
 
-from packer.io import fs
-from packer.store.formats import sidecars
+from packer.io import fs, retry
+from packer.store.formats import memmap, sidecars
 from packer.store.formats.memmap import write_sidecar_chunks
 from packer.store.rows import Layout, Rows
 
@@ -140,3 +140,39 @@ def blocks(paths, extras=()):
     tokens = raw.view(dtype) if len(raw) else np.zeros(0, dtype)
     more = sidecars.read(dict(zip(extras, rest)), len(tokens), len(lengths))
     yield Rows(tokens, token_starts, offsets, offset_starts, **more), _read_doc_ids(doc_ids_path, len(lengths))
+
+
+# -- streaming reads (packer/store/stream.py): the .idx and doc_ids whole, the .bin by blocks --
+
+
+def csr_index(lengths: np.ndarray, document_indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token_starts, offsets, offset_starts) of the rows a Megatron index describes (what
+    `blocks` computes for the whole shard)."""
+    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    token_starts = cumulative[document_indices]
+    offset_starts = document_indices + np.arange(len(document_indices))
+    row = np.repeat(np.arange(len(document_indices) - 1), np.diff(offset_starts))  # the row of each offset
+    offsets = (cumulative[np.arange(len(row)) - row] - token_starts[row]).astype(np.int32)
+    return token_starts, offsets, offset_starts
+
+
+def stream_index(read, size, paths, block_bytes: int, extras=()):
+    """memmap.stream_index's twin: (row bounds, byte ranges of each block, a memmap.StreamShard,
+    counts). The .idx, the doc_ids and the source ids are read whole (retried); the .bin and the
+    mask by blocks."""
+    bin_path, idx_path, doc_ids_path = paths[:3]
+    dtype, lengths, _, document_indices = retry.retried(lambda: read_index(idx_path), idx_path)
+    token_starts, offsets, offset_starts = csr_index(lengths, document_indices)
+    doc_ids = retry.retried(lambda: _read_doc_ids(doc_ids_path, len(lengths)), doc_ids_path)
+    n_tokens = int(token_starts[-1])
+    if (n := size(bin_path)) != n_tokens * dtype.itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {dtype.itemsize} "
+                         "bytes (truncated?)")
+    sources, mask_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
+    shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
+    bounds, ranges, counts = memmap.stream_plan(shard, block_bytes)
+    return bounds, ranges, shard, counts, tuple(extras)
+
+
+def stream_block(shard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    return memmap.stream_rows(shard, bounds, k, buffers)

@@ -22,10 +22,11 @@ maps both files and slices them: one block per shard, nothing copied.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
-from packer.io import fs
+from packer.io import fs, retry
 from packer.store.formats import sidecars
 from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chunk
 
@@ -56,19 +57,23 @@ def read_header(path) -> tuple[int, int, int]:
     path = fs.location(path)
     with path.open("rb") as f:
         head = f.read(HEADER.size)
-    size = fs.size(path)
+    return parse_header(head, fs.size(path), fs.redact(path))
+
+
+def parse_header(head: bytes, size: int, where: str) -> tuple[int, int, int]:
+    """read_header of an index file whose first bytes are `head` and whose size is `size`."""
     if len(head) < HEADER.size:
-        raise ValueError(f"{fs.redact(path)}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
-    magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head)
+        raise ValueError(f"{where}: {len(head)} bytes, shorter than the {HEADER.size}-byte index header (truncated?)")
+    magic, version, itemsize, n_rows, n_segments = HEADER.unpack(head[: HEADER.size])
     if magic != MAGIC:
-        raise ValueError(f"{fs.redact(path)}: not a packer index file (magic {magic!r}, expected {MAGIC!r})")
+        raise ValueError(f"{where}: not a packer index file (magic {magic!r}, expected {MAGIC!r})")
     if version != VERSION:
-        raise ValueError(f"{fs.redact(path)}: index version {version}, this packer reads version {VERSION}; upgrade packer")
+        raise ValueError(f"{where}: index version {version}, this packer reads version {VERSION}; upgrade packer")
     if itemsize not in TOKEN_DTYPES:
-        raise ValueError(f"{fs.redact(path)}: token itemsize {itemsize}, expected 2 or 4")
+        raise ValueError(f"{where}: token itemsize {itemsize}, expected 2 or 4")
     want = HEADER.size + 8 * (2 * (n_rows + 1) + n_segments) + 4 * (n_segments + n_rows)
     if size != want:
-        raise ValueError(f"{fs.redact(path)}: {size} bytes, its header implies {want} (truncated or corrupt)")
+        raise ValueError(f"{where}: {size} bytes, its header implies {want} (truncated or corrupt)")
     return itemsize, n_rows, n_segments
 
 
@@ -124,3 +129,99 @@ def blocks(paths, extras=()):
     tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(paths[0], paths[1])
     more = sidecars.read(dict(zip(extras, paths[2:])), len(tokens), len(doc_ids))
     yield Rows(tokens, token_starts, offsets, offset_starts, **more), doc_ids
+
+
+# -- streaming reads (packer/store/stream.py): the index whole, then blocks of rows by ranged reads --
+
+
+class StreamShard(NamedTuple):
+    """A memmap or Megatron shard's index as a streaming reader holds it (no token): the CSR
+    arrays, the source ids (or None), and which of the shard's files holds the loss mask (or None)."""
+
+    dtype: np.dtype
+    token_starts: np.ndarray
+    offsets: np.ndarray
+    offset_starts: np.ndarray
+    doc_ids: np.ndarray
+    source_ids: np.ndarray | None
+    mask_file: int | None
+
+
+def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> np.ndarray:
+    """Row bounds [0, r1, r2, ..., S] of blocks of consecutive rows: a new block starts at the first
+    row whose tokens start in the next `block_bytes` window of the .bin, so a block holds at most
+    block_bytes + one row of token bytes. Rows of 8 KiB in 1 MiB windows: 128 rows a block."""
+    n_rows = len(token_starts) - 1
+    window = np.asarray(token_starts[:-1], dtype=np.int64) * itemsize // block_bytes
+    cuts = np.flatnonzero(np.diff(window)) + 1
+    return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
+
+
+def stream_plan(shard: StreamShard, block_bytes: int):
+    """(row bounds, the byte ranges ((file, start, stop), ...) of each block, counts) of a shard:
+    a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file."""
+    itemsize = shard.dtype.itemsize
+    bounds = block_bounds(shard.token_starts, itemsize, block_bytes)
+    t = np.asarray(shard.token_starts, dtype=np.int64)[bounds].tolist()
+    ranges = [((0, a * itemsize, b * itemsize),) + (((shard.mask_file, a, b),) if shard.mask_file is not None else ())
+              for a, b in zip(t[:-1], t[1:])]
+    counts = {"sequences": len(shard.token_starts) - 1, "documents": len(shard.doc_ids),
+              "tokens": int(shard.token_starts[-1] - shard.token_starts[0])}
+    return bounds, ranges, counts
+
+
+def stream_rows(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    """Block k (rows bounds[k]..bounds[k+1]) from the bytes of its ranges: tokens (and mask) from
+    `buffers`, offsets as views of the index, token_starts shifted to start at 0."""
+    r0, r1 = int(bounds[k]), int(bounds[k + 1])
+    o0, o1 = int(shard.offset_starts[r0]), int(shard.offset_starts[r1])
+    tokens = np.frombuffer(buffers[0], shard.dtype) if len(buffers[0]) else np.zeros(0, shard.dtype)
+    mask = None
+    if shard.mask_file is not None:
+        mask = np.frombuffer(buffers[1], np.uint8) if len(buffers[1]) else np.zeros(0, np.uint8)
+    sources = shard.source_ids[o0 - r0 : o1 - r1] if shard.source_ids is not None else None
+    rows = Rows(tokens, shard.token_starts[r0 : r1 + 1] - shard.token_starts[r0], shard.offsets,
+                shard.offset_starts[r0 : r1 + 1], loss_mask=mask, source_ids=sources)
+    return rows, shard.doc_ids[o0 - r0 : o1 - r1]
+
+
+def stream_sidecars(read, size, paths, extras, n_tokens: int, n_segments: int) -> tuple[np.ndarray | None, int | None]:
+    """(source ids, read whole; the index of the loss mask file in `paths`) of a shard's sidecars
+    (FILES first, then the EXTRA_FILES of `extras` in order), their sizes checked."""
+    named = dict(zip(extras, range(len(paths) - len(extras), len(paths))))
+    if "loss_mask" in named and (n := size(paths[named["loss_mask"]])) != n_tokens:
+        raise ValueError(f"{fs.redact(paths[named['loss_mask']])}: {n} bytes, one mask byte per token of the "
+                         f"shard's {n_tokens} (truncated or corrupt)")
+    sources = None
+    if "source_ids" in named:
+        path = paths[named["source_ids"]]
+        sources = retry.retried(lambda: sidecars.read_source_ids(path, n_segments), path)
+    return sources, named.get("loss_mask")
+
+
+def stream_index(read, size, paths, block_bytes: int, extras=()):
+    """What a streaming reader needs of one shard before any token: (row bounds of its blocks,
+    each block's byte ranges, a StreamShard for `stream_block`, counts, the optional fields). `read(path, start, stop)`
+    and `size(path)` reach the files (retried, cached). The .idx is read whole (O(rows + segments)
+    bytes), and the source ids; the .bin and the mask only by blocks."""
+    bin_path, idx_path = paths[0], paths[1]
+    where = fs.redact(idx_path)
+    idx_size = size(idx_path)
+    raw = np.frombuffer(read(idx_path, 0, idx_size), np.uint8) if idx_size else np.zeros(0, np.uint8)
+    itemsize, n_rows, n_segments = parse_header(raw[: HEADER.size].tobytes(), idx_size, where)
+    cuts = np.cumsum([HEADER.size, 8 * (n_rows + 1), 8 * (n_rows + 1), 8 * n_segments, 4 * (n_segments + n_rows)])
+    token_starts, offset_starts, doc_ids = (raw[a:b].view("<i8") for a, b in zip(cuts[:3], cuts[1:4]))
+    offsets = raw[cuts[3] : cuts[4]].view("<i4")
+    n_tokens = int(token_starts[-1])
+    if (n := size(bin_path)) != n_tokens * itemsize:
+        raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {itemsize} bytes "
+                         "(truncated?)")
+    sources, mask_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
+    shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
+    bounds, ranges, counts = stream_plan(shard, block_bytes)
+    return bounds, ranges, shard, counts, tuple(extras)
+
+
+def stream_block(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
+    """Block k of a streamed shard from the bytes of its ranges (stream_index's order)."""
+    return stream_rows(shard, bounds, k, buffers)

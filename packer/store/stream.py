@@ -1,0 +1,435 @@
+"""Streaming reads of a remote dataset: indexes at open, then blocks of rows by ranged reads, read ahead, cached.
+
+    open       manifest.json; each shard's index (memmap/Megatron .idx and doc ids whole; an Arrow
+               shard's message headers, one small ranged read per record batch), shards in parallel
+    a block    a run of consecutive rows of one shard and the byte range(s) that hold them:
+               memmap/Megatron ~block_bytes (1 MiB) of .bin; Arrow one record batch (ROWS_PER_BATCH rows)
+    a read     ds[i], views, get_many: each block the rows fall in, from memory, the cache directory
+               or one ranged read of the store (retried, packer/io/retry.py); rows come back as copies
+    read-ahead ds.prefetch(indices): the rows the loader will read next, in order; background
+               threads (read_ahead of them) fetch their blocks in that order while memory allows
+
+Memory: blocks held (read, or fetched ahead and not yet read) stay under `memory_bytes`; one block
+asked for on demand may pass it. So what this reader holds is at most
+
+    index bytes  +  memory_bytes + largest block  +  the rows of the call in progress
+
+where index bytes are O(rows + segments), never O(tokens): memmap 16 B a row + 12 B a segment,
+Megatron 20 B a row + 20 B a segment (its offsets are rebuilt), Arrow 40 B a record batch; and a
+prefetch plan costs 8 B a row asked for. `ds.held_bytes` is the block part, `ds.max_held_bytes`
+its peak (tests/store/test_stream.py holds both to the bound on a dataset 10x larger than it).
+
+Cache: with `cache_dir`, every block and index read is also kept in a local directory shared by
+every process of the node (packer/io/cache.py: keyed by the file's sha256 and range, LRU by size,
+`cache_bytes`); a block is read from the store once per node while it fits.
+
+Checks: at open what the indexes hold (memmap, Megatron: every count and row bound, as
+ShardDataset; Arrow: the sequences per shard, from the batch headers); each block's rows, offsets,
+doc ids and token ids each time it is fetched (checks.py). Token and document counts of an Arrow
+shard are in its bodies: `packer verify` checks them.
+
+Options come from open_dataset's keywords, else the environment (so DataLoader workers and
+PackedDataset get them unchanged): PACKER_STREAM_MEMORY_BYTES, PACKER_READ_AHEAD,
+PACKER_CACHE_DIR, PACKER_CACHE_BYTES, PACKER_BLOCK_BYTES.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+
+from packer.io import fs, ranged, retry
+from packer.io.cache import BlockCache
+from packer.store import checks, formats
+from packer.store.manifest import read_manifest
+from packer.store.rows import Rows
+
+MEMORY_BYTES = 256 << 20
+READ_AHEAD = 16  # blocks fetched at once (threads); 0: every read on demand, in the caller's thread
+CACHE_BYTES = 16 << 30
+BLOCK_BYTES = 1 << 20  # memmap/Megatron: about time-to-first-byte x bandwidth, as ranged.GAP_BYTES
+ENV = {"memory_bytes": "PACKER_STREAM_MEMORY_BYTES", "read_ahead": "PACKER_READ_AHEAD",
+       "cache_dir": "PACKER_CACHE_DIR", "cache_bytes": "PACKER_CACHE_BYTES", "block_bytes": "PACKER_BLOCK_BYTES"}
+DEFAULTS = {"memory_bytes": MEMORY_BYTES, "read_ahead": READ_AHEAD, "cache_dir": None, "cache_bytes": CACHE_BYTES,
+            "block_bytes": BLOCK_BYTES}
+
+
+def options(**given) -> dict:
+    """The reader's options: those given (not None), else the environment's, else the defaults."""
+    out = {}
+    for key, default in DEFAULTS.items():
+        value = given.get(key)
+        if value is None and os.environ.get(ENV[key]):
+            value = os.environ[ENV[key]]
+            if key != "cache_dir":
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise ValueError(f"{ENV[key]}={value!r}: expected a whole number") from None
+        out[key] = default if value is None else value
+    for key in ("memory_bytes", "block_bytes", "cache_bytes"):
+        if int(out[key]) < 1:
+            raise ValueError(f"{key}={out[key]}: must be at least 1 byte")
+    if int(out["read_ahead"]) < 0:
+        raise ValueError(f"read_ahead={out['read_ahead']}: give 0 (no read-ahead) or a number of blocks")
+    return out
+
+
+class StreamDataset:
+    """ShardDataset's interface (len, ds[i], views, get_many, doc_ids, iteration, manifest) over a
+    remote dataset read by blocks (module docstring), plus prefetch(indices)."""
+
+    def __init__(self, path, **given):
+        self.path = fs.location(path)
+        self.options = options(**given)
+        self.manifest = retry.retried(lambda: read_manifest(self.path), self.path)
+        config = self.manifest["config"]
+        self.format = config.get("format", "arrow")
+        self.context_length = int(config["context_length"])
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+        self.dtype = np.dtype(config["token_dtype"])
+        self.source_names = [source.get("name") for source in self.manifest.get("sources") or []]
+        self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
+        self._module = formats.get(self.format)
+        self._cache = (BlockCache(self.options["cache_dir"], int(self.options["cache_bytes"]))
+                       if self.options["cache_dir"] else None)
+        self.stats = collections.Counter()  # store reads, bytes read, cache hits, blocks fetched
+        self._sha: dict[str, str] = {}
+        self._reset_threads()
+        self._open_shards()
+
+    # -- open ----------------------------------------------------------------------------
+
+    def _open_shards(self):
+        files = formats.manifest_files(self.format, self.manifest["shards"])  # names inside the directory, none twice
+        paths = [[self.path / name for name, _ in shard] for shard in files]
+        extras = [formats.entry_extras(self.format, entry) for entry in self.manifest["shards"]]
+        for shard in files:
+            self._sha.update({(self.path / name).uri: sha for name, sha in shard if sha})
+        block_bytes = int(self.options["block_bytes"])
+
+        def index(k):
+            try:
+                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k])
+            except FileNotFoundError as e:
+                raise ValueError(f"shard missing: {getattr(e, 'where', None) or fs.redact(paths[k][0])} (listed in the manifest); "
+                                 "restore it or rebuild the dataset") from None
+            except (pa.ArrowException, KeyError, IndexError, struct.error) as e:  # damaged bytes, not our checks'
+                raise ValueError(f"{fs.redact(paths[k][0])}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); "
+                                 "run `packer verify`, or rebuild") from None
+
+        with ThreadPoolExecutor(max(1, min(16, len(paths)))) as pool:  # shards' headers read in parallel
+            indexes = list(pool.map(index, range(len(paths))))
+        self._shards = []  # (paths, state, row bounds) per shard
+        starts, ranges, where, n_tokens, fields = [0], [], [], 0, []
+        for k, (entry, (bounds, block_ranges, state, counts, present)) in enumerate(zip(self.manifest["shards"], indexes)):
+            name = fs.redact(paths[k][0])
+            self._check_shard(entry, name, state, counts)
+            self._shards.append((paths[k], state, bounds))
+            fields.append((name, set(present)))
+            for b in range(len(block_ranges)):
+                ranges.append((k, b, block_ranges[b]))
+                where.append((name, int(bounds[b])))
+                starts.append(starts[-1] + int(bounds[b + 1] - bounds[b]))
+            n_tokens = None if n_tokens is None or "tokens" not in counts else n_tokens + counts["tokens"]
+        self._block_starts = np.asarray(starts, dtype=np.int64)
+        self._blocks, self._where = ranges, where
+        self._nbytes = [sum(stop - start for _, start, stop in r) for _, _, r in ranges]
+        self._n = starts[-1]
+        totals = {"sequences": self._n, "tokens": n_tokens}
+        if n_tokens is None:  # an Arrow dataset: tokens are in the bodies, checked by `packer verify`
+            totals["tokens"] = self.manifest["totals"].get("tokens_out")
+        checks.check_totals(totals, self.manifest["totals"])
+        self.has_loss_mask, self.has_source_ids = (_all_or_none(fields, f) for f in ("loss_mask", "source_ids"))
+
+    def _check_shard(self, entry, name, state, counts):
+        for key, value in counts.items():
+            if value != entry.get(key):
+                raise ValueError(f"{name}: {value} {key}, the manifest says {entry.get(key)!r} (the manifest was "
+                                 "edited or the shard replaced; rebuild the dataset)")
+        if isinstance(state, tuple) and hasattr(state, "token_starts"):  # memmap, Megatron: every row bound now
+            fake = np.broadcast_to(np.zeros(1, state.dtype), (int(state.token_starts[-1]),))  # no token read
+            rows = Rows(fake, state.token_starts, state.offsets, state.offset_starts)
+            checks.check_bounds(rows, name, 0, self.context_length)
+            checks.check_dtype(rows, name, self.dtype)
+            checks.check_doc_ids(state.doc_ids, name, self._n_docs)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _size(self, path) -> int:
+        self.stats["store requests"] += 1
+        return retry.retried(lambda: fs.size(path), path)
+
+    def _read(self, path, start: int, stop: int):
+        """Bytes [start, stop) of a shard file: from the cache directory, else one ranged read."""
+        key = f"{self._sha[path.uri]}:{start}:{stop}" if self._cache is not None and path.uri in self._sha else None
+        if key is not None and (data := self._cache.get(key)) is not None and len(data) == stop - start:
+            self.stats["cache hits"] += 1
+            return data
+        data = ranged.read_range(path, start, stop) if stop > start else b""
+        self.stats["store requests"] += 1
+        self.stats["store bytes"] += stop - start
+        if key is not None:
+            self._cache.put(key, data)
+        return data
+
+    def _fetch(self, b: int):
+        """Block b read and checked: (Rows, doc_ids)."""
+        k, j, block_ranges = self._blocks[b]
+        paths, state, bounds = self._shards[k]
+        buffers = [self._read(paths[i], start, stop) for i, start, stop in block_ranges]
+        where, first_row = self._where[b]
+        try:
+            rows, doc_ids = self._module.stream_block(state, bounds, j, buffers)
+        except (pa.ArrowException, KeyError, IndexError) as e:
+            _, start, stop = block_ranges[0]
+            raise ValueError(f"{where} bytes {start}-{stop}: unreadable block ({type(e).__name__}: {str(e)[:200]}); "
+                             "run `packer verify`, or rebuild") from None
+        checks.check_dtype(rows, where, self.dtype)
+        checks.check_rows(rows, len(doc_ids), where, first_row, self.context_length)
+        checks.check_token_ids(rows, where, self.vocab_size)
+        checks.check_doc_ids(doc_ids, where, self._n_docs)
+        checks.check_extras(rows, len(doc_ids), where, len(self.source_names))
+        self.stats["blocks fetched"] += 1
+        return rows, doc_ids
+
+    # -- memory: held blocks, read-ahead -------------------------------------------------
+
+    def _reset_threads(self):
+        """Fresh locks, pool and held blocks: at open, and in a forked child (whose copies of the
+        parent's threads and futures would never run)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pool = None
+        self._held = collections.OrderedDict()  # block -> (Rows, doc_ids), least recently read first
+        self._ahead: dict[int, object] = {}  # block -> Future: fetched ahead, not read yet
+        self._ahead_bytes = 0
+        self._urgent: list[int] = []  # blocks the call in progress reads, not fetched yet
+        self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
+        self._plan, self._plan_at = np.zeros(0, np.int64), 0  # blocks the loader will read, in order
+        self.held_bytes = self.max_held_bytes = 0
+
+    def _check_pid(self):
+        if self._pid != os.getpid():
+            self._reset_threads()
+
+    def _hold(self, nbytes: int):
+        """Count `nbytes` more held, evicting the least recently read blocks to stay in budget."""
+        budget = int(self.options["memory_bytes"])
+        while self._held and self.held_bytes + nbytes > budget:
+            b, _ = self._held.popitem(last=False)
+            self.held_bytes -= self._nbytes[b]
+        self.held_bytes += nbytes
+        self.max_held_bytes = max(self.max_held_bytes, self.held_bytes)
+
+    def _block(self, b: int):
+        """Block b's (Rows, doc_ids), held as most recently read: from memory, from a fetch ahead, or read now."""
+        with self._lock:
+            if b in self._held:
+                self._held.move_to_end(b)
+                return self._held[b]
+            future = self._ahead.pop(b, None)
+            if future is None:
+                self._hold(self._nbytes[b])
+            else:
+                self._ahead_bytes -= self._nbytes[b]
+            self._reading.add(b)  # read (or waited for) here, now: not fetched ahead again
+        try:
+            block = future.result() if future is not None else self._fetch_or_release(b)
+        finally:
+            with self._lock:
+                self._reading.discard(b)
+        with self._lock:
+            self._held[b] = block
+            if self._urgent and self._urgent[0] == b:
+                self._urgent.pop(0)
+            self._pump()
+        return block
+
+    def _fetch_or_release(self, b: int):
+        try:
+            return self._fetch(b)
+        except BaseException:
+            with self._lock:
+                self.held_bytes -= self._nbytes[b]
+            raise
+
+    def prefetch(self, indices, reset: bool = False):
+        """Rows `indices` will be read next, in this order (after those given before; `reset`
+        forgets those): their blocks are fetched ahead in that order by up to read_ahead threads,
+        as far as memory_bytes allows. Without it, a read still fetches the blocks of one call
+        together."""
+        self._check_pid()
+        idx = self._indices(indices)
+        blocks = self._block_starts.searchsorted(idx, side="right") - 1
+        if blocks.size:
+            blocks = blocks[np.concatenate([[True], blocks[1:] != blocks[:-1]])]  # runs of one block: once
+        with self._lock:
+            rest = np.zeros(0, np.int64) if reset else self._plan[self._plan_at:]
+            self._plan, self._plan_at = np.concatenate([rest, blocks]), 0
+            self._pump()
+
+    def _pump(self):
+        """Start fetches (lock held): first the blocks the call in progress reads (`_urgent`)
+        while all of memory_bytes allows, then the plan's next blocks while read_ahead
+        threads are free and half of memory_bytes allows (the other half keeps blocks being read)."""
+        n_threads = int(self.options["read_ahead"])
+        if not n_threads:
+            return
+        budget = int(self.options["memory_bytes"])
+        for b in self._urgent:
+            if b in self._held:
+                self._held.move_to_end(b)  # read by this call: not evicted for its other blocks
+        for b in self._urgent:
+            if b not in self._held and b not in self._ahead and b not in self._reading:
+                if self._ahead and self._ahead_bytes + self._nbytes[b] > budget:
+                    break  # the rest on demand, as the call frees memory
+                self._submit(b, n_threads)
+        while self._plan_at < len(self._plan) and sum(not f.done() for f in self._ahead.values()) < n_threads:
+            b = int(self._plan[self._plan_at])
+            if b in self._held:
+                self._held.move_to_end(b)  # wanted soon: evicted last
+            elif b not in self._ahead and b not in self._reading:
+                if self._ahead and self._ahead_bytes + self._nbytes[b] > budget // 2:
+                    return  # half the memory holds blocks not read yet: wait for the loader to read some
+                self._submit(b, n_threads)
+            self._plan_at += 1
+
+    def _submit(self, b: int, n_threads: int):
+        self._hold(self._nbytes[b])
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
+        future = self._pool.submit(self._fetch_or_release, b)
+        future.add_done_callback(lambda _: self._pump_later())
+        self._ahead[b] = future
+        self._ahead_bytes += self._nbytes[b]
+
+    def _pump_later(self):
+        if self._lock.acquire(blocking=False):  # else the holder pumps when it is done
+            try:
+                self._pump()
+            finally:
+                self._lock.release()
+
+    # -- ShardDataset's interface --------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __reduce__(self):
+        given = {k: v for k, v in self.options.items() if v != DEFAULTS[k]}
+        return _reopen, (self.path, given)  # reopened where it is unpickled, never copied
+
+    def _indices(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self._n
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
+        return idx % n if n else idx
+
+    def __getitem__(self, i):
+        n = self._n
+        if not -n <= i < n:
+            raise IndexError(f"sequence {i} out of range for a dataset of {n}")
+        tokens, offsets = self.views([i])
+        return tokens[0], offsets[0]
+
+    def _gather(self, indices, fields: tuple[str, ...]) -> dict[str, list]:
+        """{field: one copy per row of `indices`} for fields tokens, offsets, loss_mask,
+        source_ids: the call's blocks fetched together (read_ahead threads), then read in turn."""
+        self._check_pid()
+        idx = self._indices(indices)
+        block = self._block_starts.searchsorted(idx, side="right") - 1
+        order = np.argsort(block, kind="stable")
+        firsts = np.flatnonzero(np.diff(block[order], prepend=-1))
+        wanted = block[order][firsts]
+        with self._lock:  # this call's blocks first, then the plan's
+            self._urgent = wanted.tolist() if len(wanted) > 1 else []
+            self._pump()
+        out = {field: [None] * len(idx) for field in fields}
+        local = (idx - self._block_starts[block]).tolist()
+        ends = [*firsts[1:].tolist(), len(order)]
+        for g, b in enumerate(wanted.tolist()):
+            rows, _ = self._block(b)
+            ts, ost = rows.token_starts, rows.offset_starts
+            for p in order[firsts[g] : ends[g]].tolist():
+                r = local[p]
+                for field in fields:
+                    if field in ("tokens", "loss_mask"):
+                        out[field][p] = getattr(rows, field)[ts[r] : ts[r + 1]].copy()
+                    elif field == "offsets":
+                        out[field][p] = rows.offsets[ost[r] : ost[r + 1]].copy()
+                    else:  # a row's segments: its offsets less one, counted from the block's first row
+                        a = ost[r] - r - ost[0]
+                        out[field][p] = rows.source_ids[a : a + ost[r + 1] - ost[r] - 1].copy()
+        return out
+
+    def views(self, indices) -> tuple[list, list]:
+        """Rows `indices` (any order, repeats allowed) as (tokens of each row, offsets of each
+        row), ShardDataset.views' shape; copies, not views (a block is let go once read)."""
+        got = self._gather(indices, ("tokens", "offsets"))
+        return got["tokens"], got["offsets"]
+
+    def mask_views(self, indices) -> list | None:
+        """Rows `indices`' loss masks (uint8, one per token), or None when the dataset has none."""
+        return self._gather(indices, ("loss_mask",))["loss_mask"] if self.has_loss_mask else None
+
+    def source_views(self, indices) -> list | None:
+        """Rows `indices`' source ids (uint16, one per segment), or None when the build named none."""
+        return self._gather(indices, ("source_ids",))["source_ids"] if self.has_source_ids else None
+
+    def get_many(self, indices) -> Rows:
+        """Rows `indices` as one CSR batch (ShardDataset.get_many), in one pass over their blocks."""
+        fields = ("tokens", "offsets") + ("loss_mask",) * self.has_loss_mask + ("source_ids",) * self.has_source_ids
+        got = self._gather(indices, fields)
+        tokens, offsets = got["tokens"], got["offsets"]
+        token_starts = np.zeros(len(tokens) + 1, np.int64)
+        offset_starts = np.zeros(len(offsets) + 1, np.int64)
+        np.cumsum([len(t) for t in tokens], out=token_starts[1:])
+        np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
+        return Rows(_joined(tokens, self.dtype), token_starts, _joined(offsets, np.int32), offset_starts,
+                    loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16))
+
+    def doc_ids(self) -> np.ndarray:
+        """int64 global document index of every stored segment, rows in stored order: from the
+        indexes (memmap, Megatron), or every block in turn (Arrow: a pass over the dataset)."""
+        if self.format in ("memmap", "megatron"):  # checked at open
+            parts = [state.doc_ids for _, state, _ in self._shards]
+        else:
+            self.prefetch(np.arange(self._n), reset=True)
+            parts = [self._block(b)[1].copy() for b in range(len(self._blocks))]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    def __iter__(self):
+        self.prefetch(np.arange(self._n), reset=True)
+        for b in range(len(self._blocks)):
+            rows, _ = self._block(b)
+            for r in range(len(rows)):
+                t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
+                yield rows.tokens[t0:t1].copy(), rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]].copy()
+
+
+def _joined(parts, dtype):
+    if parts is None:
+        return None
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def _all_or_none(fields: list[tuple[str, set]], field: str) -> bool:
+    """Whether the shards hold optional `field`: all of them, or none (ShardDataset's rule)."""
+    have = [field in present for _, present in fields]
+    if any(have) and not all(have):
+        where = fields[have.index(not have[0])][0]
+        raise ValueError(f"{where}: {'has' if have[0] is False else 'lacks'} {field}, unlike the dataset's first "
+                         "shard (shards of different builds mixed; rebuild the dataset)")
+    return bool(have) and have[0]
+
+
+def _reopen(path, given):
+    return StreamDataset(path, **given)
