@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.io import fs
 from packer.store.dataset import open_dataset, read_rows
+from packer.store.manifest import read_manifest
 from packer.train.blend import Blend, Source
 from packer.train.items import _POOL, _block_batch, _block_items, _make_block, collate_padded, collate_varlen
 from packer.train.order import check_shuffle, epoch_order, permute
@@ -51,7 +53,7 @@ __all__ = ["PackedDataset", "permute"]
 # (busy 2-core box, context 4096, bench_loader): blocks of 8 / 32 / 64 / 128 rows gave 7 / 10 /
 # 12 / 13% of the raw memmap baseline; 64 keeps a block's buffer at 6 MiB.
 BLOCK_TOKENS = 2**18
-ORDER_CHUNK = 8192  # epoch positions mapped to rows per step (and told to the reader's will_read)
+ORDER_CHUNK = 8192  # epoch positions mapped to rows per step (and told to the reader's prefetch a step ahead)
 _SPLIT_KEYS = ("rank", "world_size", "worker", "num_workers", "unit")
 
 
@@ -109,7 +111,8 @@ class PackedDataset(IterableDataset):
                  return_source_ids: bool = False, batch_size: int | None = None, collate_fn=None):
         self.path = path
         names, self.paths = self._paths(path)
-        self.manifests = [open_dataset(p).manifest for p in self.paths]
+        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes
+        self.manifests = [read_manifest(p) if fs.is_remote(p) else open_dataset(p).manifest for p in self.paths]
         self.manifest = self.manifests[0]
         self._row_base = np.cumsum([0] + [int(m["totals"]["sequences"]) for m in self.manifests])
         self.context_length = max(int(m["config"]["context_length"]) for m in self.manifests)
@@ -357,12 +360,13 @@ class PackedDataset(IterableDataset):
         masks = None if all(m is None for m in masks) else [masks[k] for k in back]
         return [tokens[k] for k in back], [offsets[k] for k in back], masks
 
-    def _will_read(self, datasets: np.ndarray, rows: np.ndarray):
-        """Tell readers that can read ahead (streamed stores: ds.will_read) the rows coming next."""
+    def _will_read(self, datasets: np.ndarray, rows: np.ndarray, first: bool):
+        """Tell readers that read ahead (a streamed store: ds.prefetch, packer/store/stream.py) the rows
+        coming next, in order, after those told before (`first`: forget those)."""
         for d, ds in enumerate(self._open()):
-            hint = getattr(ds, "will_read", None)
+            hint = getattr(ds, "prefetch", None)
             if hint is not None:
-                hint(rows[datasets == d] if len(self._dss) > 1 else rows)
+                hint(rows[datasets == d] if len(self._dss) > 1 else rows, reset=first)
 
     def __iter__(self):
         split = {**self.split(), "unit": self.unit}
@@ -379,10 +383,20 @@ class PackedDataset(IterableDataset):
         units = np.arange(split["worker"] + split["num_workers"] * skip, rank_units(n, self.unit, world, rank),
                           split["num_workers"])
         self._done, self._block_iter = (skip, self._items_in(skip, split, n)), None
-        for c in range(0, len(units), units_per_chunk):
+        chunks = range(0, len(units), units_per_chunk)
+
+        def chunk_rows(c):
             positions, sizes = unit_positions(units[c:c + units_per_chunk], n, self.unit, world, rank)
-            datasets, rows, sources = self._rows_at(progress.position(positions))
-            self._will_read(datasets, rows)
+            return (*self._rows_at(progress.position(positions)), sizes)
+
+        ahead = chunk_rows(0) if len(chunks) else None
+        if ahead is not None:
+            self._will_read(*ahead[:2], first=True)
+        for c in chunks:
+            datasets, rows, sources, sizes = ahead
+            if c + units_per_chunk < len(units):  # the next chunk's rows, told to the reader before this one is read
+                ahead = chunk_rows(c + units_per_chunk)
+                self._will_read(*ahead[:2], first=False)
             bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
             for b in range(0, len(sizes), units_per_block):
                 lo, hi = bounds[b], bounds[min(b + units_per_block, len(sizes))]

@@ -446,10 +446,11 @@ def test_block_shuffle_loads_and_hints_reads(sample_dataset):
     keys = _all_keys(sample_dataset)
     ds = PackedDataset(sample_dataset, shuffle="block", shuffle_block=8, shuffle_window=4, seed=1)
     hints = []
-    ds._open()[0].will_read = lambda rows: hints.append(np.asarray(rows).copy())
+    ds._open()[0].prefetch = lambda rows, reset: hints.append((np.asarray(rows).copy(), reset))
     got = _keys_of(ds)
     assert sorted(got) == sorted(keys) and got != keys
-    assert np.concatenate(hints).tolist() == ds.epoch_rows(ds.split()).tolist()  # told before read, in order
+    assert np.concatenate([rows for rows, _ in hints]).tolist() == ds.epoch_rows(ds.split()).tolist()  # in order
+    assert [reset for _, reset in hints] == [True] + [False] * (len(hints) - 1)  # the epoch's first chunk starts anew
     stored = [keys.index(k) for k in got[:32]]  # the first window: 4 blocks of 8 stored rows
     assert len({r // 8 for r in stored}) == 4
     with pytest.raises(ValueError, match="is not an order"):
