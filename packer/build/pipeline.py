@@ -18,6 +18,7 @@ shard's .json and the manifest, written after them, say what is complete, and no
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -26,7 +27,7 @@ from packer import __version__
 from packer.build import readers, resume, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
-from packer.build.tokenize import tokenize_unit, unit_paths
+from packer.build.tokenize import tokenize_unit, trained_totals, unit_paths
 from packer.build.tokenizer import resolved_config, specials_manifest, tokenizer_info
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
@@ -82,7 +83,7 @@ def _plan_stage(n_units: int, config, work) -> Plan:
     return plan
 
 
-def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto"):
+def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto", loss_mask: bool = False):
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
     with Progress("write", int(plan.piece_len.sum()), "tok", mode=progress) as bar:
@@ -97,10 +98,11 @@ def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto")
             (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format)
             for k in range(plan.n_shards)
         ]
-        return executor.map(writer.write_shard, args, on_done=done)
+        write = functools.partial(writer.write_shard, loss_mask=True) if loss_mask else writer.write_shard
+        return executor.map(write, args, on_done=done)
 
 
-def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
+def _totals(unit_counters, plan: Plan, config, work, skipped_files=()) -> dict:
     skipped: dict[str, int] = {}
     failed = {f["path"]: f["error"] for f in skipped_files}
     for c in unit_counters:
@@ -124,6 +126,7 @@ def _totals(unit_counters, plan: Plan, config, skipped_files=()) -> dict:
         "sequences": plan.n_sequences,
         "pieces": len(plan.piece_len),
         "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
+        **trained_totals(unit_counters, plan, work),
     }
 
 
@@ -207,7 +210,7 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
                       **_shipped(info), **specials_manifest(info)},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
-        "totals": _totals(counters, plan, config, skipped_files),
+        "totals": _totals(counters, plan, config, work, skipped_files),
     }
     failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
@@ -257,7 +260,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
             counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
             _check_accepted(counters, config, work)
             plan = _plan_stage(len(units), config, work)
-            entries = _write_stage(plan, info, config, work, out, executor, progress)
+            masked = any("trained_tokens" in c for c in counters)  # some unit holds records (packer/build/records.py)
+            entries = _write_stage(plan, info, config, work, out, executor, progress, loss_mask=masked)
         finally:
             executor.close()
             for d in (work / "units", work / "shards", out):  # left by a worker stopped mid-write

@@ -1,0 +1,253 @@
+"""Fine-tuning records -> token ids and a per-token loss mask (1 = trained), one batch at a time.
+
+    prompt-completion  {"prompt": "2+2=", "completion": "4"}, eos on, bos off:
+        ids   [17, 10, 17, 28 | 19 | 0  ]      prompt "2+2=" | completion "4" | eos
+        mask  [ 0,  0,  0,  0 |  1 | 1  ]      bos (if on) and prompt untrained; completion and eos trained
+
+    chat  {"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}: rendered by the chat template
+        (packer/build/chat.py), encoded once with special tokens read as such, and a token is trained
+        iff it lies inside a trained turn's span; packer adds no bos/eos (the template places them).
+
+    tokens  {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}   or   {"input_ids": [...], "loss_mask": [0, 1, 1]}
+        ids   [5, 6, 7]   mask [0, 1, 1]      taken as they are: no bos/eos added; ids checked < vocab
+
+Prompt and completion are encoded apart (encode_texts, the text path), so the completion's tokens
+never depend on the prompt's last characters. Every problem with one record is a skip reason
+(SKIP_REASONS), counted like any bad record; with long_prompts="drop" an example whose prompt
+(the untrained tokens before its first trained one) fills the context is skipped as prompt_too_long.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer.build.chat import ChatTemplate, RecordError
+from packer.build.tokenize import encode_texts
+from packer.build.tokenizer import TokenizerInfo, chat_template_of, load_tokenizer, template_specials
+
+SKIP_REASONS = {
+    "missing_field": "the record lacks the kind's field (--prompt-field, --messages-field, --ids-field, ...)",
+    "non_string_text": "a prompt or completion that is not a string",
+    "empty_completion": "an empty or whitespace-only completion",
+    "empty_messages": "messages missing, not a list, or empty",
+    "missing_role": "a message that is not an object with a string role",
+    "non_string_content": "a message whose content is not a string",
+    "special_token_in_content": "a message holding a special token's text (it would read as that token)",
+    "template_error": "the chat template rejected the conversation (raise_exception, an undefined value)",
+    "span_inside_token": "a trained span starts or ends inside a token of the rendered text",
+    "invalid_utf8": "a lone surrogate in the text",
+    "bad_ids": "input ids that are not a non-empty list of whole numbers",
+    "id_out_of_range": "an input id not below the vocabulary size",
+    "bad_labels": "labels of another length, or a label that is neither -100 nor its input id",
+    "bad_loss_mask": "a loss mask of another length, or a value other than 0 and 1",
+    "no_trained_tokens": "no token of the example is trained",
+    "prompt_too_long": "long_prompts=drop: the prompt alone fills the context",
+}
+
+
+@dataclass
+class Encoded:
+    """One batch: flat ids, the length of each example, the flat 0/1 mask aligned with ids."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    mask: np.ndarray
+
+
+class RecordEncoder:
+    """Encodes batches of (where, record) of one kind for one build (module docstring)."""
+
+    def __init__(self, kind: str, info: TokenizerInfo, config):
+        self.kind, self.info, self.config = kind, info, config
+        self.tok = load_tokenizer(info.path)
+        if kind == "chat":
+            source, _ = chat_template_of(info.path, config.chat_template)
+            self.template = ChatTemplate(source, template_specials(info), config.roles)
+            self.chat_tok = _chat_tokenizer(info.path)
+            specials = sorted((t.content for t in self.chat_tok.get_added_tokens_decoder().values() if t.special),
+                              key=len, reverse=True)
+            self.specials_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+
+    def fields(self) -> tuple[str, ...]:
+        """The record fields this kind reads, the required one first."""
+        c = self.config
+        return {"prompt-completion": (c.prompt_field, c.completion_field), "chat": (c.messages_field,),
+                "tokens": (c.ids_field, c.labels_field, c.loss_mask_field)}[self.kind]
+
+    def encode(self, batch: list[tuple[str, dict]], skips) -> Encoded:
+        examples = {"prompt-completion": self._prompt_completion, "chat": self._chat, "tokens": self._tokens}[self.kind](
+            batch, skips)
+        kept = [(ids, mask) for where, ids, mask in examples if self._keep(where, mask, skips)]
+        dtype = self.info.dtype
+        if not kept:
+            return Encoded(np.zeros(0, dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8))
+        return Encoded(np.concatenate([ids for ids, _ in kept]).astype(dtype, copy=False),
+                       np.fromiter((len(ids) for ids, _ in kept), np.int64, len(kept)),
+                       np.concatenate([mask for _, mask in kept]))
+
+    def _keep(self, where: str, mask: np.ndarray, skips) -> bool:
+        if not mask.any():
+            skips.add("no_trained_tokens", where)
+            return False
+        if self.config.long_prompts == "drop" and int(np.argmax(mask)) >= self.config.context_length:
+            skips.add("prompt_too_long", where)
+            return False
+        return True
+
+    def _prompt_completion(self, batch, skips):
+        c = self.config
+        good = []
+        for where, record in batch:
+            prompt, completion = record.get(c.prompt_field), record.get(c.completion_field)
+            if prompt is None or completion is None:
+                skips.add("missing_field", where)
+            elif not isinstance(prompt, str) or not isinstance(completion, str):
+                skips.add("non_string_text", where)
+            elif not completion.strip():
+                skips.add("empty_completion", where)
+            elif not (_encodable(prompt) and _encodable(completion)):
+                skips.add("invalid_utf8", where)
+            else:
+                good.append((where, prompt, completion))
+        if not good:
+            return []
+        dtype, info = self.info.dtype, self.info
+        p_ids, p_len = encode_texts(self.tok, [p for _, p, _ in good], dtype=dtype, bos_id=info.bos_id)
+        c_ids, c_len = encode_texts(self.tok, [c for _, _, c in good], dtype=dtype, eos_id=info.eos_id)
+        p_ends, c_ends = np.cumsum(p_len), np.cumsum(c_len)
+        out = []
+        for i, (where, _, _) in enumerate(good):
+            p = p_ids[p_ends[i] - p_len[i]: p_ends[i]]
+            k = c_ids[c_ends[i] - c_len[i]: c_ends[i]]
+            mask = np.concatenate([np.zeros(len(p), np.uint8), np.ones(len(k), np.uint8)])
+            out.append((where, np.concatenate([p, k]), mask))
+        return out
+
+    def _chat(self, batch, skips):
+        rendered = []
+        for where, record in batch:
+            messages = self._messages(record, where, skips)
+            if messages is None:
+                continue
+            try:
+                text, spans = self.template.spans(messages, where)
+            except RecordError as e:
+                skips.add(e.reason, f"{where}: {e.detail}"[:300])
+                continue
+            if not _encodable(text):
+                skips.add("invalid_utf8", where)
+                continue
+            rendered.append((where, text, spans))
+        if not rendered:
+            return []
+        encodings = self.chat_tok.encode_batch([text for _, text, _ in rendered], add_special_tokens=False)
+        out = []
+        for (where, _, spans), enc in zip(rendered, encodings):
+            mask = spans_to_mask(enc.offsets, spans)
+            if mask is None:
+                skips.add("span_inside_token", where)
+                continue
+            out.append((where, np.asarray(enc.ids, dtype=np.int64), mask))
+        return out
+
+    def _messages(self, record, where, skips):
+        messages = record.get(self.config.messages_field)
+        if not isinstance(messages, list) or not messages:
+            skips.add("missing_field" if messages is None else "empty_messages", where)
+            return None
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                skips.add("missing_role", where)
+                return None
+            if not isinstance(m.get("content"), str):
+                skips.add("non_string_content", where)
+                return None
+            if self.specials_re is not None and self.specials_re.search(m["content"]):
+                skips.add("special_token_in_content", where)
+                return None
+        if not any(m["role"] in self.template.roles for m in messages) and not self.template.has_generation:
+            skips.add("no_trained_tokens", where)
+            return None
+        return messages
+
+    def _tokens(self, batch, skips):
+        c, out = self.config, []
+        for where, record in batch:
+            ids = _int_array(record.get(c.ids_field))
+            if c.ids_field not in record:
+                skips.add("missing_field", where)
+            elif ids is None or not len(ids):
+                skips.add("bad_ids", where)
+            elif ids.min() < 0 or ids.max() >= self.info.vocab_size:
+                skips.add("id_out_of_range", where)
+            elif (mask := self._token_mask(record, ids, where, skips)) is not None:
+                out.append((where, ids, mask))
+        return out
+
+    def _token_mask(self, record, ids: np.ndarray, where: str, skips):
+        c = self.config
+        if c.labels_field in record:
+            labels = _int_array(record[c.labels_field])
+            if labels is None or len(labels) != len(ids) or not np.all((labels == -100) | (labels == ids)):
+                skips.add("bad_labels", where)
+                return None
+            return (labels != -100).astype(np.uint8)
+        if c.loss_mask_field in record:
+            mask = _int_array(record[c.loss_mask_field])
+            if mask is None or len(mask) != len(ids) or not np.all((mask == 0) | (mask == 1)):
+                skips.add("bad_loss_mask", where)
+                return None
+            return mask.astype(np.uint8)
+        skips.add("missing_field", where)
+        return None
+
+
+def spans_to_mask(offsets, spans: list[tuple[int, int]]) -> np.ndarray | None:
+    """Token character offsets + trained character spans -> a 0/1 mask per token; None when a span
+    boundary falls strictly inside a token.
+
+        offsets [(0, 3), (3, 5), (5, 9)]  spans [(3, 9)]  ->  [0, 1, 1]
+        offsets [(0, 3), (3, 5), (5, 9)]  spans [(4, 9)]  ->  None   (4 is inside token (3, 5))
+    """
+    n = len(offsets)
+    mask = np.zeros(n, np.uint8)
+    if not n:
+        return mask
+    starts, ends = np.asarray(offsets, dtype=np.int64).T
+    for a, b in spans:
+        if np.any((starts < a) & (ends > a)) or np.any((starts < b) & (ends > b)):
+            return None
+        mask[(starts >= a) & (ends <= b) & (ends > starts)] = 1
+    return mask
+
+
+def _int_array(value) -> np.ndarray | None:
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        return None
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _chat_tokenizer(path: str):
+    """The build's tokenizer with its special tokens read as tokens (the template emits them as text);
+    no truncation, no padding, as everywhere."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(load_tokenizer(path).to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    tok.encode_special_tokens = False
+    return tok
