@@ -28,12 +28,23 @@ THREADS = 16
 _POOL: list[ThreadPoolExecutor] = []
 
 
-def _open(units_dir, u: int):
-    """(RandomAccessFile, byte offset of the data) of unit u's tokens.npy: one open, one 12-byte read."""
-    f = (units_dir / f"unit-{u:06d}.tokens.npy").open_input()
+class _AllOnes:
+    """Stands in for the loss_mask.npy of a unit that has none (raw text: every token trained)."""
+
+    def read_at(self, n: int, offset: int) -> bytes:
+        return b"\x01" * n
+
+
+def _open(units_dir, u: int, kind: str = "tokens"):
+    """(RandomAccessFile, byte offset of the data) of unit u's tokens.npy (or `kind`.npy): one open,
+    one 12-byte read. A unit without a loss_mask.npy reads as all ones."""
+    path = units_dir / f"unit-{u:06d}.{kind}.npy"
+    if kind == "loss_mask" and not path.exists():
+        return _AllOnes(), 0
+    f = path.open_input()
     head = f.read_at(12, 0)
     if head[:6] != b"\x93NUMPY":
-        raise ValueError(f"{fs.redact(units_dir)}/unit-{u:06d}.tokens.npy: not a .npy file (magic {head[:6]!r})")
+        raise ValueError(f"{fs.redact(path)}: not a .npy file (magic {head[:6]!r})")
     if head[6] == 1:  # version 1.0: uint16 header length; 2.0 and 3.0: uint32
         return f, 10 + struct.unpack("<H", head[8:10])[0]
     return f, 12 + struct.unpack("<I", head[8:12])[0]
@@ -54,13 +65,14 @@ def spans(piece_unit, begin, end) -> tuple[list, list]:
     return reads, where
 
 
-def gather(units_dir, piece_unit, begin, end, files: dict) -> bytes:
-    """The bytes of every piece (unit piece_unit[i], token bytes begin[i]..end[i]), joined in order."""
+def gather(units_dir, piece_unit, begin, end, files: dict, kind: str = "tokens") -> bytes:
+    """The bytes of every piece (unit piece_unit[i], token bytes begin[i]..end[i]), joined in order
+    (of the units' `kind`.npy files: tokens, or loss_mask)."""
     reads, where = spans(piece_unit, begin, end)
     if not _POOL:
         _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="packer-read"))
     new = [u for u in dict.fromkeys(r[0] for r in reads) if u not in files]
-    files.update(zip(new, _POOL[0].map(lambda u: _open(units_dir, u), new)))  # opens overlap too
+    files.update(zip(new, _POOL[0].map(lambda u: _open(units_dir, u, kind), new)))  # opens overlap too
 
     def read(r):
         f, data_offset = files[r[0]]

@@ -7,6 +7,8 @@
     check_dtype          tokens stored in the dtype the manifest says
     check_token_ids      every id below the vocabulary (O(tokens)): verify, and open_dataset at
                          a block's first read
+    check_extras         a loss mask (one 0/1 per token) and source ids (one per segment, below the
+                         number of sources) where the block has them: lengths at open, values at first read
     check_counts         a shard's sequences, tokens and segments as its manifest entry says
     check_totals         the shards' sequences and tokens as the manifest totals say
 
@@ -82,6 +84,22 @@ def check_token_ids(rows: Rows, where: str, vocab_size: int):
     if used.size and int(used.max()) >= vocab_size:
         raise ValueError(f"{where}: token id {int(used.max())} >= the vocabulary size {vocab_size} (corrupt shard: "
                          "rebuild it)")
+
+
+def check_extras(rows: Rows, n_doc_ids: int, where: str, n_sources: int, values: bool = True):
+    """A loss mask aligned with the tokens and holding only 0/1; source ids one per segment (doc_id),
+    each below `n_sources` (the manifest's sources). `values=False`: lengths only (O(1))."""
+    if rows.loss_mask is not None:
+        if len(rows.loss_mask) != len(rows.tokens):
+            raise ValueError(f"{where}: {len(rows.loss_mask)} loss mask values for {len(rows.tokens)} tokens (corrupt shard)")
+        if values and rows.loss_mask.size and int(rows.loss_mask.max()) > 1:
+            raise ValueError(f"{where}: loss mask value {int(rows.loss_mask.max())}, expected 0 or 1 (corrupt shard)")
+    if rows.source_ids is not None:
+        if len(rows.source_ids) != n_doc_ids:
+            raise ValueError(f"{where}: {len(rows.source_ids)} source ids for {n_doc_ids} segments (corrupt shard)")
+        if values and rows.source_ids.size and int(rows.source_ids.max()) >= n_sources:
+            raise ValueError(f"{where}: source id {int(rows.source_ids.max())}, but the manifest names {n_sources} "
+                             "sources (corrupt shard, or the manifest's sources were edited)")
 
 
 COUNTS = ("sequences", "tokens", "documents")  # what a shard entry says it holds

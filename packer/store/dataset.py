@@ -47,6 +47,7 @@ class ShardDataset:
         self.format = config.get("format", "arrow")
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+        self.source_names = [s.get("name") for s in self.manifest.get("sources") or []]
         dtype = np.dtype(config["token_dtype"])
         self._blocks: list[Rows] = []
         self._doc_ids: list[np.ndarray] = []
@@ -61,6 +62,7 @@ class ShardDataset:
                 for rows, doc_ids in shard_blocks(self.path, entry, self.format):
                     checks.check_bounds(rows, where, counts["sequences"], self.context_length)
                     checks.check_dtype(rows, where, dtype)
+                    checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False)
                     self._blocks.append(rows)
                     self._doc_ids.append(doc_ids)
                     self._where.append((where, counts["sequences"]))
@@ -74,17 +76,29 @@ class ShardDataset:
             checks.check_counts(counts, entry, where)
             n_tokens += counts["tokens"]
         checks.check_totals({"sequences": starts[-1], "tokens": n_tokens}, self.manifest["totals"])
+        self.has_loss_mask = self._has("loss_mask")
+        self.has_source_ids = self._has("source_ids")
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
         self._n = starts[-1]
         self._unread = np.ones(len(self._blocks), bool)  # blocks whose offsets and ids are not checked yet
         self._n_unread = len(self._blocks)
 
+    def _has(self, field: str) -> bool:
+        """Whether the blocks hold `field` (loss_mask, source_ids): all of them, or none."""
+        have = [getattr(rows, field) is not None for rows in self._blocks]
+        if any(have) and not all(have):
+            where = self._where[have.index(not have[0])][0]
+            raise ValueError(f"{where}: {'has' if have[0] is False else 'lacks'} {field}, unlike the dataset's first "
+                             "shard (shards of different builds mixed; rebuild the dataset)")
+        return bool(have) and have[0]
+
     def _first_read(self, b: int):
-        """A block's first read: its offsets, doc_ids and token ids checked (O(its tokens), once)."""
+        """A block's first read: its offsets, doc_ids, token ids, mask and source ids checked (O(its tokens), once)."""
         rows, (where, first_row) = self._blocks[b], self._where[b]
         checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
+        checks.check_extras(rows, len(self._doc_ids[b]), where, len(self.source_names))
         self._unread[b] = False
         self._n_unread -= 1
 
@@ -136,9 +150,41 @@ class ShardDataset:
             offsets.append(rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]])
         return tokens, offsets
 
+    def _extra_views(self, indices, field: str) -> list:
+        """Per row of `indices`, a view of its `field`: loss_mask (per token) or source_ids (per segment)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self._n
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
+        idx = idx % n if n else idx
+        block = self._block_starts.searchsorted(idx, side="right") - 1
+        if self._n_unread:
+            for b in np.flatnonzero(self._unread & (np.bincount(block, minlength=len(self._blocks)) > 0)).tolist():
+                self._first_read(b)
+        out = []
+        for b, r in zip(block.tolist(), (idx - self._block_starts[block]).tolist()):
+            rows = self._blocks[b]
+            if field == "loss_mask":
+                out.append(rows.loss_mask[rows.token_starts[r] : rows.token_starts[r + 1]])
+            else:  # a row's segments: its offsets less one, counted from the block's first row
+                a = rows.offset_starts[r] - r - (rows.offset_starts[0])
+                out.append(rows.source_ids[a : a + rows.offset_starts[r + 1] - rows.offset_starts[r] - 1])
+        return out
+
+    def mask_views(self, indices) -> list | None:
+        """Rows `indices`' loss masks (uint8 views, 1 = trained, one per token), or None when the
+        dataset has none (every token trained)."""
+        return self._extra_views(indices, "loss_mask") if self.has_loss_mask else None
+
+    def source_views(self, indices) -> list | None:
+        """Rows `indices`' source ids (uint16 views, one per segment: index into `source_names`),
+        or None when the build named no sources."""
+        return self._extra_views(indices, "source_ids") if self.has_source_ids else None
+
     def get_many(self, indices) -> Rows:
         """Rows `indices` (any order, repeats allowed) as one CSR batch: `Rows.row(k)` equals
-        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32."""
+        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32; loss_mask and
+        source_ids are filled where the dataset has them."""
         tokens, offsets = self.views(indices)
         token_starts = np.zeros(len(tokens) + 1, np.int64)
         offset_starts = np.zeros(len(offsets) + 1, np.int64)
@@ -146,7 +192,9 @@ class ShardDataset:
         np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
         dtype = self._blocks[0].tokens.dtype if self._blocks else np.uint16
         joined = np.concatenate(tokens).astype(dtype, copy=False) if tokens else np.zeros(0, dtype)
-        return Rows(joined, token_starts, np.concatenate(offsets) if offsets else np.zeros(0, np.int32), offset_starts)
+        masks, sources = self.mask_views(indices), self.source_views(indices)
+        return Rows(joined, token_starts, np.concatenate(offsets) if offsets else np.zeros(0, np.int32), offset_starts,
+                    loss_mask=_joined(masks, np.uint8), source_ids=_joined(sources, np.uint16))
 
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order (reads
@@ -160,6 +208,12 @@ class ShardDataset:
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
+
+
+def _joined(views, dtype):
+    if views is None:
+        return None
+    return np.concatenate(views).astype(dtype, copy=False) if views else np.zeros(0, dtype)
 
 
 def read_rows(ds, indices) -> tuple[list, list]:

@@ -10,8 +10,14 @@ travel as CSR arrays (`Rows`):
     doc_ids        [17 4 230 | 9]                 int64, one per segment: row s's are
                                                   doc_ids[offset_starts[s] - s : offset_starts[s+1] - s - 1]
 
+Two optional fields ride along, stored only when a build has them (so other builds keep their bytes):
+
+    loss_mask      [1 1 1 0 0 1 | 1 1 0 0]        uint8, one per token (1 = trained); None: all trained
+    source_ids     [0 0 1 | 2]                    uint16, one per segment like doc_ids (the build's
+                                                  source of each); None: the build named no sources
+
 A `Layout` is a shard before its tokens are gathered (the writer's plan arithmetic); a format
-writes a Layout plus its tokens, chunk by chunk, and reads back blocks of (Rows, doc_ids).
+writes a Layout plus its tokens (and masks), chunk by chunk, and reads back blocks of (Rows, doc_ids).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ class Rows(NamedTuple):
     token_starts: np.ndarray
     offsets: np.ndarray
     offset_starts: np.ndarray
+    loss_mask: np.ndarray | None = None  # uint8 per token, aligned with tokens
+    source_ids: np.ndarray | None = None  # uint16 per segment, aligned with the block's doc_ids
 
     def __len__(self) -> int:
         return len(self.token_starts) - 1
@@ -41,13 +49,14 @@ class Rows(NamedTuple):
 
 
 class Layout(NamedTuple):
-    """A shard without its tokens: row bounds, offsets and doc_ids (CSR, starting at 0).
-    Row s's doc_ids are doc_ids[offset_starts[s] - s : offset_starts[s+1] - s - 1]."""
+    """A shard without its tokens: row bounds, offsets and doc_ids (CSR, starting at 0), and the
+    optional source id of each segment. Row s's doc_ids are doc_ids[offset_starts[s] - s : offset_starts[s+1] - s - 1]."""
 
     token_starts: np.ndarray
     offsets: np.ndarray
     offset_starts: np.ndarray
     doc_ids: np.ndarray
+    source_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.token_starts) - 1
@@ -57,6 +66,21 @@ def row_chunks(n_rows: int) -> list[tuple[int, int]]:
     """(r0, r1) chunks of ROWS_PER_BATCH rows; one (0, 0) for an empty shard, so every format
     sees at least one chunk (and the token dtype)."""
     return [(r, min(r + ROWS_PER_BATCH, n_rows)) for r in range(0, max(n_rows, 1), ROWS_PER_BATCH)]
+
+
+EXTRAS = ("loss_mask", "source_ids")  # the optional fields, in the order their files are written
+
+
+def extras_of(layout: Layout, loss_mask: bool) -> tuple[str, ...]:
+    """The optional fields a shard of `layout` stores: "loss_mask" when masks were gathered,
+    "source_ids" when the layout has them."""
+    present = {"loss_mask": loss_mask, "source_ids": layout.source_ids is not None}
+    return tuple(name for name in EXTRAS if present[name])
+
+
+def split_chunk(chunk) -> tuple[np.ndarray, np.ndarray | None]:
+    """A chunk from `tokens_of(r0, r1)`: the tokens, or (tokens, loss_mask) -> (tokens, mask or None)."""
+    return chunk if isinstance(chunk, tuple) else (chunk, None)
 
 
 def little_endian(tokens: np.ndarray) -> memoryview:

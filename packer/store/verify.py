@@ -8,7 +8,8 @@ non-empty and at most the context length; offsets start at 0, rise strictly and 
 the row length; one doc_id per segment; token ids below the vocabulary size (full check
 only); sequence, token and segment counts equal the manifest's, per shard and in total
 (`sequences`, `tokens_out`, `pieces`); distinct doc_ids equal `docs_accepted` less
-`docs_dropped_long`. Beside the shards: tokenizer.json present, its sha256 the manifest's
+`docs_dropped_long`; loss masks 0/1, one per token, summing to `trained_tokens` where the totals
+have it; source ids one per segment, below the number of the manifest's sources. Beside the shards: tokenizer.json present, its sha256 the manifest's
 `tokenizer.sha256` (where it records one); stats.json present when documents were accepted, a JSON object of
 packer's stats schema whose context length, document and token counts are the manifest's.
 The returned totals name what `checksums=False` skipped (`skipped`, empty for a full check).
@@ -37,7 +38,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     fmt = config.get("format", "arrow")
     dtype = np.dtype(config["token_dtype"])
     totals = {"sequences": 0, "tokens": 0, "documents": 0}
-    doc_ids = []
+    doc_ids, trained = [], 0
     for entry, files in zip(manifest["shards"], formats.manifest_files(fmt, manifest["shards"])):
         _check_files(path, files, checksums)
         where = fs.redact(path / entry["file"])  # no credentials of a URI in messages
@@ -45,6 +46,8 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
         try:
             for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt):
                 checks.check_rows(rows, len(block_doc_ids), where, counts["sequences"], config["context_length"])
+                checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []))
+                trained += _trained(rows)
                 if checksums:
                     checks.check_dtype(rows, where, dtype)
                     checks.check_token_ids(rows, where, manifest["tokenizer"]["vocab_size"])
@@ -58,9 +61,18 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
         for key, value in counts.items():
             totals[key] += value
     _check_totals(totals, doc_ids, manifest["totals"])
+    if "trained_tokens" in manifest["totals"] and trained != manifest["totals"]["trained_tokens"]:
+        raise ValueError(f"{trained} trained tokens in the shards' loss masks, the manifest totals say "
+                         f"{manifest['totals']['trained_tokens']!r} (the manifest was edited; rebuild the dataset)")
     tokenizer_file(path, manifest)
     _check_stats(path, manifest)
     return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
+
+
+def _trained(rows) -> int:
+    """Tokens of the block's rows that are trained (all of them without a loss mask)."""
+    t0, t1 = int(rows.token_starts[0]), int(rows.token_starts[-1])
+    return t1 - t0 if rows.loss_mask is None else int(np.count_nonzero(rows.loss_mask[t0:t1]))
 
 
 def _check_files(path, files, checksums: bool):

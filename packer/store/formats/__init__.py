@@ -1,18 +1,22 @@
 """Shard formats: the name -> format table, and the interface each format module fills.
 
-A format is a module with three top-level names (the `ShardFormat` protocol):
+A format is a module with four top-level names (the `ShardFormat` protocol):
 
     FILES    ((name key, sha256 key, suffix), ...): the files of one shard in the order the
              format fills them, and the manifest entry keys that name them and their sha256
              arrow     ("file", "sha256", ".arrow")
              memmap    ("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx")
              megatron  the memmap two, then ("doc_ids_file", "doc_ids_sha256", ".docids.npy")
-    write(layout, tokens_of, sinks)
-             stream one shard into sinks[i] (FILES[i]): `layout` is the shard's rows without
-             their tokens (packer/store/rows.py), `tokens_of(r0, r1)` the tokens of rows
-             r0..r1, asked for in chunks of ROWS_PER_BATCH rows in order
-    blocks(paths) -> iterator of (Rows, doc_ids)
-             read one shard (paths[i] for FILES[i]): zero-copy views of memory maps locally,
+    EXTRA_FILES  {extra: (name key, sha256 key, suffix)}: files of the optional fields
+             (packer/store/rows.py EXTRAS: loss_mask, source_ids) a shard has only when its
+             build does, after FILES in EXTRAS order; arrow has none (they are columns)
+    write(layout, tokens_of, sinks, extras)
+             stream one shard into sinks (FILES, then the EXTRA_FILES of `extras`): `layout` is
+             the shard's rows without their tokens (packer/store/rows.py), `tokens_of(r0, r1)`
+             the tokens of rows r0..r1 (with "loss_mask" in extras: (tokens, mask)), asked for in
+             chunks of ROWS_PER_BATCH rows in order
+    blocks(paths, extras) -> iterator of (Rows, doc_ids)
+             read one shard (paths as write's sinks): zero-copy views of memory maps locally,
              bytes read into memory for a remote path; checks what the format itself can
              (headers, sizes, counts between its files) and raises ValueError naming the file,
              so open_dataset and verify share the format's own verification
@@ -31,15 +35,17 @@ from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from packer.store.formats import arrow, megatron, memmap
-from packer.store.rows import Layout, Rows
+from packer.store.rows import EXTRAS, Layout, Rows
 
 
 class ShardFormat(Protocol):
     FILES: tuple[tuple[str, str, str], ...]
+    EXTRA_FILES: dict[str, tuple[str, str, str]]
 
-    def write(self, layout: Layout, tokens_of: Callable[[int, int], np.ndarray], sinks: Sequence[BinaryIO]) -> None: ...
+    def write(self, layout: Layout, tokens_of: Callable[[int, int], np.ndarray], sinks: Sequence[BinaryIO],
+              extras: Sequence[str] = ()) -> None: ...
 
-    def blocks(self, paths: Sequence) -> Iterator[tuple[Rows, np.ndarray]]: ...
+    def blocks(self, paths: Sequence, extras: Sequence[str] = ()) -> Iterator[tuple[Rows, np.ndarray]]: ...
 
 
 FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
@@ -57,9 +63,19 @@ def shard_stem(index: int) -> str:
     return f"shard-{index:05d}"
 
 
-def file_names(fmt: str, index: int) -> list[tuple[str, str, str]]:
-    """(name key, sha256 key, file name) of each file of shard `index`, in writing order."""
-    return [(name_key, sha_key, shard_stem(index) + suffix) for name_key, sha_key, suffix in get(fmt).FILES]
+def _files(fmt: str, extras) -> list[tuple[str, str, str]]:
+    module = get(fmt)
+    return list(module.FILES) + [module.EXTRA_FILES[e] for e in EXTRAS if e in extras and e in module.EXTRA_FILES]
+
+
+def file_names(fmt: str, index: int, extras=()) -> list[tuple[str, str, str]]:
+    """(name key, sha256 key, file name) of each file of shard `index` storing `extras`, in writing order."""
+    return [(name_key, sha_key, shard_stem(index) + suffix) for name_key, sha_key, suffix in _files(fmt, extras)]
+
+
+def entry_extras(fmt: str, entry: dict) -> tuple[str, ...]:
+    """The optional fields whose files a manifest shard entry names (none for arrow: they are columns)."""
+    return tuple(e for e, (name_key, _, _) in get(fmt).EXTRA_FILES.items() if name_key in entry)
 
 
 def _name_error(name) -> str | None:
@@ -80,7 +96,7 @@ def entry_files(fmt: str, entry: dict) -> list[tuple[str, str]]:
     if not isinstance(entry, dict):
         raise ValueError(f"shard entry {str(entry)[:80]!r}: expected an object (the manifest is damaged or not packer's)")
     files = []
-    for name_key, sha_key, _ in get(fmt).FILES:
+    for name_key, sha_key, _ in _files(fmt, entry_extras(fmt, entry)):
         name = entry.get(name_key)
         if why := _name_error(name):
             shown = repr(name)[:120]  # the manifest's text, never a file's bytes; cut to one line
@@ -110,9 +126,10 @@ def manifest_files(fmt: str, shards) -> list[list[tuple[str, str]]]:
 
 def suffixes() -> set[str]:
     """Every suffix a shard file of any format ends with (after `shard-00000`)."""
-    return {suffix for f in FORMATS.values() for _, _, suffix in f.FILES}
+    return {suffix for f in FORMATS.values() for _, _, suffix in [*f.FILES, *f.EXTRA_FILES.values()]}
 
 
 def shard_blocks(directory, entry: dict, fmt: str) -> Iterator[tuple[Rows, np.ndarray]]:
     """(Rows, doc_ids) blocks of one manifest shard entry of a dataset in `directory`."""
-    return get(fmt).blocks([directory / name for name, _ in entry_files(fmt, entry)])
+    paths = [directory / name for name, _ in entry_files(fmt, entry)]
+    return get(fmt).blocks(paths, entry_extras(fmt, entry))

@@ -5,6 +5,8 @@
                         input_ids: list<uint16|uint32>   the row's tokens, unpadded
                         offsets:   list<int32>           document boundaries in the row: [0, ..., len(row)]
                         doc_ids:   list<int64>           global document index of each segment (audits)
+                        loss_mask: list<uint8>           1 = trained, one per token   (only in SFT builds)
+                        source_ids: list<uint16>         source of each segment       (only with named sources)
 
     state.json,         written next to the shards by hf_metadata (the build's finalize), so that
     dataset_info.json   `datasets.load_from_disk(DIR)` maps every shard; `Dataset.from_file(shard)`
@@ -31,35 +33,41 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from packer.io import fs
-from packer.store.rows import Layout, Rows, row_chunks
+from packer.store.rows import Layout, Rows, row_chunks, split_chunk
 
 FILES = (("file", "sha256", ".arrow"),)
+EXTRA_FILES: dict = {}  # loss_mask and source_ids are columns of the one file
 FILE_MAGIC = b"ARROW1"  # the first bytes of an IPC file (a shard of packer before 2026-12)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the last 8 bytes of every IPC stream
 HF_STATE, HF_INFO = "state.json", "dataset_info.json"  # what datasets.load_from_disk reads first
 
 
-def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray) -> pa.RecordBatch:
+def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarray | None, extras) -> pa.RecordBatch:
     value_type = pa.uint16() if tokens.dtype.itemsize == 2 else pa.uint32()
     o0, o1 = int(layout.offset_starts[r0]), int(layout.offset_starts[r1])
 
     def column(bounds, values, type=None):
         return pa.ListArray.from_arrays(pa.array((bounds - bounds[0]).astype(np.int32)), pa.array(values, type=type))
 
-    return pa.record_batch(
-        {
-            "input_ids": column(layout.token_starts[r0 : r1 + 1], tokens, value_type),
-            "offsets": column(layout.offset_starts[r0 : r1 + 1], layout.offsets[o0:o1]),
-            "doc_ids": column(layout.offset_starts[r0 : r1 + 1] - np.arange(r0, r1 + 1), layout.doc_ids[o0 - r0 : o1 - r1]),
-        }
-    )
+    segment_bounds = layout.offset_starts[r0 : r1 + 1] - np.arange(r0, r1 + 1)
+    columns = {
+        "input_ids": column(layout.token_starts[r0 : r1 + 1], tokens, value_type),
+        "offsets": column(layout.offset_starts[r0 : r1 + 1], layout.offsets[o0:o1]),
+        "doc_ids": column(segment_bounds, layout.doc_ids[o0 - r0 : o1 - r1]),
+    }
+    if "loss_mask" in extras:
+        columns["loss_mask"] = column(layout.token_starts[r0 : r1 + 1], np.asarray(mask, np.uint8), pa.uint8())
+    if "source_ids" in extras:
+        columns["source_ids"] = column(segment_bounds, np.asarray(layout.source_ids[o0 - r0 : o1 - r1], np.uint16),
+                                       pa.uint16())
+    return pa.record_batch(columns)
 
 
-def write(layout: Layout, tokens_of, sinks):
+def write(layout: Layout, tokens_of, sinks, extras=()):
     sink = pa.PythonFile(sinks[0], mode="w")
-    with ipc.new_stream(sink, _batch(layout, 0, 0, tokens_of(0, 0)).schema) as writer:
+    with ipc.new_stream(sink, _batch(layout, 0, 0, *split_chunk(tokens_of(0, 0)), extras).schema) as writer:
         for r0, r1 in row_chunks(len(layout)):
-            writer.write_batch(_batch(layout, r0, r1, tokens_of(r0, r1)))
+            writer.write_batch(_batch(layout, r0, r1, *split_chunk(tokens_of(r0, r1)), extras))
 
 
 def _record_batches(path):
@@ -80,17 +88,30 @@ def _record_batches(path):
                          "marker (truncated, or bytes after it); rebuild the dataset")
 
 
-def blocks(paths):
+def _extra(batch, name: str, ids, where):
+    """The values of optional column `name` (None if absent), checked to align with `ids`'s rows."""
+    if batch.schema.get_field_index(name) < 0:
+        return None
+    column = batch.column(name)
+    if not np.array_equal(column.offsets.to_numpy(), ids.offsets.to_numpy()):
+        raise ValueError(f"{where}: column {name} does not have the row lengths of its partner (corrupt shard)")
+    return column.values.to_numpy(zero_copy_only=True)
+
+
+def blocks(paths, extras=()):
     """One (Rows, doc_ids) per record batch, zero-copy over a memory map (read, if remote)."""
+    where = fs.redact(paths[0])
     for batch in _record_batches(paths[0]):
-        ids, offs = batch.column("input_ids"), batch.column("offsets")
+        ids, offs, doc_ids = batch.column("input_ids"), batch.column("offsets"), batch.column("doc_ids")
         rows = Rows(
             ids.values.to_numpy(zero_copy_only=True),
             ids.offsets.to_numpy(),
             offs.values.to_numpy(zero_copy_only=True),
             offs.offsets.to_numpy(),
+            loss_mask=_extra(batch, "loss_mask", ids, where),
+            source_ids=_extra(batch, "source_ids", doc_ids, where),
         )
-        yield rows, batch.column("doc_ids").flatten().to_numpy(zero_copy_only=True)
+        yield rows, doc_ids.flatten().to_numpy(zero_copy_only=True)
 
 
 def hf_metadata(shards: list[dict]) -> dict[str, bytes]:

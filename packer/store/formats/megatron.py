@@ -35,13 +35,16 @@ import struct
 import numpy as np
 
 from packer.io import fs
-from packer.store.rows import Layout, Rows, little_endian, row_chunks
+from packer.store.formats import sidecars
+from packer.store.formats.memmap import write_sidecar_chunks
+from packer.store.rows import Layout, Rows
 
 FILES = (
     ("file", "sha256", ".bin"),
     ("index_file", "index_sha256", ".idx"),
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py (Megatron ignores them)
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # 34 bytes
@@ -71,12 +74,10 @@ def index_bytes(layout: Layout, itemsize: int) -> list[bytes | memoryview]:
     return [header] + [memoryview(p).cast("B") for p in parts]
 
 
-def write(layout: Layout, tokens_of, sinks):
-    bin_file, idx_file, doc_ids_file = sinks
-    for r0, r1 in row_chunks(len(layout)):
-        tokens = tokens_of(r0, r1)
-        bin_file.write(little_endian(tokens))
-    for buf in index_bytes(layout, tokens.dtype.itemsize):
+def write(layout: Layout, tokens_of, sinks, extras=()):
+    bin_file, idx_file, doc_ids_file, *rest = sinks
+    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    for buf in index_bytes(layout, itemsize):
         idx_file.write(buf)
     np.lib.format.write_array(doc_ids_file, np.ascontiguousarray(layout.doc_ids, dtype="<i8"), version=(1, 0),
                               allow_pickle=False)
@@ -123,9 +124,9 @@ def _read_doc_ids(path, n_sequences: int) -> np.ndarray:
     return doc_ids.view(np.ndarray)
 
 
-def blocks(paths):
+def blocks(paths, extras=()):
     """The whole shard as one block: (Rows, doc_ids), tokens a view of the mapped .bin."""
-    bin_path, idx_path, doc_ids_path = paths
+    bin_path, idx_path, doc_ids_path, *rest = paths
     dtype, lengths, _, document_indices = read_index(idx_path)
     cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     token_starts = cumulative[document_indices]
@@ -137,4 +138,5 @@ def blocks(paths):
         raise ValueError(f"{fs.redact(bin_path)}: {len(raw)} bytes, its index says {cumulative[-1]} tokens of "
                          f"{dtype.itemsize} bytes (truncated?)")
     tokens = raw.view(dtype) if len(raw) else np.zeros(0, dtype)
-    yield Rows(tokens, token_starts, offsets, offset_starts), _read_doc_ids(doc_ids_path, len(lengths))
+    more = sidecars.read(dict(zip(extras, rest)), len(tokens), len(lengths))
+    yield Rows(tokens, token_starts, offsets, offset_starts, **more), _read_doc_ids(doc_ids_path, len(lengths))

@@ -26,9 +26,11 @@ import struct
 import numpy as np
 
 from packer.io import fs
-from packer.store.rows import Layout, Rows, little_endian, row_chunks
+from packer.store.formats import sidecars
+from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chunk
 
 FILES = (("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx"))
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py
 MAGIC = b"PACKIDX1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
@@ -97,16 +99,28 @@ def open_shard(bin_path, idx_path):
     return data.view(dtype), token_starts, offsets, offset_starts, doc_ids
 
 
-def write(layout: Layout, tokens_of, sinks):
-    bin_file, idx_file = sinks
+def write_sidecar_chunks(layout: Layout, tokens_of, bin_file, extra_sinks: dict):
+    """The .bin (and the loss mask sidecar) chunk by chunk; then the source_ids sidecar. Returns
+    the token itemsize (memmap and megatron share this)."""
     for r0, r1 in row_chunks(len(layout)):
-        tokens = tokens_of(r0, r1)
+        tokens, mask = split_chunk(tokens_of(r0, r1))
         bin_file.write(little_endian(tokens))
-    for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, tokens.dtype.itemsize):
+        if "loss_mask" in extra_sinks:
+            extra_sinks["loss_mask"].write(memoryview(np.ascontiguousarray(mask, dtype=np.uint8)).cast("B"))
+    if "source_ids" in extra_sinks:
+        sidecars.write_source_ids(extra_sinks["source_ids"], layout.source_ids)
+    return tokens.dtype.itemsize
+
+
+def write(layout: Layout, tokens_of, sinks, extras=()):
+    bin_file, idx_file, *rest = sinks
+    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, itemsize):
         idx_file.write(buf)
 
 
-def blocks(paths):
-    """The whole shard as one block: (Rows, doc_ids) over the two memory maps."""
-    tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(*paths)
-    yield Rows(tokens, token_starts, offsets, offset_starts), doc_ids
+def blocks(paths, extras=()):
+    """The whole shard as one block: (Rows, doc_ids) over the memory maps (and its sidecars')."""
+    tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(paths[0], paths[1])
+    more = sidecars.read(dict(zip(extras, paths[2:])), len(tokens), len(doc_ids))
+    yield Rows(tokens, token_starts, offsets, offset_starts, **more), doc_ids

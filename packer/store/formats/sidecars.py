@@ -1,0 +1,52 @@
+"""The optional per-shard files of the memmap and Megatron formats (packer/store/rows.py EXTRAS):
+
+    shard-00000.loss_mask.bin    uint8, one per token of the .bin, no header (1 = trained)
+    shard-00000.source_ids.npy   a NumPy .npy file (format 1.0, '<u2', shape (D,)): the source of
+                                 each segment, in the order of the shard's doc_ids
+
+Written only by builds that have them (SFT masks; named sources), so other shards keep their files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packer.io import fs
+
+FILES = {
+    "loss_mask": ("loss_mask_file", "loss_mask_sha256", ".loss_mask.bin"),
+    "source_ids": ("source_ids_file", "source_ids_sha256", ".source_ids.npy"),
+}
+
+
+def write_source_ids(sink, source_ids):
+    np.lib.format.write_array(sink, np.ascontiguousarray(source_ids, dtype="<u2"), version=(1, 0), allow_pickle=False)
+
+
+def read_loss_mask(path, n_tokens: int) -> np.ndarray:
+    raw = fs.map_bytes(path)
+    if len(raw) != n_tokens:
+        raise ValueError(f"{fs.redact(path)}: {len(raw)} bytes, one mask byte per token of the shard's {n_tokens} "
+                         "(truncated or corrupt)")
+    return raw.view(np.uint8) if len(raw) else np.zeros(0, np.uint8)
+
+
+def read_source_ids(path, n_segments: int) -> np.ndarray:
+    try:
+        ids = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r", allow_pickle=False)
+    except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
+        raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
+    if ids.dtype != np.dtype("<u2") or ids.shape != (n_segments,):
+        raise ValueError(f"{fs.redact(path)}: source_ids {ids.dtype} {ids.shape}, expected uint16 ({n_segments},), "
+                         "one per segment")
+    return ids.view(np.ndarray)
+
+
+def read(paths: dict, n_tokens: int, n_segments: int) -> dict:
+    """{"loss_mask": ..., "source_ids": ...} of the sidecars in `paths` (extra name -> path)."""
+    out = {}
+    if "loss_mask" in paths:
+        out["loss_mask"] = read_loss_mask(paths["loss_mask"], n_tokens)
+    if "source_ids" in paths:
+        out["source_ids"] = read_source_ids(paths["source_ids"], n_segments)
+    return out
