@@ -33,7 +33,7 @@ from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.stats import report
-from packer.stats.figures import plan_stats
+from packer.stats.figures import add_trained, plan_stats
 from packer.store.formats import arrow
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
@@ -190,6 +190,8 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
     )
     if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
         figures = plan_stats(doc_lengths, plan, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+        if trained := trained_totals(counters, plan, work):  # fine-tuning data: trained share per strategy
+            add_trained(figures, trained["trained_tokens_in"])  # the strategies see every accepted example
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source

@@ -211,3 +211,26 @@ def test_train_roles_from_a_toml_list():
     assert BuildConfig(input_kind="chat", train_roles=["assistant", "tool"]).roles == ("assistant", "tool")
     with pytest.raises(ValueError, match="train_roles must name at least one role"):
         BuildConfig(train_roles=" , ")
+
+
+def test_stats_report_trained_tokens_of_datasets_and_raw_records(tmp_path):
+    import jsonschema
+
+    from packer.stats.figures import SCHEMA
+    from packer.stats.measure import measure
+
+    path = str(SAMPLE / "chat.jsonl")
+    out = _build(tmp_path, [path], input_kind="chat", context_length=256)
+    stored = measure([str(out)])
+    raw = measure([path], tokenizer=TOKENIZER, config=BuildConfig(input_kind="chat", context_length=256))
+    written = json.loads((out / "stats.json").read_text())
+    trained = json.loads((out / "manifest.json").read_text())["totals"]["trained_tokens"]
+    for figures in (stored, raw, written):
+        jsonschema.validate(figures, SCHEMA)
+        assert figures["trained"]["tokens"] == trained
+        pack = figures["strategies"]["pack_ffd"]
+        assert pack["trained_share"] == trained / pack["compute_slots"]
+        assert figures["strategies"]["pad_to_context"]["trained_share"] < pack["trained_share"]
+    assert 0 < raw["strategies"]["truncate"]["trained_share"] < 1
+    assert "trained" not in measure([str(SAMPLE / "prose.jsonl")], tokenizer=TOKENIZER,
+                                    config=BuildConfig(context_length=256))
