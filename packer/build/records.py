@@ -19,6 +19,7 @@ never depend on the prompt's last characters. Every problem with one record is a
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -78,24 +79,34 @@ class RecordEncoder:
                 "tokens": (c.ids_field, c.labels_field, c.loss_mask_field)}[self.kind]
 
     def encode(self, batch: list[tuple[str, dict]], skips) -> Encoded:
-        examples = {"prompt-completion": self._prompt_completion, "chat": self._chat, "tokens": self._tokens}[self.kind](
-            batch, skips)
-        kept = [(ids, mask) for where, ids, mask in examples if self._keep(where, mask, skips)]
-        dtype = self.info.dtype
-        if not kept:
-            return Encoded(np.zeros(0, dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8))
-        return Encoded(np.concatenate([ids for ids, _ in kept]).astype(dtype, copy=False),
-                       np.fromiter((len(ids) for ids, _ in kept), np.int64, len(kept)),
-                       np.concatenate([mask for _, mask in kept]))
+        kind = {"prompt-completion": self._prompt_completion, "chat": self._chat, "tokens": self._tokens}[self.kind]
+        wheres, encoded = kind(batch, skips)
+        return self._keep(wheres, encoded, skips)
 
-    def _keep(self, where: str, mask: np.ndarray, skips) -> bool:
-        if not mask.any():
-            skips.add("no_trained_tokens", where)
-            return False
-        if self.config.long_prompts == "drop" and int(np.argmax(mask)) >= self.config.context_length:
-            skips.add("prompt_too_long", where)
-            return False
-        return True
+    def _keep(self, wheres: list[str], e: Encoded, skips) -> Encoded:
+        """The batch without its examples that train nothing, or (long_prompts="drop") whose prompt
+        fills the context: one vectorized pass, a Python step only per example dropped."""
+        starts = np.cumsum(e.lengths) - e.lengths
+        cum = np.concatenate([[0], np.cumsum(e.mask, dtype=np.int64)])
+        trained = cum[starts + e.lengths] - cum[starts]
+        keep = trained > 0
+        if self.config.long_prompts == "drop":
+            positions = np.flatnonzero(e.mask)
+            first = positions[np.minimum(np.searchsorted(positions, starts), max(len(positions) - 1, 0))] - starts \
+                if len(positions) else np.zeros(len(starts), np.int64)
+            too_long = keep & (first >= self.config.context_length)
+        else:
+            too_long = np.zeros(len(keep), bool)
+        for i in np.flatnonzero(~keep | too_long).tolist():
+            skips.add("no_trained_tokens" if not keep[i] else "prompt_too_long", wheres[i])
+        keep &= ~too_long
+        if keep.all():
+            return e
+        tokens = np.repeat(keep, e.lengths)
+        return Encoded(e.ids[tokens], e.lengths[keep], e.mask[tokens])
+
+    def _empty(self) -> tuple[list, Encoded]:
+        return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8))
 
     def _prompt_completion(self, batch, skips):
         c = self.config
@@ -113,18 +124,19 @@ class RecordEncoder:
             else:
                 good.append((where, prompt, completion))
         if not good:
-            return []
+            return self._empty()
         dtype, info = self.info.dtype, self.info
         p_ids, p_len = encode_texts(self.tok, [p for _, p, _ in good], dtype=dtype, bos_id=info.bos_id)
         c_ids, c_len = encode_texts(self.tok, [c for _, _, c in good], dtype=dtype, eos_id=info.eos_id)
-        p_ends, c_ends = np.cumsum(p_len), np.cumsum(c_len)
-        out = []
-        for i, (where, _, _) in enumerate(good):
-            p = p_ids[p_ends[i] - p_len[i]: p_ends[i]]
-            k = c_ids[c_ends[i] - c_len[i]: c_ends[i]]
-            mask = np.concatenate([np.zeros(len(p), np.uint8), np.ones(len(k), np.uint8)])
-            out.append((where, np.concatenate([p, k]), mask))
-        return out
+        lengths = p_len + c_len
+        out_starts = np.cumsum(lengths) - lengths
+        p_at = np.arange(len(p_ids)) + np.repeat(out_starts - (np.cumsum(p_len) - p_len), p_len)
+        c_at = np.arange(len(c_ids)) + np.repeat(out_starts + p_len - (np.cumsum(c_len) - c_len), c_len)
+        ids = np.empty(int(lengths.sum()), dtype)
+        ids[p_at], ids[c_at] = p_ids, c_ids
+        mask = np.zeros(len(ids), np.uint8)
+        mask[c_at] = 1
+        return [w for w, _, _ in good], Encoded(ids, lengths, mask)
 
     def _chat(self, batch, skips):
         rendered = []
@@ -142,16 +154,17 @@ class RecordEncoder:
                 continue
             rendered.append((where, text, spans))
         if not rendered:
-            return []
-        encodings = self.chat_tok.encode_batch([text for _, text, _ in rendered], add_special_tokens=False)
-        out = []
-        for (where, _, spans), enc in zip(rendered, encodings):
-            mask = spans_to_mask(enc.offsets, spans)
-            if mask is None:
-                skips.add("span_inside_token", where)
-                continue
-            out.append((where, np.asarray(enc.ids, dtype=np.int64), mask))
-        return out
+            return self._empty()
+        texts = [text for _, text, _ in rendered]
+        encodings = self.chat_tok.encode_batch(texts, add_special_tokens=False)
+        ids, lengths, mask, bad = batch_masks(encodings, [len(t) for t in texts], [s for _, _, s in rendered])
+        for i in np.flatnonzero(bad).tolist():
+            skips.add("span_inside_token", rendered[i][0])
+        wheres = [w for (w, _, _), b in zip(rendered, bad.tolist()) if not b]
+        if bad.any():
+            tokens = np.repeat(~bad, lengths)
+            ids, lengths, mask = ids[tokens], lengths[~bad], mask[tokens]
+        return wheres, Encoded(ids.astype(self.info.dtype, copy=False), lengths, mask)
 
     def _messages(self, record, where, skips):
         messages = record.get(self.config.messages_field)
@@ -185,7 +198,11 @@ class RecordEncoder:
                 skips.add("id_out_of_range", where)
             elif (mask := self._token_mask(record, ids, where, skips)) is not None:
                 out.append((where, ids, mask))
-        return out
+        if not out:
+            return self._empty()
+        return [w for w, _, _ in out], Encoded(np.concatenate([i for _, i, _ in out]).astype(self.info.dtype),
+                                               np.fromiter((len(i) for _, i, _ in out), np.int64, len(out)),
+                                               np.concatenate([m for _, _, m in out]))
 
     def _token_mask(self, record, ids: np.ndarray, where: str, skips):
         c = self.config
@@ -205,6 +222,41 @@ class RecordEncoder:
         return None
 
 
+def batch_masks(encodings, text_lengths: list[int], spans: list[list[tuple[int, int]]]):
+    """A batch of encoded texts and each one's trained character spans -> (flat ids int64, lengths,
+    flat mask uint8, bad: bool per text whose span boundary falls inside a token), in one
+    vectorized pass: each text's offsets are shifted by the lengths (+1) of the texts before it, so
+    the whole batch is one sorted run of tokens and spans_to_mask's rule applies to all at once."""
+    n_texts = len(encodings)
+    lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
+    total = int(lengths.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
+    offsets = [e.offsets for e in encodings]
+    bases = np.cumsum(np.asarray(text_lengths, np.int64) + 1) - (np.asarray(text_lengths, np.int64) + 1)
+    bounds = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)), np.int64, 2 * total)
+    shift = np.repeat(bases, lengths)
+    starts, ends = bounds[0::2] + shift, bounds[1::2] + shift
+    n_spans = np.fromiter(map(len, spans), np.int64, n_texts)
+    edges = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(spans)), np.int64,
+                        2 * int(n_spans.sum())) + np.repeat(bases, 2 * n_spans)
+    if not (np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1])):  # offsets out of order: one by one
+        masks = [spans_to_mask(o, s) for o, s in zip(offsets, spans)]
+        bad = np.array([m is None for m in masks], bool)
+        mask = np.concatenate([m if m is not None else np.zeros(n, np.uint8) for m, n in zip(masks, lengths)]
+                              or [np.zeros(0, np.uint8)])
+        return ids, lengths, mask, bad
+    inside = np.searchsorted(ends, edges, side="right")  # the first token ending after each edge
+    hit = (inside < total) & (starts[np.minimum(inside, max(total - 1, 0))] < edges) if total else np.zeros(len(edges), bool)
+    bad = np.zeros(n_texts, bool)
+    bad[np.repeat(np.arange(n_texts), 2 * n_spans)[hit]] = True
+    change = np.zeros(total + 1, np.int64)
+    np.add.at(change, np.searchsorted(starts, edges[0::2], side="left"), 1)
+    np.add.at(change, np.searchsorted(ends, edges[1::2], side="right"), -1)
+    mask = (np.cumsum(change[:-1]) > 0).astype(np.uint8)
+    mask[ends <= starts] = 0  # a zero-width token lies inside no span
+    return ids, lengths, mask, bad
+
+
 def spans_to_mask(offsets, spans: list[tuple[int, int]]) -> np.ndarray | None:
     """Token character offsets + trained character spans -> a 0/1 mask per token; None when a span
     boundary falls strictly inside a token.
@@ -216,7 +268,21 @@ def spans_to_mask(offsets, spans: list[tuple[int, int]]) -> np.ndarray | None:
     mask = np.zeros(n, np.uint8)
     if not n:
         return mask
-    starts, ends = np.asarray(offsets, dtype=np.int64).T
+    bounds = np.fromiter(itertools.chain.from_iterable(offsets), np.int64, 2 * n)
+    starts, ends = bounds[0::2], bounds[1::2]
+    edges = np.asarray(spans, dtype=np.int64).reshape(-1)
+    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):  # in order, as BPE gives them
+        inside = np.searchsorted(ends, edges, side="right")  # the first token ending after each edge
+        at = np.minimum(inside, n - 1)
+        if np.any((inside < n) & (starts[at] < edges)):
+            return None
+        first, last = np.searchsorted(starts, edges[0::2], side="left"), np.searchsorted(ends, edges[1::2], side="right")
+        change = np.zeros(n + 1, np.int64)
+        np.add.at(change, first, 1)
+        np.add.at(change, last, -1)
+        mask[np.cumsum(change[:-1]) > 0] = 1
+        mask[ends <= starts] = 0  # a zero-width token lies inside no span
+        return mask
     for a, b in spans:
         if np.any((starts < a) & (ends > a)) or np.any((starts < b) & (ends > b)):
             return None

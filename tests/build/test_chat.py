@@ -264,3 +264,57 @@ def test_the_sandbox_blocks_attribute_escapes():
     t = ChatTemplate("{{ messages.__class__.__mro__ }}", {}, ("assistant",))
     with pytest.raises(jinja2.exceptions.SecurityError):
         t.render([{"role": "user", "content": "x"}])
+
+
+def test_spans_to_mask_equals_a_slow_reference():
+    def slow(offsets, spans):
+        if any(s < x < e for a, b in spans for x in (a, b) for s, e in offsets):
+            return None
+        return [int(e > s and any(a <= s and e <= b for a, b in spans)) for s, e in offsets]
+
+    rng = random.Random(0)
+    n_masks = 0
+    for _ in range(2000):
+        points = [0, *sorted(set(rng.sample(range(1, 60), rng.randrange(1, 20)))), 60]
+        offsets = list(zip(points[:-1], points[1:]))
+        pool = points if rng.random() < 0.8 else range(61)  # mostly edges on token bounds, some inside
+        edges = sorted(rng.sample(list(pool), 2 * rng.randrange(0, min(4, len(pool) // 2) + 1)))
+        spans = list(zip(edges[0::2], edges[1::2]))
+        got, expected = spans_to_mask(offsets, spans), slow(offsets, spans)
+        assert (got is None and expected is None) or got.tolist() == expected
+        n_masks += expected is not None and len(spans) > 1
+    assert n_masks > 500  # multi-span masks were exercised
+
+
+def test_batch_masks_equal_one_text_at_a_time():
+    from packer.build.records import batch_masks
+
+    class Encoding:  # what batch_masks reads of a tokenizers.Encoding
+        def __init__(self, ids, offsets):
+            self.ids, self.offsets = ids, offsets
+
+        def __len__(self):
+            return len(self.ids)
+
+    rng = random.Random(1)
+    encodings, lengths, spans, n_bad = [], [], [], 0
+    for k in range(300):
+        size = rng.randrange(1, 40)
+        points = [0, *sorted(set(rng.sample(range(1, size + 1), rng.randrange(0, size)))), size]
+        points = sorted(set(points))
+        offsets = list(zip(points[:-1], points[1:]))
+        pool = points if rng.random() < 0.9 else range(size + 1)
+        edges = sorted(rng.sample(list(pool), 2 * rng.randrange(0, min(3, len(pool) // 2) + 1)))
+        encodings.append(Encoding(list(range(k, k + len(offsets))), offsets))
+        lengths.append(size)
+        spans.append(list(zip(edges[0::2], edges[1::2])))
+    ids, n_tokens, mask, bad = batch_masks(encodings, lengths, spans)
+    at = 0
+    for e, s, n, b in zip(encodings, spans, n_tokens.tolist(), bad.tolist()):
+        one = spans_to_mask(e.offsets, s)
+        assert b == (one is None) and ids[at:at + n].tolist() == e.ids
+        if one is not None:
+            assert mask[at:at + n].tolist() == one.tolist()
+        n_bad += b
+        at += n
+    assert 0 < n_bad < 300
