@@ -28,7 +28,7 @@ from packer.build import readers, resume, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, trained_totals, unit_paths
-from packer.build.tokenizer import resolved_config, specials_manifest, tokenizer_info
+from packer.build.tokenizer import chat_template_manifest, resolved_config, specials_manifest, tokenizer_info
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
@@ -98,7 +98,9 @@ def _write_stage(plan: Plan, info, config, work, out, executor, progress="auto",
             (str(work / "plan.npz"), k, str(work), str(out), info.dtype.name, config.format)
             for k in range(plan.n_shards)
         ]
-        write = functools.partial(writer.write_shard, loss_mask=True) if loss_mask else writer.write_shard
+        write = writer.write_shard
+        if loss_mask:  # named and described as write_shard in errors (executors.describe_call)
+            write = functools.update_wrapper(functools.partial(writer.write_shard, loss_mask=True), writer.write_shard)
         return executor.map(write, args, on_done=done)
 
 
@@ -209,7 +211,8 @@ def _finalize(job: Job, files, units, info, counters, plan: Plan, entries, out, 
             "token_dtype": info.dtype.name,
         },
         "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
-                      **_shipped(info), **specials_manifest(info)},
+                      **_shipped(info), **specials_manifest(info),
+                      **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
         "totals": _totals(counters, plan, config, work, skipped_files),

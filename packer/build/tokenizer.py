@@ -457,3 +457,15 @@ def template_specials(info: TokenizerInfo) -> dict[str, str]:
         if bos:
             specials["bos_token"] = bos
     return specials
+
+
+def chat_template_manifest(info: TokenizerInfo, config: BuildConfig, used: bool) -> dict:
+    """The manifest's tokenizer "chat_template" entry of a build that rendered chats (`used`), so
+    the template that decided the masks is on record ({} otherwise: other builds keep their bytes):
+
+        {"chat_template": {"source": "tokenizer_config.json", "sha256": "5d41402a..."}}
+    """
+    if not used:
+        return {}
+    source, where = chat_template_of(info.path, config.chat_template)
+    return {"chat_template": {"source": where, "sha256": hashlib.sha256(source.encode("utf-8")).hexdigest()}}

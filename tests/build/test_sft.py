@@ -5,6 +5,7 @@ bad records are counted by reason; long prompts are dropped when asked; text bui
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -113,6 +114,9 @@ def test_sample_chat_tokens_and_masks_are_stored_exactly(tmp_path, tok):
     records = _records("chat.jsonl", 204)
     out = _build(tmp_path, [str(SAMPLE / "chat.jsonl")], input_kind="chat", context_length=128)
     _assert_stored(out, [_sample_chat_reference(tok, r["messages"]) for r in records], 128)
+    template = json.loads((SAMPLE / "tokenizer_config.json").read_text())["chat_template"]
+    recorded = json.loads((out / "manifest.json").read_text())["tokenizer"]["chat_template"]
+    assert recorded == {"source": "tokenizer_config.json", "sha256": hashlib.sha256(template.encode()).hexdigest()}
 
 
 def test_chat_from_parquet_equals_chat_from_jsonl(tmp_path):
@@ -234,3 +238,18 @@ def test_stats_report_trained_tokens_of_datasets_and_raw_records(tmp_path):
     assert 0 < raw["strategies"]["truncate"]["trained_share"] < 1
     assert "trained" not in measure([str(SAMPLE / "prose.jsonl")], tokenizer=TOKENIZER,
                                     config=BuildConfig(context_length=256))
+
+
+def test_masked_builds_are_the_same_bytes_at_any_worker_count(tmp_path):
+    inputs = (str(SAMPLE / "chat.jsonl"), str(SAMPLE / "prompt_completion.jsonl"))
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        config = BuildConfig(input_kind="auto", context_length=512, format="memmap", unit_bytes=200_000)
+        build(Job(inputs=inputs, tokenizer=TOKENIZER, output=str(out), workers=workers, config=config), progress="off")
+        outs.append(out)
+    names = sorted(p.name for p in outs[0].iterdir() if p.name.startswith("shard-"))
+    assert any(n.endswith(".loss_mask.bin") for n in names)
+    assert names == sorted(p.name for p in outs[1].iterdir() if p.name.startswith("shard-"))
+    for name in names:
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
