@@ -250,7 +250,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
 def _unit_kind(unit: Unit, config: BuildConfig) -> str:
     if config.input_kind != "auto":
         return config.input_kind
-    from packer.build.readers.records import detect_kind
+    from packer.build.record_reader import detect_kind
 
     return detect_kind(unit, config)
 
@@ -276,7 +276,7 @@ RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering
 
 def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str) -> tuple[int, int]:
     """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/build/records.py)."""
-    from packer.build.readers.records import read_records
+    from packer.build.record_reader import read_records
     from packer.build.records import RecordEncoder
 
     encoder = RecordEncoder(kind, info, config)

@@ -108,7 +108,7 @@ def record_lengths(inputs, tokenizer: str, config: BuildConfig):
 
     from packer.build import readers
     from packer.build.inputs import expand_inputs
-    from packer.build.readers.records import read_records
+    from packer.build.record_reader import read_records
     from packer.build.records import RecordEncoder
     from packer.build.tokenize import RECORD_BATCH, _unit_kind
     from packer.build.tokenizer import tokenizer_info
