@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.build.chat import ChatTemplate, RecordError
-from packer.build.tokenize import encode_texts
 from packer.build.tokenizer import TokenizerInfo, chat_template_of, load_tokenizer, template_specials
 
 SKIP_REASONS = {
@@ -59,10 +58,12 @@ class Encoded:
 
 
 class RecordEncoder:
-    """Encodes batches of (where, record) of one kind for one build (module docstring)."""
+    """Encodes batches of (where, record) of one kind for one build (module docstring). `encode_texts`
+    is the text encode path (packer/build/tokenize.py's, handed in: tokenize imports this module),
+    so prompts and completions are encoded exactly as text documents are."""
 
-    def __init__(self, kind: str, info: TokenizerInfo, config):
-        self.kind, self.info, self.config = kind, info, config
+    def __init__(self, kind: str, info: TokenizerInfo, config, encode_texts):
+        self.kind, self.info, self.config, self.encode_texts = kind, info, config, encode_texts
         self.tok = load_tokenizer(info.path)
         if kind == "chat":
             source, _ = chat_template_of(info.path, config.chat_template)
@@ -126,8 +127,8 @@ class RecordEncoder:
         if not good:
             return self._empty()
         dtype, info = self.info.dtype, self.info
-        p_ids, p_len = encode_texts(self.tok, [p for _, p, _ in good], dtype=dtype, bos_id=info.bos_id)
-        c_ids, c_len = encode_texts(self.tok, [c for _, _, c in good], dtype=dtype, eos_id=info.eos_id)
+        p_ids, p_len = self.encode_texts(self.tok, [p for _, p, _ in good], dtype=dtype, bos_id=info.bos_id)
+        c_ids, c_len = self.encode_texts(self.tok, [c for _, _, c in good], dtype=dtype, eos_id=info.eos_id)
         lengths = p_len + c_len
         out_starts = np.cumsum(lengths) - lengths
         p_at = np.arange(len(p_ids)) + np.repeat(out_starts - (np.cumsum(p_len) - p_len), p_len)

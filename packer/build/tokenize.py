@@ -279,7 +279,7 @@ def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str) -
     from packer.build.record_reader import read_records
     from packer.build.records import RecordEncoder
 
-    encoder = RecordEncoder(kind, info, config)
+    encoder = RecordEncoder(kind, info, config, encode_texts)
     fields = encoder.fields()
     fix = {"chat": "choose the column with --messages-field", "prompt-completion": "choose it with --prompt-field",
            "tokens": "choose it with --ids-field"}[kind]

@@ -110,7 +110,7 @@ def record_lengths(inputs, tokenizer: str, config: BuildConfig):
     from packer.build.inputs import expand_inputs
     from packer.build.record_reader import read_records
     from packer.build.records import RecordEncoder
-    from packer.build.tokenize import RECORD_BATCH, _unit_kind
+    from packer.build.tokenize import RECORD_BATCH, _unit_kind, encode_texts
     from packer.build.tokenizer import tokenizer_info
 
     info = tokenizer_info(tokenizer, config)
@@ -128,7 +128,7 @@ def record_lengths(inputs, tokenizer: str, config: BuildConfig):
             trained += int(n.sum())
             truncated += int(np.minimum(n, L).sum())
             continue
-        encoder = RecordEncoder(kind, info, config)
+        encoder = RecordEncoder(kind, info, config, encode_texts)
         skips = readers.SkipLog.empty(strict=config.strict)
         records = read_records(unit, skips, encoder.fields(), max_doc_bytes=config.max_doc_bytes)
         try:

@@ -14,6 +14,7 @@ import pytest
 from packer.build.chat import ChatTemplate, TemplateRefused
 from packer.build.readers import SkipLog
 from packer.build.records import RecordEncoder, spans_to_mask
+from packer.build.tokenize import encode_texts
 from packer.build.tokenizer import chat_template_of, tokenizer_info
 from packer.config import BuildConfig
 
@@ -112,7 +113,7 @@ def _encode(tokenizer: Path, records, **config):
     cfg = BuildConfig(input_kind="chat", **config)
     info = tokenizer_info(str(tokenizer), cfg)
     skips = SkipLog.empty()
-    encoded = RecordEncoder("chat", info, cfg).encode([(f"chat.jsonl:{i + 1}", r) for i, r in enumerate(records)], skips)
+    encoded = RecordEncoder("chat", info, cfg, encode_texts).encode([(f"chat.jsonl:{i + 1}", r) for i, r in enumerate(records)], skips)
     return encoded, skips, info
 
 
