@@ -321,9 +321,11 @@ def inspect(dataset, seq, raw):
 def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
     DATASET is a directory or a URI (s3://, gs://, file://, ...)."""
+    from packer.stats.report import check_report
     from packer.store.verify import verify_dataset
 
     totals = verify_dataset(dataset, checksums=not quick)
+    check_report(dataset)
     skipped = f"; skipped (--quick): {', '.join(totals['skipped'])}" if totals["skipped"] else ""
     click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments{skipped}")
 

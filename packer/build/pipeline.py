@@ -1,18 +1,23 @@
-"""The build, as stages over paths: tokenize -> plan -> write -> finalize.
+"""The build, as stages over paths: tokenize -> plan -> write -> finalize -> publish.
 
     OUTPUT/.packer.lock                                           held while a build runs (packer/io/lock.py)
+    OUTPUT/.packer-owned.json                                     what packer wrote here, with sha256 (packer/build/owned.py)
     OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/build/resume.py)
     OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
     OUTPUT/_work/plan.npz                                         plan (lengths only)
-    OUTPUT/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json     write (one per shard; the .json says done)
-    OUTPUT/stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json
+    OUTPUT/_work/dataset/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json
+                                                                  write (one per shard; the .json says done)
+    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json}
                                                                   finalize (manifest last)
+    OUTPUT/...                                                    publish: moved in, manifest last (owned.publish)
 
 Every file is written under a temporary name and renamed into place; each stage reads
 only what the one before wrote and skips work whose output exists, so re-running the
-same command after a crash at any point resumes it and gives the same bytes. OUTPUT may
-also be a URI (packer/io/fs.py): there files go straight to their final names, a unit's or
-shard's .json and the manifest, written after them, say what is complete, and no lock is held.
+same command after a crash at any point resumes it and gives the same bytes. The new dataset
+is complete in _work/dataset/ before anything in OUTPUT changes, so an --overwrite cut short
+leaves the old one as it was. OUTPUT may also be a URI (packer/io/fs.py): there files go
+straight to their final names, a unit's or shard's .json and the manifest, written after them,
+say what is complete, publish moves by the filesystem's copy and delete, and no lock is held.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 import numpy as np
 
 from packer import __version__
-from packer.build import readers, resume, writer
+from packer.build import owned, readers, resume, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, trained_totals, unit_paths
@@ -225,9 +230,11 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
     """Run, resume, or (with nothing left to do) skip a build; return the manifest. `progress`:
     "auto" (a bar on a terminal, plain lines otherwise), "bar", "lines" or "off" (packer/io/progress.py).
 
-    Under the output's lock: a complete dataset from the same command is returned as is
-    (`already_complete`); one from another command, or a `_work/` from another config or
-    other inputs, is refused unless `overwrite`, which deletes packer's files and starts over."""
+    Under the output's lock: a directory holding files packer did not write is refused (by its
+    record, packer/build/owned.py); a complete dataset from the same command is returned as is
+    (`already_complete`); one from another command, or a `_work/` from another config or other
+    inputs, is refused unless `overwrite`. The new dataset is built in `_work/dataset/` and moved
+    into OUTPUT once complete, so with `overwrite` the old one stays whole until then."""
     config = job.config
     out = fs.location(job.output)
     if out.exists() and not out.is_dir():
@@ -239,42 +246,71 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
     job = dataclasses.replace(job, config=resolved_config(config, info))  # bos/eos as used, never None
     config = job.config
     with lock.hold(out):
-        resume.refuse_foreign(out)
+        record = _owned_record(out)
         work = out / WORK
-        if overwrite:
-            resume.clear(out)
-        elif (out / MANIFEST).exists():
+        expected = resume.fingerprint(config, info, files)
+        if (out / MANIFEST).exists() and not overwrite:
             manifest = read_manifest(out)
             resume.require_same_dataset(manifest, config, info, files, out)
             if work.exists() and not keep_work:
-                fs.rmtree(work)  # a run killed after its manifest, before this
+                owned.remove_work(out, record)  # a run killed after its manifest, before this
             return {**manifest, "already_complete": True}
-        started = time.time()
-        skipped_files = [] if config.on_file_error == "skip" else None
-        # Planned before any work file is written: a refused input (unsupported, a FIFO, a loop) leaves
-        # nothing behind, so fixing it and running the same command starts cleanly.
-        units = readers.plan_units(
-            files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
-        )
-        resume.start_or_resume(work, resume.fingerprint(config, info, files))
-        for d in (out, work, work / "units", work / "shards"):
-            atomic.remove_leftovers(d)
-        (work / "units").mkdir(parents=True, exist_ok=True)
-        executor = make_executor(job)
-        try:
-            counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
-            _check_accepted(counters, config, work)
-            plan = _plan_stage(len(units), config, work)
-            masked = any("trained_tokens" in c for c in counters)  # some unit holds records (packer/build/records.py)
-            entries = _write_stage(plan, info, config, work, out, executor, progress, loss_mask=masked)
-        finally:
-            executor.close()
-            for d in (work / "units", work / "shards", out):  # left by a worker stopped mid-write
-                atomic.remove_leftovers(d)
-        manifest = _finalize(job, files, units, info, counters, plan, entries, out, work, skipped_files or ())
-        manifest["created_unix"] = round(time.time(), 3)
-        manifest["build_seconds"] = round(time.time() - started, 3)
-        atomic.write_json(out / MANIFEST, manifest)  # last: its presence means complete
+        if overwrite and work.exists() and not resume.same_work(work, expected):
+            owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
+        manifest = _build_into(job, files, info, out, work, record, expected, progress)
+        owned.publish(out, manifest, record)
         if not keep_work:
-            fs.rmtree(work)
+            owned.remove_work(out, record)
+    return manifest
+
+
+def _owned_record(out) -> dict:
+    """The output's record of packer's files, with an interrupted publish finished; refuses foreign files."""
+    owned.clear_leftovers(out)
+    had_record = (out / owned.RECORD).exists()
+    record = owned.load(out)
+    owned.finish(out, record)
+    resume.refuse_foreign(out, record)
+    if not had_record and (record["files"] or record["work"]):
+        owned.save(out, record)  # a dataset of a packer without records, adopted once
+    return record
+
+
+def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, progress) -> dict:
+    """Tokenize, plan, write and finalize into `work`/dataset/ (manifest last); return the manifest."""
+    config = job.config
+    started = time.time()
+    skipped_files = [] if config.on_file_error == "skip" else None
+    # Planned before any work file is written: a refused input (unsupported, a FIFO, a loop) leaves
+    # nothing behind, so fixing it and running the same command starts cleanly.
+    units = readers.plan_units(
+        files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
+    )
+    owned.claim_work(out, record)
+    resume.start_or_resume(work, expected)
+    staged = work / owned.STAGED
+    for d in (work, work / "units", work / "shards", staged):
+        d.mkdir(parents=True, exist_ok=True)
+        atomic.remove_leftovers(d)
+    executor = make_executor(job)
+    try:
+        counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
+        try:
+            _check_accepted(counters, config, work)
+        except BuildRejected:
+            if not work.exists():  # nothing accepted: nothing kept, not even the record
+                owned.remove_work(out, record)
+            raise
+        plan = _plan_stage(len(units), config, work)
+        masked = any("trained_tokens" in c for c in counters)  # some unit holds records (packer/build/records.py)
+        entries = _write_stage(plan, info, config, work, staged, executor, progress, loss_mask=masked)
+    finally:
+        executor.close()
+        for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write
+            if d.exists():
+                atomic.remove_leftovers(d)
+    manifest = _finalize(job, files, units, info, counters, plan, entries, staged, work, skipped_files or ())
+    manifest["created_unix"] = round(time.time(), 3)
+    manifest["build_seconds"] = round(time.time() - started, 3)
+    atomic.write_json(staged / MANIFEST, manifest)  # last: the new dataset is complete
     return manifest

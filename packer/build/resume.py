@@ -11,18 +11,12 @@ into the output. Worker count is not part of it: it does not change the bytes.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from packer.io import atomic, fs, lock
-from packer.store import formats
-from packer.store.manifest import MANIFEST, STATS
+from packer.build import owned
+from packer.io import atomic, fs
 
 FINGERPRINT = "fingerprint.json"
-_SHARD_SUFFIXES = "|".join(re.escape(s) for s in sorted(formats.suffixes()))  # every format's files
-_OWNED = re.compile(
-    rf"^(manifest\.json|stats\.json|report\.html|tokenizer\.json|state\.json|dataset_info\.json|_work|\.packer\.lock|shard-\d{{5}}({_SHARD_SUFFIXES}))(\.tmp\d+)?$"
-)
 
 
 RUN_ONLY_KEYS = ("strict", "on_file_error", "max_skip_fraction")
@@ -68,6 +62,15 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def same_work(work, expected: dict) -> bool:
+    """True when `work` holds a fingerprint equal to `expected`: this command's own unfinished work."""
+    path = work / FINGERPRINT
+    try:
+        return _first_difference(json.loads(path.read_text(encoding="utf-8")), expected) is None
+    except (OSError, ValueError):
+        return False
+
+
 def start_or_resume(work: Path, expected: dict):
     """Create `work` with its fingerprint, or check the one there; ValueError on a mismatch."""
     path = work / FINGERPRINT
@@ -107,25 +110,13 @@ def require_same_dataset(manifest: dict, config, info, files, out: Path):
         )
 
 
-def refuse_foreign(out: Path):
-    """Refuse an output directory holding files packer did not write (nothing is deleted)."""
-    foreign = sorted(p.name for p in out.iterdir() if not _OWNED.match(p.name))
-    if foreign:
+def refuse_foreign(out: Path, record: dict | None = None):
+    """Refuse an output directory holding files packer did not write (nothing is deleted): files
+    its record (packer/build/owned.py) does not list with their sha256, a _work/ it did not make."""
+    found = owned.foreign(out, owned.load(out) if record is None else record)
+    if found:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         raise ValueError(
-            f"{fs.redact(out)} holds files packer did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-            f"choose a new or empty --output"
+            f"{fs.redact(out)} holds files packer did not write ({shown}); packer never deletes or replaces them: "
+            f"move them elsewhere, or choose a new or empty --output"
         )
-
-
-def clear(out: Path):
-    """Delete packer's files from `out`: first the manifest and the work fingerprint, so that a
-    clear cut short by a crash leaves nothing that looks complete or resumable."""
-    for path in (out / MANIFEST, out / "_work" / FINGERPRINT, out / STATS):
-        path.unlink(missing_ok=True)
-    for p in sorted(out.iterdir()):
-        if p.name == lock.LOCK_NAME or not _OWNED.match(p.name):
-            continue
-        if p.is_dir():
-            fs.rmtree(p)
-        else:
-            p.unlink()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.io import fs
+from packer.io import failpoints, fs
 
 _TMP_RE = re.compile(r"\.tmp\d+$")
 
@@ -32,7 +32,29 @@ def write_bytes(path, data: bytes):
         path.write_bytes(data)
         return
     tmp = _tmp(path)
-    tmp.write_bytes(data)
+    with _removed_on_failure(tmp):
+        tmp.write_bytes(data)
+        _rename(tmp, path)
+
+
+class _removed_on_failure:
+    """Delete the temporary file `tmp` if the block fails (a full disk mid-write): no partial file stays."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+
+    def __enter__(self):
+        return self.tmp
+
+    def __exit__(self, kind, *_):
+        if kind is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _rename(tmp: Path, path: Path):
+    """The last step of every local file write. Failpoint `file:N` (packer/io/failpoints.py) fires
+    here for the N-th file this process writes, its bytes in `tmp`: the fault matrix's 'every write'."""
+    failpoints.hit_next("file")
     os.replace(tmp, path)
 
 
@@ -56,8 +78,9 @@ class Staged:
             with self.f:
                 fs.upload(self.f, self.path)
         else:
-            self.f.close()
-            os.replace(self.tmp, self.path)
+            with _removed_on_failure(self.tmp):
+                self.f.close()
+                _rename(self.tmp, self.path)
 
     def abort(self):
         self.f.close()
@@ -78,9 +101,10 @@ def _save(path, save):
         path.write_bytes(buf.getvalue())
         return
     tmp = _tmp(path)
-    with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-        save(f)
-    os.replace(tmp, path)
+    with _removed_on_failure(tmp):
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+            save(f)
+        _rename(tmp, path)
 
 
 def save_npz(path, **arrays):
@@ -94,7 +118,8 @@ def copy_file(src, dst):
 def publish(staged, final):
     """Rename a staged temporary file into place; None (written in place, remote) does nothing."""
     if staged is not None:
-        os.replace(staged, final)
+        with _removed_on_failure(Path(staged)):
+            _rename(Path(staged), Path(final))
 
 
 def tmp_path(path) -> Path:

@@ -15,6 +15,8 @@ Points (n is the unit, shard or count):
     unit:K         the process tokenizing unit K, as it starts
     shard:K        the process writing shard K, as it starts
     write-shard:K  the process writing shard K, after its temporary files, before the renames
+    file:N         the process's N-th local file write (0, 1, ...: every atomic write, packer/io/atomic.py),
+                   its bytes in the temporary file, before the rename: with enospc, a full disk there
 
 Executors forward the variable to their workers (Ray tasks too), so a point fires wherever the
 stage runs.
@@ -66,6 +68,18 @@ def hit(point: str, n: int):
     if action == "exit":
         os._exit(1)
     os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[action])
+
+
+_COUNTS: dict[str, int] = {}  # point -> calls of hit_next in this process
+
+
+def hit_next(point: str):
+    """hit(point, n) for the n-th call in this process (n = 0, 1, ...); nothing is counted when inert."""
+    if not os.environ.get(ENV):
+        return
+    n = _COUNTS.get(point, 0)
+    _COUNTS[point] = n + 1
+    hit(point, n)
 
 
 def environment() -> dict[str, str]:

@@ -5,6 +5,7 @@
     check_rows(rows)     offsets start at 0, rise strictly, end at the row length; one doc_id
                          per segment (O(offsets)): verify, and open_dataset at a block's first read
     check_dtype          tokens stored in the dtype the manifest says
+    check_doc_ids        every doc_id a document of the build: 0 <= id < docs_accepted
     check_token_ids      every id below the vocabulary (O(tokens)): verify, and open_dataset at
                          a block's first read
     check_extras         a loss mask (one 0/1 per token) and source ids (one per segment, below the
@@ -100,6 +101,17 @@ def check_extras(rows: Rows, n_doc_ids: int, where: str, n_sources: int, values:
         if values and rows.source_ids.size and int(rows.source_ids.max()) >= n_sources:
             raise ValueError(f"{where}: source id {int(rows.source_ids.max())}, but the manifest names {n_sources} "
                              "sources (corrupt shard, or the manifest's sources were edited)")
+
+
+def check_doc_ids(doc_ids: np.ndarray, where: str, n_docs: int | None):
+    """Every doc_id is a document index of this build: 0 <= id < n_docs (the accepted documents)."""
+    if n_docs is None or not len(doc_ids):
+        return
+    low, high = int(doc_ids.min()), int(doc_ids.max())
+    if low < 0 or high >= n_docs:
+        bad = low if low < 0 else high
+        raise ValueError(f"{where}: doc_id {bad} outside [0, {n_docs}), the build's accepted documents (corrupt shard: "
+                         "rebuild it)")
 
 
 COUNTS = ("sequences", "tokens", "documents")  # what a shard entry says it holds

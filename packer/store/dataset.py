@@ -48,6 +48,7 @@ class ShardDataset:
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.source_names = [s.get("name") for s in self.manifest.get("sources") or []]
+        self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
         dtype = np.dtype(config["token_dtype"])
         self._blocks: list[Rows] = []
         self._doc_ids: list[np.ndarray] = []
@@ -70,7 +71,10 @@ class ShardDataset:
                     counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
                     counts["documents"] += len(doc_ids)
                     starts.append(starts[-1] + len(rows))
-            except (pa.ArrowException, KeyError) as e:  # a damaged Arrow stream, a column missing
+            except FileNotFoundError as e:
+                raise ValueError(f"shard missing: {fs.redact(e.filename or where)} (listed in the manifest); restore it or "
+                                 "rebuild the dataset") from None
+            except (pa.ArrowException, KeyError, OSError) as e:  # a damaged Arrow stream (pyarrow's IOError too), a column missing
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
                                  "or rebuild") from None
             checks.check_counts(counts, entry, where)
@@ -98,6 +102,7 @@ class ShardDataset:
         rows, (where, first_row) = self._blocks[b], self._where[b]
         checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
+        checks.check_doc_ids(self._doc_ids[b], where, self._n_docs)
         checks.check_extras(rows, len(self._doc_ids[b]), where, len(self.source_names))
         self._unread[b] = False
         self._n_unread -= 1
@@ -199,6 +204,8 @@ class ShardDataset:
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order (reads
         every shard's doc_ids; a document split over several rows appears once per piece)."""
+        for ids, (where, _) in zip(self._doc_ids, self._where):
+            checks.check_doc_ids(ids, where, self._n_docs)
         return np.concatenate(self._doc_ids).astype(np.int64) if self._doc_ids else np.zeros(0, np.int64)
 
     def __iter__(self):

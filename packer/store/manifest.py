@@ -39,7 +39,30 @@ def read_manifest(path) -> dict:
             f"no {MANIFEST} in {fs.redact(path)}: not a packer dataset, or its build did not finish "
             "(run the same `packer build` command again to resume it)"
         )
-    return json.loads(file.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{fs.redact(file)}: not readable JSON ({type(e).__name__} at byte {getattr(e, 'pos', '?')}): "
+                         "damaged; restore it or rebuild the dataset") from None
+    _check_shape(manifest, file)
+    return manifest
+
+
+_SHAPE = {"config": dict, "tokenizer": dict, "shards": list, "totals": dict}  # what every reader indexes
+
+
+def _check_shape(manifest, file):
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{fs.redact(file)}: a JSON {type(manifest).__name__}, not a packer manifest; rebuild the dataset")
+    for key, kind in _SHAPE.items():
+        if not isinstance(manifest.get(key), kind):
+            raise ValueError(f"{fs.redact(file)}: {key!r} missing or not a JSON {'object' if kind is dict else 'list'} "
+                             "(damaged, or not a packer manifest); rebuild the dataset")
+    for key in ("context_length", "token_dtype"):
+        if key not in manifest["config"]:
+            raise ValueError(f"{fs.redact(file)}: config.{key} missing (damaged); rebuild the dataset")
+    if not isinstance(manifest["tokenizer"].get("vocab_size"), int):
+        raise ValueError(f"{fs.redact(file)}: tokenizer.vocab_size missing (damaged); rebuild the dataset")
 
 
 def tokenizer_file(path, manifest: dict):

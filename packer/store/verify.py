@@ -11,7 +11,9 @@ only); sequence, token and segment counts equal the manifest's, per shard and in
 `docs_dropped_long`; loss masks 0/1, one per token, summing to `trained_tokens` where the totals
 have it; source ids one per segment, below the number of the manifest's sources. Beside the shards: tokenizer.json present, its sha256 the manifest's
 `tokenizer.sha256` (where it records one); stats.json present when documents were accepted, a JSON object of
-packer's stats schema whose context length, document and token counts are the manifest's.
+packer's stats schema whose context length, document and token counts are the manifest's; an Arrow
+dataset's state.json and dataset_info.json equal to what its shard entries give (`packer verify`
+also checks report.html against stats.json: packer/stats/report.py check_report).
 The returned totals name what `checksums=False` skipped (`skipped`, empty for a full check).
 """
 
@@ -47,6 +49,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
             for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt):
                 checks.check_rows(rows, len(block_doc_ids), where, counts["sequences"], config["context_length"])
                 checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []))
+                checks.check_doc_ids(block_doc_ids, where, manifest["totals"].get("docs_accepted"))
                 trained += _trained(rows)
                 if checksums:
                     checks.check_dtype(rows, where, dtype)
@@ -65,7 +68,8 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
         raise ValueError(f"{trained} trained tokens in the shards' loss masks, the manifest totals say "
                          f"{manifest['totals']['trained_tokens']!r} (the manifest was edited; rebuild the dataset)")
     tokenizer_file(path, manifest)
-    _check_stats(path, manifest)
+    stats = _check_stats(path, manifest)
+    _check_derived(path, manifest, stats)
     return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
 
 
@@ -98,14 +102,29 @@ def _check_totals(counts: dict, doc_ids: list, totals: dict):
                              "less docs_dropped_long; the manifest was edited or a shard entry dropped; rebuild)")
 
 
-def _check_stats(path, manifest: dict):
-    """stats.json: written when any document was accepted; its counts are the build's."""
+def _check_derived(path, manifest: dict, stats: dict | None):
+    """An Arrow dataset's state.json and dataset_info.json equal what its shard entries give.
+    (report.html, the page stats.json gives, is checked by packer/stats/report.py check_report:
+    the page's layout is the stats package's.)"""
+    from packer.store.formats import arrow
+
+    if manifest["config"].get("format", "arrow") != "arrow":
+        return
+    for name, data in arrow.hf_metadata(manifest["shards"]).items():
+        file = path / name
+        if file.is_file() and file.read_bytes() != data:  # absent: a dataset of packer before 2026-12, or by hand
+            raise ValueError(f"{fs.redact(file)}: not what this dataset's manifest gives (edited, or of another "
+                             "build); rebuild the dataset")
+
+
+def _check_stats(path, manifest: dict) -> dict | None:
+    """stats.json: written when any document was accepted; its counts are the build's. Returns it (None if absent)."""
     file, totals, config = path / STATS, manifest["totals"], manifest["config"]
     if not file.is_file():
         if totals.get("docs_accepted", 0) > 0:
             raise ValueError(f"{fs.redact(file)} missing (the build accepted {totals['docs_accepted']} documents); "
                              "rebuild, or run `packer stats` on the dataset")
-        return
+        return None
     try:
         stats = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -121,3 +140,4 @@ def _check_stats(path, manifest: dict):
         if want is not None and got != want:
             raise ValueError(f"{fs.redact(file)}: {key} {str(got)[:40]}, the manifest says {want} (stats of another "
                              "build, or edited); rebuild, or run `packer stats` on the dataset")
+    return stats

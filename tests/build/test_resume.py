@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLE_INPUTS, TOKENIZER
 
+from packer.build import owned
 from packer.build.pipeline import build
 from packer.config import BuildConfig, Job
 from packer.io import failpoints
@@ -63,7 +64,8 @@ def _run(inputs, out, workers, fmt="arrow", kill_at=None):
 
 
 def _snapshot(out: Path) -> dict:
-    """Every file's bytes; the manifest without its timestamps."""
+    """Every file's bytes; the manifest without its timestamps, packer's record of its files
+    without their modification times (and the manifest's sha256, which the timestamps change)."""
     files = {}
     for p in sorted(out.rglob("*")):
         if p.is_file():
@@ -72,6 +74,12 @@ def _snapshot(out: Path) -> dict:
     for key in TIMESTAMPS:
         manifest.pop(key)
     files["manifest.json"] = json.dumps(manifest, indent=2).encode()
+    record = json.loads(files.pop(owned.RECORD))
+    for name, entry in record["files"].items():
+        entry.pop("mtime_ns")
+        if name == "manifest.json":
+            del entry["sha256"], entry["bytes"]
+    files[owned.RECORD] = json.dumps(record, indent=2).encode()
     return files
 
 

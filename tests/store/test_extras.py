@@ -13,7 +13,7 @@ from packer.build.writer import write_rows, write_shard
 from packer.config import BuildConfig, Job
 from packer.store import formats
 from packer.store.dataset import open_dataset
-from packer.store.formats import FORMATS
+from packer.store.formats import FORMATS, arrow
 from packer.store.rows import ROWS_PER_BATCH, Layout
 from packer.store.verify import verify_dataset
 
@@ -104,6 +104,9 @@ def _rewrite_with_extras(out, fmt, rng):
         assert {k: old[k] for k in ("sequences", "tokens", "documents")} == {k: new[k] for k in ("sequences", "tokens", "documents")}
     manifest["shards"] = entries
     manifest["sources"] = [{"name": "prose"}, {"name": "code"}]
+    if fmt == "arrow":  # datasets' files name the shards' sha256
+        for name, data in arrow.hf_metadata(entries).items():
+            (out / name).write_bytes(data)
     (out / "manifest.json").write_text(json.dumps(manifest))
     return masks, unit_sources
 

@@ -308,3 +308,67 @@ def test_broken_offsets_are_never_yielded_memmap(built, tmp_path):
     idx.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="row 0: offsets"):
         open_dataset(d)[0]
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "megatron"])
+def test_a_doc_id_outside_the_build_is_never_used(built, tmp_path, fmt):
+    """A flipped doc_id (found by the corruption matrix: `packer stats` tried to allocate terabytes
+    for a bincount) is refused by verify, by a block's first read, by doc_ids(), and by the CLI."""
+    d = tmp_path / fmt
+    shutil.copytree(built / fmt, d)
+    manifest = _manifest(d)
+    if fmt == "memmap":  # doc_ids follow the header and the two int64[S+1] sections of the .idx
+        path = d / manifest["shards"][0]["index_file"]
+        n_rows = struct.unpack_from("<Q", path.read_bytes(), 16)[0]
+        at = memmap.HEADER.size + 16 * (n_rows + 1)
+    else:  # the .docids.npy sidecar: the first value after its header
+        path = d / manifest["shards"][0]["doc_ids_file"]
+        at = len(path.read_bytes()) - 8 * manifest["shards"][0]["documents"]
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<q", raw, at, 10**12)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"doc_id 1000000000000 outside \[0, \d+\)"):
+        verify_dataset(d, checksums=False)
+    with pytest.raises(ValueError, match="doc_id 1000000000000 outside"):
+        open_dataset(d)[0]
+    with pytest.raises(ValueError, match="doc_id 1000000000000 outside"):
+        open_dataset(d).doc_ids()
+    assert "doc_id 1000000000000 outside" in _cli("stats", d)
+
+
+def test_a_deleted_shard_file_is_refused_in_one_line_at_open(ds_dir):
+    name = _manifest(ds_dir)["shards"][-1]["file"]
+    (ds_dir / name).unlink()
+    with pytest.raises(ValueError, match=f"shard missing: .*{name} \\(listed in the manifest\\)"):
+        open_dataset(ds_dir)
+    assert "shard missing" in _cli("verify", ds_dir)
+
+
+def test_derived_files_are_checked_against_what_they_derive_from(ds_dir):
+    """report.html is the page stats.json gives; an Arrow dataset's state.json / dataset_info.json
+    are what its shard entries give: an edited one is caught (found by the corruption matrix)."""
+    names = ["report.html"] + (["state.json", "dataset_info.json"] if ds_dir.name == "arrow" else [])
+    for name in names:
+        original = (ds_dir / name).read_bytes()
+        (ds_dir / name).write_bytes(original.replace(b"e", b"E", 1))
+        if name != "report.html":
+            with pytest.raises(ValueError, match=f"{name}: not what this dataset's manifest gives"):
+                verify_dataset(ds_dir, checksums=False)
+        assert f"{name}: not" in _cli("verify", ds_dir, "--quick")
+        (ds_dir / name).write_bytes(original)
+    verify_dataset(ds_dir)
+    assert CliRunner().invoke(main, ["verify", str(ds_dir)]).exit_code == 0
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda text: text[: len(text) // 2], "not readable JSON"),
+    (lambda text: "[1, 2]", "a JSON list, not a packer manifest"),
+    (lambda text: text.replace('"totals"', '"totalz"'), "'totals' missing or not a JSON object"),
+])
+def test_a_damaged_manifest_is_refused_in_one_line(ds_dir, damage, match):
+    path = ds_dir / "manifest.json"
+    path.write_text(damage(path.read_text()))
+    for read in (verify_dataset, open_dataset):
+        with pytest.raises(ValueError, match=match):
+            read(ds_dir)
+    assert match.split(" ")[0] in _cli("inspect", ds_dir)
