@@ -16,7 +16,7 @@ import click
 from packer import __version__
 from packer.build.executors import WorkerDied
 from packer.build.tokenizer import describe_specials
-from packer.config import CHOICES, BuildConfig, Job, load_job, sources_from_options
+from packer.config import CHOICES, RECORD_FIELDS, BuildConfig, Job, load_job, sources_from_options
 from packer.io import fs
 from packer.io.fs import redact, redact_text
 from packer.store.manifest import REPORT
@@ -238,7 +238,8 @@ def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
     _run_job(job, keep_work, overwrite, quiet)
 
 
-CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed")
+CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed",
+                 *RECORD_FIELDS)
 
 
 MIXTURE = (

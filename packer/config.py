@@ -15,8 +15,15 @@ FORMATS = ("arrow", "memmap", "megatron")
 EXECUTORS = ("local", "ray")
 TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")
+INPUT_KINDS = ("text", "prompt-completion", "chat", "tokens", "auto")
+LONG_PROMPT_POLICIES = ("split", "drop")
 CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FORMATS, "text_split": TEXT_SPLITS,
-           "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS}  # field -> allowed values (the CLI's too)
+           "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS, "input_kind": INPUT_KINDS,
+           "long_prompts": LONG_PROMPT_POLICIES}  # field -> allowed values (the CLI's too)
+# Fields that only records (input_kind other than "text") read: a text build leaves them out of its
+# manifest and fingerprint, so raw-text datasets keep their bytes (docs/inputs.md).
+RECORD_FIELDS = ("input_kind", "prompt_field", "completion_field", "messages_field", "ids_field", "labels_field",
+                 "loss_mask_field", "train_roles", "chat_template", "long_prompts")
 
 
 # Tokenizer threads a default worker gets: one encode_batch_fast keeps about 1.5 cores busy, and on
@@ -59,6 +66,21 @@ class BuildConfig:
     max_skip_fraction: float | None = _field(None, "Fail the build (before its manifest; the same command resumes) when "
                                                    "more than this share of the documents read is skipped, e.g. 0.01. "
                                                    "Default: off (a build that accepts nothing always fails).", minimum=0)
+    input_kind: str = _field("text", "What a record is: text (every token trained), prompt-completion, chat (messages "
+                                     "rendered with the tokenizer's chat template), tokens (pre-tokenized ids with labels "
+                                     "or a loss mask), or auto (detected from each file's first record).")
+    prompt_field: str = _field("prompt", "prompt-completion: the field holding the prompt (not trained).")
+    completion_field: str = _field("completion", "prompt-completion: the field holding the completion (trained, with its eos).")
+    messages_field: str = _field("messages", "chat: the field holding the list of {role, content} messages.")
+    ids_field: str = _field("input_ids", "tokens: the field holding the token ids.")
+    labels_field: str = _field("labels", "tokens: the field holding labels (-100 = not trained), if the record has it.")
+    loss_mask_field: str = _field("loss_mask", "tokens: the field holding a 0/1 loss mask, if the record has no labels.")
+    train_roles: str = _field("assistant", "chat: roles whose turns are trained, comma-separated (e.g. assistant,tool).")
+    chat_template: str | None = _field(None, "chat: a Jinja template file, or a tokenizer_config.json holding one "
+                                             "(default: the chat template shipped beside the tokenizer).")
+    long_prompts: str = _field("split", "Examples whose prompt (the untrained tokens before the first trained one) "
+                                        "leaves no room in the context for a trained token: split like any long "
+                                        "document, or drop (counted as prompt_too_long).")
 
     def __post_init__(self):
         if self.context_length < 1:
@@ -89,6 +111,18 @@ class BuildConfig:
         limit = self.max_skip_fraction
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit < 1):
             raise ValueError(f"max_skip_fraction must be a share in [0, 1), e.g. 0.01 (or unset: off), got {limit!r}")
+        if isinstance(self.train_roles, (list, tuple)):  # a TOML list: stored as the CLI spells it
+            object.__setattr__(self, "train_roles", ",".join(map(str, self.train_roles)))
+        if not isinstance(self.train_roles, str) or not self.roles:
+            raise ValueError(f"train_roles must name at least one role, e.g. \"assistant\" or \"assistant,tool\"; "
+                             f"got {self.train_roles!r}")
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """train_roles as a tuple: "assistant, tool" -> ("assistant", "tool")."""
+        if not isinstance(self.train_roles, str):
+            return ()
+        return tuple(r.strip() for r in self.train_roles.split(",") if r.strip())
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -96,6 +130,9 @@ class BuildConfig:
             del d["max_skip_fraction"]
         if d["plan_memory"] is None:  # likewise
             del d["plan_memory"]
+        if d["input_kind"] == "text":  # records settings mean nothing to text: raw-text builds keep their bytes
+            for key in RECORD_FIELDS:
+                del d[key]
         return d
 
 

@@ -9,9 +9,21 @@ thousands of tokens). Run with the interpreter whose stdlib you want:
 
 Outputs (committed): sample_data/prose.jsonl, sample_data/code.jsonl, sample_data/tokenizer.json.
 Same interpreter version => byte-identical outputs.
+
+Fine-tuning records (pipelines/sft.toml builds them), also from the stdlib, written alone by
+`python sample_data/make_sample.py sft` (the corpus and tokenizer above are left as they are):
+
+    prompt_completion.jsonl  {"prompt": "def gcd(*integers):\n", "completion": "Greatest Common Divisor."}
+                             a function's `def` line(s) and its docstring
+    chat.jsonl               {"messages": [{"role": "system", "content": "<the docstring's first line>"},
+                                           {"role": "user", "content": ">>> 1 + 1"}, {"role": "assistant", "content": "2"}, ...]}
+                             the doctest examples of a docstring as turns: source -> expected output
+    tokenizer_config.json    a ChatML-style chat_template for the sample tokenizer (its only special token,
+                             <|endoftext|>, ends each turn); no other key, so text builds read nothing new
 """
 
 import ast
+import doctest
 import json
 import random
 import sys
@@ -86,7 +98,81 @@ def _train_texts(files, tmp: Path):
     return tmp
 
 
+SFT_RECORDS = 2000  # records per fine-tuning file (a seeded sample)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _functions(stdlib: Path):
+    """(path, source, def node, docstring) of every documented function of the top-level stdlib modules."""
+    for path in sorted(stdlib.glob("*.py")):
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (doc := ast.get_docstring(node)):
+                yield path, source, node, doc
+
+
+def _prompt_completions(stdlib: Path):
+    """A function's def line(s) -> its docstring."""
+    for path, source, node, doc in _functions(stdlib):
+        lines = source.splitlines(keepends=True)
+        head = "".join(lines[node.lineno - 1: node.body[0].lineno - 1]).strip()
+        if head.startswith(("def ", "async def ")) and head.endswith(":") and len(doc) >= 20:
+            yield {"prompt": head + "\n", "completion": doc.strip(), "source": f"stdlib/{path.name}:{node.name}"}
+
+
+def _chats(stdlib: Path):
+    """A docstring with doctests -> system (its first line), then user (an example's source) /
+    assistant (its expected output) turns; examples without output join the next user turn."""
+    parser = doctest.DocTestParser()
+    for path, _, node, doc in _functions(stdlib):
+        try:
+            examples = parser.get_examples(doc)
+        except ValueError:
+            continue
+        messages, pending = [{"role": "system", "content": doc.strip().splitlines()[0].strip()}], []
+        for ex in examples:
+            pending.append(">>> " + ex.source.strip())
+            if ex.want.strip():
+                messages += [{"role": "user", "content": "\n".join(pending)},
+                             {"role": "assistant", "content": ex.want.strip()}]
+                pending = []
+        if len(messages) >= 3:
+            yield {"messages": messages, "source": f"stdlib/{path.name}:{node.name}"}
+
+
+def _write_records(path: Path, records, rng: random.Random):
+    records = list(records)
+    if len(records) > SFT_RECORDS:
+        records = [records[i] for i in sorted(rng.sample(range(len(records)), SFT_RECORDS))]
+    with path.open("w", encoding="utf-8", newline="\n") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return len(records)
+
+
+def write_sft():
+    rng = random.Random(SEED)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    n_pc = _write_records(HERE / "prompt_completion.jsonl", _prompt_completions(stdlib), rng)
+    n_chat = _write_records(HERE / "chat.jsonl", _chats(stdlib), rng)
+    (HERE / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n",
+                                                encoding="utf-8")
+    print(f"python {sys.version.split()[0]}: {n_pc} prompt/completion records, {n_chat} chats")
+
+
 def main():
+    if sys.argv[1:] == ["sft"]:
+        write_sft()
+        return
     rng = random.Random(SEED)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     prose = [(f"pydoc_data.topics:{k}", topics[k]) for k in sorted(topics)]
@@ -101,6 +187,7 @@ def main():
     finally:
         raw.unlink()
     print(f"python {sys.version.split()[0]}: {len(prose)} prose docs, {len(code)} code docs")
+    write_sft()
 
 
 if __name__ == "__main__":

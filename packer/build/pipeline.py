@@ -24,6 +24,7 @@ say what is complete, publish moves by the filesystem's copy and delete, and no 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -31,14 +32,15 @@ import numpy as np
 from packer import __version__
 from packer.build import owned, plan_stream, readers, resume, sources, writer
 from packer.build.executors import make_executor
+from packer.build.plan import Plan
 from packer.build.plan_stream import PlanIndex
-from packer.build.tokenize import tokenize_unit, unit_paths
-from packer.build.tokenizer import resolved_config, specials_manifest, tokenizer_info
+from packer.build.tokenize import tokenize_unit, trained_totals, unit_paths
+from packer.build.tokenizer import chat_template_manifest, resolved_config, specials_manifest, tokenizer_info
 from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.stats import report
-from packer.stats.figures import plan_source_figures, plan_stats
+from packer.stats.figures import add_trained, plan_source_figures, plan_stats
 from packer.store.formats import arrow
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
@@ -102,7 +104,8 @@ def _plan_stage(n_units: int, config, work, executor, source_units=(0,), progres
     return index
 
 
-def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="auto", unit_sources=None):
+def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="auto", unit_sources=None,
+                 loss_mask: bool = False):
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
     with Progress("write", plan.n_tokens, "tok", mode=progress) as bar:
@@ -118,14 +121,22 @@ def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="a
              *([unit_sources] if unit_sources else []))
             for k in range(plan.n_shards)
         ]
-        return executor.map(_write_task if unit_sources else writer.write_shard, args, on_done=done)
+        if unit_sources or loss_mask:  # named and described as write_shard in errors (executors.describe_call)
+            options = {"unit_sources": unit_sources} if unit_sources else {}
+            write = functools.update_wrapper(functools.partial(writer.write_shard, loss_mask=loss_mask, **options),
+                                             writer.write_shard)
+        else:
+            write = writer.write_shard
+        return executor.map(write, args, on_done=done)
 
 
-def _write_task(plan_path, shard, work_dir, out_dir, dtype, fmt, unit_sources) -> dict:
-    return writer.write_shard(plan_path, shard, work_dir, out_dir, dtype, fmt, unit_sources=unit_sources)
+def _shard_plans(plan: PlanIndex, work):
+    """Each shard's own plan, one at a time (packer/build/plan_stream.py)."""
+    for k in range(plan.n_shards):
+        yield Plan.load(fs.for_numpy(plan.shard_path(work / plan_stream.PLAN_DIR, k)))
 
 
-def _totals(unit_counters, plan: PlanIndex, config, skipped_files=()) -> dict:
+def _totals(unit_counters, plan: PlanIndex, config, work, skipped_files=()) -> dict:
     skipped: dict[str, int] = {}
     failed = {f["path"]: f["error"] for f in skipped_files}
     for c in unit_counters:
@@ -149,6 +160,7 @@ def _totals(unit_counters, plan: PlanIndex, config, skipped_files=()) -> dict:
         "sequences": plan.n_sequences,
         "pieces": plan.n_pieces,
         "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
+        **trained_totals(unit_counters, _shard_plans(plan, work), work),
     }
 
 
@@ -217,6 +229,8 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
             summary = sources.summary(plan, doc_lengths, counters, named.unit_sources, config)
             figures["sources"] = plan_source_figures(summary, named.names, counters, named.unit_sources,
                                                      config.context_length)
+        if trained := trained_totals(counters, (), work):  # fine-tuning data: trained share per strategy
+            add_trained(figures, trained["trained_tokens_in"])  # the strategies see every accepted example
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
@@ -234,10 +248,11 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
             "token_dtype": info.dtype.name,
         },
         "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
-                      **_shipped(info), **specials_manifest(info)},
+                      **_shipped(info), **specials_manifest(info),
+                      **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
         "shards": entries,
-        "totals": _totals(counters, plan, config, skipped_files),
+        "totals": _totals(counters, plan, config, work, skipped_files),
     }
     if named:
         summary = sources.summary(plan, doc_lengths, counters, named.unit_sources, config)
@@ -331,7 +346,9 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
                 owned.remove_work(out, record)
             raise
         plan = _plan_stage(len(units), config, work, executor, named.source_starts[:-1] if named else (0,), progress)
-        entries = _write_stage(plan, info, config, work, staged, executor, progress, named.unit_sources if named else None)
+        masked = any("trained_tokens" in c for c in counters)  # some unit holds records (packer/build/records.py)
+        entries = _write_stage(plan, info, config, work, staged, executor, progress,
+                               named.unit_sources if named else None, loss_mask=masked)
     finally:
         executor.close()
         for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write

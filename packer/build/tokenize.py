@@ -180,11 +180,17 @@ class _NpyAppender:
         self._staged.abort()
 
 
+def unit_mask_path(work_dir, index: int):
+    """The unit's loss mask (uint8, one per token of its tokens.npy), written only for record kinds."""
+    return fs.location(work_dir) / f"unit-{index:06d}.loss_mask.npy"
+
+
 def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: str) -> dict:
     """Tokenize one unit into its unit files (skipped if already complete); return its counters.
 
     A FileError fails the unit, or with on_file_error="skip" leaves it empty and named in
-    its counters ("file_error")."""
+    its counters ("file_error"). Records (config.input_kind other than text; packer/build/records.py)
+    also write unit-XXXXXX.loss_mask.npy, and the counters say how many tokens are trained."""
     paths = unit_paths(work_dir, unit.index)
     if paths["json"].exists():
         counters = json.loads(paths["json"].read_text(encoding="utf-8"))
@@ -196,26 +202,31 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
                              f"{unit.start}-{unit.end}): this _work/ was cut into units differently; "
                              "pass --overwrite to start over")
         return counters
+    kind = _unit_kind(unit, config)
+
+    def open_files():
+        mask = _NpyAppender(unit_mask_path(work_dir, unit.index), np.uint8) if kind != "text" else None
+        return _NpyAppender(paths["tokens.npy"], info.dtype), _NpyAppender(paths["lengths.npy"], np.int64), mask
+
     skips = SkipLog.empty(strict=config.strict)
-    tokens = _NpyAppender(paths["tokens.npy"], info.dtype)
-    lengths = _NpyAppender(paths["lengths.npy"], np.int64)
+    files = open_files()
     file_error = None
     try:
-        n_tokens = _tokenize_into(unit, info, config, skips, tokens, lengths)
+        n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind)
     except FileError as e:
-        tokens.abort()
-        lengths.abort()
+        for f in files:
+            f is None or f.abort()
         if config.on_file_error != "skip":
             raise
-        tokens = _NpyAppender(paths["tokens.npy"], info.dtype)
-        lengths = _NpyAppender(paths["lengths.npy"], np.int64)
-        skips, n_tokens, file_error = SkipLog.empty(), 0, e.cause
+        files = open_files()
+        skips, n_tokens, n_trained, file_error = SkipLog.empty(), 0, 0, e.cause
     except BaseException:
-        tokens.abort()
-        lengths.abort()
+        for f in files:
+            f is None or f.abort()
         raise
-    tokens.commit()
-    lengths.commit()
+    tokens, lengths, mask = files
+    for f in files:
+        f is None or f.commit()
     counters = {
         "unit": unit.index,
         "path": unit.path,
@@ -229,11 +240,26 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
         "tokens": n_tokens,
         "file_error": file_error,
     }
+    if mask is not None:  # record kinds only: text units keep their counters' bytes
+        counters["input_kind"] = kind
+        counters["trained_tokens"] = n_trained
     atomic.write_json(paths["json"], counters)
     return counters
 
 
-def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender) -> int:
+def _unit_kind(unit: Unit, config: BuildConfig) -> str:
+    if config.input_kind != "auto":
+        return config.input_kind
+    from packer.build.record_reader import detect_kind
+
+    return detect_kind(unit, config)
+
+
+def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender,
+                   mask: _NpyAppender | None = None, *, kind: str = "text") -> tuple[int, int]:
+    """Encode the unit into the appenders: (tokens written, tokens trained: all of them for text)."""
+    if kind != "text":
+        return _records_into(unit, info, config, skips, tokens, lengths, mask, kind)
     tok = load_tokenizer(info.path)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
                       max_doc_bytes=config.max_doc_bytes)
@@ -242,4 +268,63 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
         tokens.append(flat)
         lengths.append(doc_lengths)
         n_tokens += len(flat)
-    return n_tokens
+    return n_tokens, n_tokens
+
+
+RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)
+
+
+def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str) -> tuple[int, int]:
+    """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/build/records.py)."""
+    from packer.build.record_reader import read_records
+    from packer.build.records import RecordEncoder
+
+    encoder = RecordEncoder(kind, info, config, encode_texts)
+    fields = encoder.fields()
+    fix = {"chat": "choose the column with --messages-field", "prompt-completion": "choose it with --prompt-field",
+           "tokens": "choose it with --ids-field"}[kind]
+    records = read_records(unit, skips, fields, max_doc_bytes=config.max_doc_bytes, fix=fix)
+    n_tokens = n_trained = 0
+    for batch in iter(lambda: list(itertools.islice(records, RECORD_BATCH)), []):
+        encoded = encoder.encode(batch, skips)
+        tokens.append(encoded.ids)
+        lengths.append(encoded.lengths)
+        mask.append(encoded.mask)
+        n_tokens += len(encoded.ids)
+        n_trained += int(np.count_nonzero(encoded.mask))
+    return n_tokens, n_trained
+
+
+def piece_trained(plan, work_dir, n_units: int) -> np.ndarray | None:
+    """Trained tokens of every planned piece (int64, aligned with plan.piece_len), from the units'
+    loss masks (a unit without one: all trained); None when no unit has a mask.
+
+        unit 0 mask [0, 0, 1, 1, 1], pieces (unit 0, start 1, len 3), (0, 4, 1)  ->  [2, 1]
+    """
+    paths = [unit_mask_path(work_dir, u) for u in range(n_units)]
+    if not any(p.exists() for p in paths):
+        return None
+    trained = plan.piece_len.astype(np.int64).copy()
+    order = np.argsort(plan.piece_unit, kind="stable")
+    bounds = np.searchsorted(plan.piece_unit[order], np.arange(n_units + 1))
+    for u, path in enumerate(paths):
+        at = order[bounds[u]:bounds[u + 1]]
+        if len(at) and path.exists():
+            mask = np.load(fs.for_numpy(path), mmap_mode=None if fs.is_remote(path) else "r")
+            sums = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+            trained[at] = sums[plan.piece_start[at] + plan.piece_len[at]] - sums[plan.piece_start[at]]
+    return trained
+
+
+def trained_totals(unit_counters, plans, work) -> dict:
+    """The manifest totals' trained_tokens (input: every accepted example; output: what the shards
+    train) when some unit holds records; {} for text builds, which keep their bytes. `plans`: the
+    shards' plans (an iterable: one shard's plan in memory at a time)."""
+    if not any("trained_tokens" in c for c in unit_counters):
+        return {}
+    stored = 0
+    for plan in plans:
+        trained = piece_trained(plan, work / "units", len(unit_counters))
+        stored += int(trained.sum()) if trained is not None else 0
+    trained_in = sum(c.get("trained_tokens", c["tokens"]) for c in unit_counters)
+    return {"trained_tokens_in": trained_in, "trained_tokens": stored}

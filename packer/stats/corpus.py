@@ -7,6 +7,7 @@ whose file fails under on_file_error="skip" counts none of its documents, as the
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 
@@ -28,6 +29,11 @@ def corpus_lengths(inputs, tokenizer: str, config: BuildConfig, *, sample: int |
 
     if sample is not None and sample < 1:
         raise ValueError(f"--sample must be >= 1 documents, got {sample}")
+    if config.input_kind != "text":
+        if sample is not None:
+            raise ValueError(f"--sample measures text documents; drop it for --input-kind {config.input_kind} "
+                             "(every record is encoded)")
+        return record_lengths(inputs, tokenizer, config)[0], None
     files = expand_inputs(inputs)
     info = tokenizer_info(tokenizer, config)
     tok = load_tokenizer(info.path)
@@ -90,3 +96,50 @@ def _offer(heap: list, entry: tuple, size: int):
         heapq.heappush(heap, entry)
     elif entry[0] > heap[0][0]:  # a smaller key than the largest kept
         heapq.heapreplace(heap, entry)
+
+
+def record_lengths(inputs, tokenizer: str, config: BuildConfig):
+    """Fine-tuning records (config.input_kind other than text) measured as `packer build` stores them:
+    (tokens per example int64, trained tokens in all, trained tokens inside each example's first
+    context_length tokens, summed: what truncating keeps). Reads, skips and encodes exactly as the
+    build's tokenize stage (packer/build/records.py); a text file under input_kind auto counts
+    every token as trained. No sampling: every record is encoded."""
+    import itertools
+
+    from packer.build import readers
+    from packer.build.inputs import expand_inputs
+    from packer.build.record_reader import read_records
+    from packer.build.records import RecordEncoder
+    from packer.build.tokenize import RECORD_BATCH, _unit_kind, encode_texts
+    from packer.build.tokenizer import tokenizer_info
+
+    info = tokenizer_info(tokenizer, config)
+    skipped_files = [] if config.on_file_error == "skip" else None
+    units = readers.plan_units(expand_inputs(inputs), config.unit_bytes, text_split=config.text_split,
+                               skipped_files=skipped_files)
+    lengths, trained, truncated = [], 0, 0
+    L = config.context_length
+    for unit in units:
+        kind = _unit_kind(unit, config)
+        if kind == "text":
+            text_config = dataclasses.replace(config, input_kind="text")  # the whole file, read once, by its first unit
+            n = corpus_lengths([unit.path], tokenizer, text_config)[0] if unit.start == 0 else np.zeros(0, np.int64)
+            lengths.append(n)
+            trained += int(n.sum())
+            truncated += int(np.minimum(n, L).sum())
+            continue
+        encoder = RecordEncoder(kind, info, config, encode_texts)
+        skips = readers.SkipLog.empty(strict=config.strict)
+        records = read_records(unit, skips, encoder.fields(), max_doc_bytes=config.max_doc_bytes)
+        try:
+            for batch in iter(lambda: list(itertools.islice(records, RECORD_BATCH)), []):
+                enc = encoder.encode(batch, skips)
+                starts = np.cumsum(enc.lengths) - enc.lengths
+                cum = np.concatenate([[0], np.cumsum(enc.mask, dtype=np.int64)])
+                lengths.append(enc.lengths)
+                trained += int(cum[-1])
+                truncated += int((cum[starts + np.minimum(enc.lengths, L)] - cum[starts]).sum())
+        except readers.FileError:
+            if config.on_file_error != "skip":
+                raise
+    return (np.concatenate(lengths) if lengths else np.zeros(0, np.int64)), trained, truncated

@@ -26,11 +26,18 @@ def measure(inputs, *, tokenizer=None, config=None, batch_size: int = 8, sample:
         return figures.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
     if not tokenizer or config is None:
         raise ValueError("a raw corpus needs --tokenizer PATH and --context-length N (or give one built dataset directory)")
-    from packer.stats.corpus import corpus_lengths
+    from packer.stats.corpus import corpus_lengths, record_lengths
 
-    lengths, sampled = corpus_lengths(inputs, tokenizer, config, sample=sample, seed=config.seed)
+    trained = None
+    if config.input_kind != "text" and sample is None:  # fine-tuning records: lengths and trained tokens at once
+        lengths, *trained = record_lengths(inputs, tokenizer, config)
+        sampled = None
+    else:
+        lengths, sampled = corpus_lengths(inputs, tokenizer, config, sample=sample, seed=config.seed)
     out = figures.corpus_stats(lengths, config.context_length, batch_size=batch_size, seed=config.seed,
                                algorithm=config.algorithm, sample=sampled, inputs=inputs)
+    if trained is not None:
+        figures.add_trained(out, *trained)
     if online:
         from packer.train.online import online_fill_rate
 

@@ -93,6 +93,8 @@ def strategy_rows(f: dict) -> list[tuple[str, ...]]:
         if "fill_rate" in s:
             note = f"fill {s['fill_rate']:.4f}, {s['sequences']:,} vs lower bound {s['lower_bound']:,} (+{s['bins_over_lower_bound']:,})"
         lost = f"{s['tokens_lost']:,} ({_pct(s['tokens_lost_share'])})" if s["tokens_lost"] else "0"
+        if "trained_share" in s:  # fine-tuning data: the share of compute slots that trains
+            note = f"trained {_pct(s['trained_share'])}" + (f"; {note}" if note else "")
         rows.append((LABELS[key].format(B=f["batch_size"]), f"{s['sequences']:,}", f"{s['compute_slots']:,.0f}",
                      _pct(s["padding_share"]), lost, note))
     return rows

@@ -100,3 +100,30 @@ def _all_sized(column, low: int, high: int) -> bool:
         return True
     bounds = pc.min_max(pc.binary_length(column))
     return bounds["min"].as_py() >= low and bounds["max"].as_py() <= high
+
+
+def check_record_columns(schema, fields: tuple[str, ...], path: str, fix: str):
+    """FileError unless `schema` has at least the first of `fields` (the others are optional)."""
+    if fields[0] not in schema.names:
+        raise FileError(path, f"no column {fields[0]!r} (columns: {', '.join(schema.names)}; {fix})")
+
+
+def column_records(batch, fields: tuple[str, ...], first_row: int, path: str):
+    """(where, record) per row of an Arrow record batch: the present `fields` as Python values,
+    keys whose value is null left out (as transformers drops None keys of chat messages):
+
+        columns messages: list<struct<role, content, tool_calls>>
+        row 0  [{"role": "user", "content": "Hi", "tool_calls": None}]  ->  ("a.parquet row 0", {"messages": [{"role": "user", "content": "Hi"}]})
+    """
+    names = [f for f in fields if f in batch.schema.names]
+    columns = [batch.column(name).to_pylist() for name in names]
+    for i, values in enumerate(zip(*columns)):
+        yield f"{path} row {first_row + i}", {k: _without_nulls(v) for k, v in zip(names, values) if v is not None}
+
+
+def _without_nulls(value):
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value

@@ -1,0 +1,146 @@
+"""How close is a chat build's tokenize stage to the tokenizer encoding the rendered texts?
+
+    python benchmarks/bench_sft.py                 # 20,000 conversations
+    python benchmarks/bench_sft.py --chats 5000    # quicker
+    python benchmarks/bench_sft.py --long-turns    # assistant turns of typical SFT length
+
+Rows, each timed in this run, one thread (RAYON_NUM_THREADS=1, steadier on a shared machine), on
+the same generated corpus (sample_data/chat.jsonl's conversations, repeated with their turns
+shuffled and numbers varied, as JSONL) with the sample tokenizer and its ChatML-style template:
+
+    encode_batch_fast   the tokenizer over the rendered texts, already in memory (ids only)
+    encode_batch        the same with offsets (what finding trained tokens needs)
+    render only         the template: the whole conversation, plus the prefixes of each trained turn
+    stage               tokenize_unit on the JSONL: read, render, encode once, map spans to tokens,
+                        write unit files (tokens, lengths, loss mask); trained spans from prefixes
+                        (two renders of a prefix per trained turn: quadratic in the turns)
+    stage, generation   the same with the template's {% generation %} variant (one render per
+                        conversation; the same text and mask)
+
+"ratio" is the stage's throughput / encode_batch_fast's (the issue's target: >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packer
+TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
+SEED = 0
+GENERATION_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{ message['content'] + eos_token + '\\n' }}{% endgeneration %}{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+BATCH = 256  # records per encode call, as the stage (packer/build/tokenize.py RECORD_BATCH)
+
+
+def make_corpus(path: Path, n_chats: int, long_turns: bool = False) -> list[list[dict]]:
+    """With long_turns, each assistant answer continues with ~1,500 characters of sample prose (a
+    typical SFT turn is hundreds of tokens; the sample's doctest answers are a few)."""
+    rng = random.Random(SEED)
+    base = [json.loads(line)["messages"] for line in open(ROOT / "sample_data" / "chat.jsonl", encoding="utf-8")]
+    prose = [json.loads(line)["text"] for line in open(ROOT / "sample_data" / "prose.jsonl", encoding="utf-8")]
+    chats = []
+    for k in range(n_chats):
+        messages = [dict(m) for m in base[k % len(base)]]
+        if k >= len(base):  # later rounds: shuffle the exchanges, vary a number
+            head = messages[:1] if messages[0]["role"] == "system" else []
+            pairs = [messages[i:i + 2] for i in range(len(head), len(messages) - 1, 2)]
+            rng.shuffle(pairs)
+            messages = head + [m for p in pairs for m in p]
+            messages[-1]["content"] += f" ({rng.randrange(10**6)})"
+        if long_turns:
+            for m in messages:
+                if m["role"] == "assistant":
+                    m["content"] = (m["content"] + "\n\n" + rng.choice(prose)[:1500]).strip()
+        chats.append(messages)
+    with path.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": m}) + "\n" for m in chats)
+    return chats
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chats", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3, help="time each row this many times, keep the best")
+    parser.add_argument("--long-turns", action="store_true", help="assistant turns of ~1,500 characters")
+    args = parser.parse_args()
+    import numpy
+    import tokenizers
+
+    from packer.build.chat import ChatTemplate
+    from packer.build.readers import plan_units
+    from packer.build.records import _chat_tokenizer
+    from packer.build.tokenize import tokenize_unit
+    from packer.build.tokenizer import chat_template_of, template_specials, tokenizer_info
+    from packer.config import BuildConfig
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
+    print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, numpy {numpy.__version__}, "
+          f"RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
+    config = BuildConfig(input_kind="chat", context_length=2048)
+    info = tokenizer_info(TOKENIZER, config)
+    template = ChatTemplate(chat_template_of(TOKENIZER)[0], template_specials(info), config.roles)
+    tok = _chat_tokenizer(TOKENIZER)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "chats.jsonl"
+        chats = make_corpus(path, args.chats, args.long_turns)
+        texts = [template.render(m) for m in chats]
+        batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+        print(f"corpus: {len(chats):,} conversations, {path.stat().st_size / 1e6:.1f} MB JSONL, "
+              f"{sum(map(len, texts)) / 1e6:.1f} M characters rendered")
+
+        def best(fn):
+            times = []
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                n = fn()
+                times.append(time.perf_counter() - t)
+            return min(times), n
+
+        rows = {
+            "encode_batch_fast": best(lambda: sum(len(e) for b in batches for e in tok.encode_batch_fast(b, add_special_tokens=False))),
+            "encode_batch": best(lambda: sum(len(e) for b in batches for e in tok.encode_batch(b, add_special_tokens=False))),
+            "render only": best(lambda: sum(len(template.spans(m, "")[1]) for m in chats) * 0),
+        }
+
+        trained = set()
+
+        def stage():
+            work = tempfile.mkdtemp(dir=tmp)
+            units = plan_units([str(path)], config.unit_bytes)
+            counters = [tokenize_unit(u, info, config, work) for u in units]
+            trained.add(sum(c["trained_tokens"] for c in counters))
+            return sum(c["tokens"] for c in counters)
+
+        rows["stage"] = best(stage)
+        marked = Path(tmp) / "generation.jinja"
+        marked.write_text(GENERATION_TEMPLATE, encoding="utf-8")
+        config = BuildConfig(input_kind="chat", context_length=2048, chat_template=str(marked))
+        rows["stage, generation"] = best(stage)
+        n_tokens = rows["encode_batch_fast"][1]
+        assert rows["stage"][1] == rows["stage, generation"][1] == n_tokens  # same tokens: packer adds none for chat
+        assert len(trained) == 1  # the same trained tokens both ways
+        base = rows["encode_batch_fast"][0]
+        print(f"{'case':<20}{'seconds':>9}{'Mtok/s':>9}{'ratio':>8}")
+        for name, (seconds, _) in rows.items():
+            rate = f"{n_tokens / seconds / 1e6:9.3f}" if name != "render only" else f"{'-':>9}"
+            print(f"{name:<20}{seconds:>9.3f}{rate}{base / seconds:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()

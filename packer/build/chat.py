@@ -1,0 +1,184 @@
+"""Chat templates: a conversation -> its rendered text and the character spans of its trained turns.
+
+    messages  [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    template  ChatML-style:  <|im_start|>ROLE\\nCONTENT<|im_end|>\\n   (generation prompt <|im_start|>assistant\\n)
+
+    text      <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
+    spans                                                       [------------------)   (41, 60)
+                                                                Hello!<|im_end|>\\n
+
+The template is rendered as transformers' `apply_chat_template` renders it (a sandboxed Jinja
+environment with trim_blocks and lstrip_blocks, `raise_exception`, `tojson`, `strftime_now`,
+loop controls, the tokenizer's bos_token / eos_token / ... as variables), and the trained spans
+come from the template itself, one of two ways:
+
+- `{% generation %} ... {% endgeneration %}` blocks, where the template has them: each block's
+  output is a span (train_roles is then not read: the template says what the model generates).
+- Otherwise, prefixes: for a trained turn k, the text of turns 0..k-1 with the generation prompt
+  (for an assistant turn; without it for other roles) must be a prefix of the text of turns 0..k,
+  which must be a prefix of the whole conversation's text; the span is what lies between. A
+  template for which a prefix is not a prefix (one that rewrites earlier turns once later ones
+  exist) is refused: TemplateRefused names the record and the first difference.
+
+A record the template itself rejects (raise_exception: "roles must alternate", an undefined
+variable) is a RecordError with reason template_error: skipped and counted, like any bad record.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from datetime import datetime
+
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+class TemplateRefused(ValueError):
+    """The template cannot give exact trained spans: the build stops (one line: record, turn, difference)."""
+
+
+class RecordError(ValueError):
+    """One record cannot be used (`reason` is its skip reason)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason, detail)
+        self.reason, self.detail = reason, detail
+
+
+def _generation_extension():
+    import jinja2
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        """{% generation %}...{% endgeneration %}: record the character span of the block's output
+        in the text rendered so far (as transformers' AssistantTracker does)."""
+
+        tags = {"generation"}
+
+        def __init__(self, environment):
+            super().__init__(environment)
+            environment.extend(generation_tracking=None)
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_track"), [], [], body).set_lineno(lineno)
+
+        def _track(self, caller):
+            out = caller()
+            tracking = self.environment.generation_tracking
+            if tracking is not None:
+                blocks, spans = tracking
+                start = sum(map(len, blocks))
+                spans.append((start, start + len(out)))
+            return out
+
+    return Generation
+
+
+@functools.lru_cache(maxsize=8)
+def compile_template(source: str):
+    """The template compiled in transformers' environment (see the module docstring)."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_generation_extension(), jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"the chat template is not valid Jinja (line {e.lineno}: {e.message}); fix it or give "
+                         "another with --chat-template FILE") from None
+
+
+class ChatTemplate:
+    """One compiled template with the tokenizer's special-token strings; renders conversations and
+    finds their trained spans (module docstring)."""
+
+    def __init__(self, source: str, specials: dict[str, str], roles: tuple[str, ...]):
+        self.template = compile_template(source)
+        self.specials = dict(specials)
+        self.roles = frozenset(roles)
+        self.has_generation = GENERATION.search(source) is not None
+        self._variables = {**self.template.globals, "tools": None, "documents": None, **self.specials}
+
+    def render(self, messages: list, add_generation_prompt: bool = False) -> str:
+        """Template.render, minus its per-call merge of the globals into the variables (done once,
+        in __init__): the same context, 2.6x faster on an 8-turn ChatML conversation (48 against
+        127 us, 2026-12-01), which matters as a conversation renders once per trained turn twice."""
+        context = self.template.new_context({**self._variables, "messages": messages,
+                                             "add_generation_prompt": add_generation_prompt}, shared=True)
+        return "".join(self.template.root_render_func(context))
+
+    def _render_tracked(self, messages: list) -> tuple[str, list[tuple[int, int]]]:
+        blocks, spans = [], []
+        env = self.template.environment
+        env.generation_tracking = (blocks, spans)
+        try:
+            for block in self.template.generate(messages=messages, tools=None, documents=None,
+                                                add_generation_prompt=False, **self.specials):
+                blocks.append(block)
+        finally:
+            env.generation_tracking = None
+        return "".join(blocks), spans
+
+    def spans(self, messages: list, where: str) -> tuple[str, list[tuple[int, int]]]:
+        """(text, [(start, end), ...] character spans to train, in order, not overlapping)."""
+        import jinja2
+
+        try:
+            if self.has_generation:
+                text, spans = self._render_tracked(messages)
+                return text, [(a, b) for a, b in spans if b > a]
+            text = self.render(messages)
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
+            raise RecordError("template_error", f"{type(e).__name__}: {e}") from None
+        return text, self._prefix_spans(messages, text, where)
+
+    def _prefix_spans(self, messages: list, text: str, where: str) -> list[tuple[int, int]]:
+        spans = []
+        for k, message in enumerate(messages):
+            if message["role"] not in self.roles:
+                continue
+            head = self._prefix(messages[:k], message["role"] == "assistant", where, k)
+            turn = self._prefix(messages[: k + 1], False, where, k)
+            self._require_prefix(head, turn, where, k, "the turns before it" + (" + the generation prompt" if
+                                 message["role"] == "assistant" else ""), "the conversation up to it")
+            self._require_prefix(turn, text, where, k, "the conversation up to it", "the whole conversation")
+            if len(turn) > len(head):
+                spans.append((len(head), len(turn)))
+        return spans
+
+    def _prefix(self, messages: list, generation_prompt: bool, where: str, k: int) -> str:
+        import jinja2
+
+        try:
+            return self.render(messages, add_generation_prompt=generation_prompt)
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
+            if not messages and not generation_prompt:
+                return ""  # many templates read messages[0]: no turn before the first renders as nothing
+            raise TemplateRefused(f"{where}: the chat template fails on the first {k} turns of the conversation "
+                                  f"({type(e).__name__}: {e}), so the span of turn {k} cannot be found; "
+                                  "use a template with {% generation %} blocks (--chat-template FILE)") from None
+
+    @staticmethod
+    def _require_prefix(short: str, long: str, where: str, k: int, short_name: str, long_name: str):
+        if long.startswith(short):
+            return
+        at = next((i for i, (a, b) in enumerate(zip(short, long)) if a != b), min(len(short), len(long)))
+        raise TemplateRefused(
+            f"{where}: the chat template breaks the prefix property at turn {k}: the text of {short_name} is not a "
+            f"prefix of the text of {long_name} (they differ at character {at}: {short[at:at + 40]!r} vs "
+            f"{long[at:at + 40]!r}), so its trained tokens cannot be found exactly; use a template that renders "
+            "earlier turns the same whatever follows, or one with {% generation %} blocks (--chat-template FILE)")
