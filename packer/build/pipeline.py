@@ -117,8 +117,7 @@ def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="a
             failpoints.hit("write", n_done)
 
         args = [
-            (str(plan.shard_path(work / plan_stream.PLAN_DIR, k)), k, str(work), str(out), info.dtype.name, config.format,
-             *([unit_sources] if unit_sources else []))
+            (str(plan.shard_path(work / plan_stream.PLAN_DIR, k)), k, str(work), str(out), info.dtype.name, config.format)
             for k in range(plan.n_shards)
         ]
         if unit_sources or loss_mask:  # named and described as write_shard in errors (executors.describe_call)
