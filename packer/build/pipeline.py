@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from packer import __version__
-from packer.build import readers, resume, writer
+from packer.build import changed, readers, resume, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan, plan_bins
 from packer.build.tokenize import tokenize_unit, unit_paths
@@ -254,10 +254,12 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
         (work / "units").mkdir(parents=True, exist_ok=True)
         executor = make_executor(job)
         try:
+            changed.refuse_changed(units, work / "units", executor, stage="resume")  # finished units' inputs
             counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
             _check_accepted(counters, config, work)
             plan = _plan_stage(len(units), config, work)
             entries = _write_stage(plan, info, config, work, out, executor, progress)
+            changed.refuse_changed(units, work / "units", executor, stage="finalize")  # edited during the build?
         finally:
             executor.close()
             for d in (work / "units", work / "shards", out):  # left by a worker stopped mid-write

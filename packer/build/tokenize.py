@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from packer.build import changed
 from packer.build.readers import FileError, SkipLog, Unit, read_unit
 from packer.build.readers.common import Utf8Text
 from packer.build.tokenizer import TokenizerInfo, load_tokenizer
@@ -248,8 +249,9 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
     tokens = _NpyAppender(paths["tokens.npy"], info.dtype)
     lengths = _NpyAppender(paths["lengths.npy"], np.int64)
     file_error = None
+    sums = changed.InputSum() if changed.ENABLED else None
     try:
-        n_tokens = _tokenize_into(unit, info, config, skips, tokens, lengths)
+        n_tokens = _tokenize_into(unit, info, config, skips, tokens, lengths, sums)
     except FileError as e:
         tokens.abort()
         lengths.abort()
@@ -257,7 +259,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
             raise
         tokens = _NpyAppender(paths["tokens.npy"], info.dtype)
         lengths = _NpyAppender(paths["lengths.npy"], np.int64)
-        skips, n_tokens, file_error = SkipLog.empty(), 0, e.cause
+        skips, n_tokens, file_error, sums = SkipLog.empty(), 0, e.cause, None
     except BaseException:
         tokens.abort()
         lengths.abort()
@@ -276,15 +278,16 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
         "skip_examples": skips.examples,
         "tokens": n_tokens,
         "file_error": file_error,
+        "input": sums and sums.record(),  # what was read, hashed: packer/build/changed.py
     }
     atomic.write_json(paths["json"], counters)
     return counters
 
 
-def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender) -> int:
+def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender, sums=None) -> int:
     tok = load_tokenizer(info.path)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
-                      max_doc_bytes=config.max_doc_bytes)
+                      max_doc_bytes=config.max_doc_bytes, sums=sums)
     n_tokens = 0
     for flat, doc_lengths in encode_parts(tok, texts, dtype=info.dtype, eos_id=info.eos_id, bos_id=info.bos_id):
         tokens.append(flat)

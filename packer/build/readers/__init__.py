@@ -138,8 +138,9 @@ def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_file
 
 
 def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_split: str = "file",
-              max_doc_bytes: int = UNBOUNDED):
-    """Yield the text of each valid document of the unit, in file order; count the rest in `skips`.
+              max_doc_bytes: int = UNBOUNDED, sums=None):
+    """Yield the text of each valid document of the unit, in file order; count the rest in `skips`;
+    with `sums` (packer/build/changed.InputSum), hash the stored bytes the reader reads into it.
 
     Problems with the file itself (unreadable, corrupt or truncated stream, no text column)
     raise FileError; bad records never do (unless skips.strict)."""
@@ -148,7 +149,7 @@ def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_spli
     reader = reader_for(unit.format)
     try:
         yield from reader.texts(unit, fs.location(unit.path), skips, text_field=text_field, text_split=text_split,
-                                max_doc_bytes=max_doc_bytes)
+                                max_doc_bytes=max_doc_bytes, sums=sums)
     except FileError:
         raise
     except (OSError, EOFError, pa.ArrowException) as e:

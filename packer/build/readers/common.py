@@ -104,8 +104,9 @@ class Reader(Protocol):
         """(start, end, size) of each unit of one file."""
 
     def texts(self, unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str,
-              max_doc_bytes: int) -> Iterator[str]:
-        """The unit's valid documents in file order; every other record counted in `skips`."""
+              max_doc_bytes: int, sums=None) -> Iterator[str]:
+        """The unit's valid documents in file order; every other record counted in `skips`; with `sums`
+        (packer/build/changed.InputSum), the stored bytes it read hashed into it while it reads them."""
 
 
 def whole_file(place) -> list[tuple[int, int, int]]:
@@ -118,10 +119,11 @@ def byte_ranges(place, unit_bytes: int) -> list[tuple[int, int, int]]:
     return [(s, min(s + unit_bytes, size), min(unit_bytes, size - s)) for s in range(0, max(size, 1), unit_bytes)]
 
 
-def open_lines(unit: Unit, place):
+def open_lines(unit: Unit, place, sums=None):
     """(stream, pos, end, head): the unit's text as UTF-8 bytes, the stream positioned at `pos`, the
     first line that starts in the unit; the unit owns the lines that start before `end`, counted
     in the stream's own bytes; `head` is the file's first bytes of text (about HEAD_BYTES).
+    With `sums` (packer/build/changed.InputSum), every stored byte read is hashed into it.
 
     A compressed file is decompressed from 0 after checking its codec's magic bytes. A UTF-8
     byte-order mark is dropped (the first line starts after it, and still belongs to the unit
@@ -129,7 +131,7 @@ def open_lines(unit: Unit, place):
     byte 0; its other units read nothing (byte ranges of UTF-16 cannot be cut at newlines)."""
     if unit.compression is not None:
         _check_magic(unit, place)
-    f = fs.open_stream(place, unit.compression)
+    f = fs.open_stream(place, unit.compression) if sums is None else _open_hashed(place, unit.compression, sums)
     try:
         head = f.read(HEAD_BYTES)
         encoding, bom = bom_encoding(head)
@@ -149,6 +151,20 @@ def open_lines(unit: Unit, place):
     except BaseException:
         f.close()
         raise
+
+
+def _open_hashed(place, compression: str | None, sums):
+    """fs.open_stream's stream, its stored bytes hashed into `sums` as they are read (below the
+    decompressor for a .gz/.zst file)."""
+    import pyarrow as pa
+
+    from packer.build.changed import HashingReader
+
+    sums.file_bytes = fs.size(place)
+    raw = HashingReader(place.open("rb"), sums)
+    if compression is None:
+        return raw
+    return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), compression)
 
 
 def _check_magic(unit: Unit, place):
