@@ -63,7 +63,10 @@ class InputSum:
             for at, data in _read_range(f, offset, length):
                 self.add(at, data)
 
-    def record(self) -> dict:
+    def record(self) -> dict | None:
+        """The JSON record; None when no read came through here (a reader that does not hash)."""
+        if self.file_bytes is None:
+            return None
         return {"hash": HASH, "digest": self._hash.hexdigest(), "file_bytes": self.file_bytes, "ranges": self.ranges}
 
 

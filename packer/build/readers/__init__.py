@@ -147,9 +147,10 @@ def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_spli
     import pyarrow as pa
 
     reader = reader_for(unit.format)
+    skips.sums = sums  # a reader that does not hash leaves it empty: the unit has no record
     try:
         yield from reader.texts(unit, fs.location(unit.path), skips, text_field=text_field, text_split=text_split,
-                                max_doc_bytes=max_doc_bytes, sums=sums)
+                                max_doc_bytes=max_doc_bytes)
     except FileError:
         raise
     except (OSError, EOFError, pa.ArrowException) as e:

@@ -17,12 +17,12 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
     return whole_file(place)
 
 
-def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int, sums=None):
+def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
     with fs.open_arrow(place) as f:
-        if sums is not None:  # the whole file, hashed before it is decoded: a change after this is caught
+        if (sums := skips.sums) is not None:  # the whole file, hashed before it is decoded: a change after this is caught
             sums.file_bytes = f.size()
             sums.add_ranges(f, [(0, f.size())])
             f.seek(0)

@@ -69,13 +69,15 @@ FIXES = {"too_large": "longer than --max-doc-bytes (raise the limit with --max-d
 
 @dataclass
 class SkipLog:
-    """Skipped records of one unit: counts by reason and the first few examples.
+    """Skipped records of one unit: counts by reason and the first few examples; and, in `sums` when
+    set (packer/build/changed.InputSum), what the reader read of the file, hashed while it reads.
 
     With strict=True the first skip raises ValueError instead (the run stops there)."""
 
     counts: Counter
     examples: list
     strict: bool = False
+    sums: object = None
 
     @classmethod
     def empty(cls, strict: bool = False) -> "SkipLog":
@@ -104,9 +106,9 @@ class Reader(Protocol):
         """(start, end, size) of each unit of one file."""
 
     def texts(self, unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str,
-              max_doc_bytes: int, sums=None) -> Iterator[str]:
-        """The unit's valid documents in file order; every other record counted in `skips`; with `sums`
-        (packer/build/changed.InputSum), the stored bytes it read hashed into it while it reads them."""
+              max_doc_bytes: int) -> Iterator[str]:
+        """The unit's valid documents in file order; every other record counted in `skips`, and, when
+        `skips.sums` is set, every stored byte read hashed into it as it is read."""
 
 
 def whole_file(place) -> list[tuple[int, int, int]]:

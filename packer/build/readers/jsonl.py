@@ -43,8 +43,8 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
     return whole_file(place) if compression else byte_ranges(place, unit_bytes)
 
 
-def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int, sums=None):
-    f, pos, end, head = open_lines(unit, place, sums)
+def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
+    f, pos, end, head = open_lines(unit, place, skips.sums)
     with f:
         if _is_array(unit.path, head):
             if unit.start == 0:  # later byte ranges of an array file read nothing

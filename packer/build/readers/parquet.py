@@ -43,14 +43,14 @@ def group_runs(sizes: list[int], unit_bytes: int) -> list[tuple[int, int, int]]:
     return runs
 
 
-def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int, sums=None):
+def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
     import pyarrow.parquet as pq
 
     with fs.open_arrow(place) as f:
         pf = pq.ParquetFile(f)  # the footer, read once for the unit's row groups
         check_text_column(pf.schema_arrow, text_field, unit.path)
         meta = pf.metadata
-        if sums is not None:  # hashed before pyarrow decodes them: a change after this is caught
+        if (sums := skips.sums) is not None:  # hashed before pyarrow decodes them: a change after this is caught
             sums.file_bytes = f.size()
             sums.add_ranges(f, read_ranges(meta, unit, f))
         row = sum(meta.row_group(i).num_rows for i in range(unit.start))  # the unit's first row in the file

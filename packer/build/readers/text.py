@@ -37,8 +37,8 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
     return whole_file(place)
 
 
-def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int, sums=None):
-    f, pos, end, _ = open_lines(unit, place, sums)
+def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
+    f, pos, end, _ = open_lines(unit, place, skips.sums)
     with f:
         if pos >= end and unit.start > 0:
             return  # no line starts in this byte range (or its file is UTF-16/32, read by the unit at 0)
