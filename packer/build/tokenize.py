@@ -8,10 +8,12 @@ presence means the unit is complete and is never redone):
 
     unit-000007.tokens.npy   all token ids of the unit's accepted documents, concatenated
     unit-000007.lengths.npy  int64 length of each document (eos/bos included)
-    unit-000007.json         counters: docs read / accepted / skipped by reason, examples
+    unit-000007.json         counters: docs read / accepted / skipped by reason, examples, and
+                             `input`, the hash of what was read (packer/build/changed.py)
 
 Both .npy files stream to disk while the unit is read, so a worker's memory does not grow
-with the unit. Speed (benchmarks/bench_tokenize.py, 50 MB of JSONL, a busy 2-core machine,
+with the unit, nor with one huge document (encode_parts: a 200 MB document's ids are never
+gathered; its text is a readers.common.Utf8Text, encoded a window at a time). Speed (benchmarks/bench_tokenize.py, 50 MB of JSONL, a busy 2-core machine,
 2026-11-29): --workers 1 ran at 0.95 of Tokenizer.encode_batch_fast on the same texts in
 memory (0.96 in CPU seconds), --workers 2 at 1.05 (0.98 in CPU seconds) in another run;
 starting a 2-worker pool costs ~1.2 s once. Runs on that machine vary by +-20%.
@@ -150,7 +152,7 @@ def encode_parts(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None,
 _NO_LENGTHS = np.zeros(0, dtype=np.int64)
 
 
-def _long_parts(tok, text: str, dtype, eos_id: int | None, bos_id: int | None, piece_chars: int):
+def _long_parts(tok, text: str | Utf8Text, dtype, eos_id: int | None, bos_id: int | None, piece_chars: int):
     """One long document's parts: [bos], the ids of each piece, then [eos] with the document's length."""
     n = 0
     if bos_id is not None:
