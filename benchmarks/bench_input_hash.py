@@ -13,6 +13,18 @@ Rows, timed in this process, one core (inline executor, RAYON_NUM_THREADS=1), ro
     hash alone              blake2b-128 over the corpus bytes in memory (the floor of both)
 
 "ratio" is the row's CPU seconds over the "hashing off" row's. Target: hashing on within ~2%.
+
+2026-12-01, busy shared 2-core box (wall times 5x the CPU times), --mb 10 --repeat 3:
+
+    JSONL 10.0 MB, 8 units     cpu s   ratio        JSONL.gz 2.9 MB    cpu s   ratio
+    tokenize, hashing off      2.913  1.0000        hashing off        2.813  1.0000
+    tokenize, hashing on       2.797  0.9602        hashing on         2.927  1.0406
+    re-check                   0.014  0.0047        re-check           0.004  0.0013
+    hash alone                 0.010  0.0035        hash alone         0.003  0.0010
+    per-round on/off 0.960, 0.973, 1.036            per-round 0.925, 0.981, 1.064
+
+The on/off ratio is noise either way (its spread is +-5%); what hashing adds is the hash itself,
+0.35% of the stage's CPU on JSONL.
 Corpora: JSONL files (byte-range units) and the same as .jsonl.gz (one unit per file, hashed
 below the decompressor).
 """

@@ -13,9 +13,12 @@ writes the manifest, every unit's ranges are read again and hashed (`refuse_chan
 edited after its unit was read (during the build, or between a kill and the resume, whatever its
 size and mtime say) stops the build with the file, the unit and what to do.
 
-Cost (benchmarks/bench_input_hash.py, sample corpus, 2026-12-01): hashing while reading is in
-the noise of the tokenize stage; the re-check reads every input once more, at the speed of the
-disk or page cache (blake2b ~1 GB/s on one core), spread over the workers.
+Cost (benchmarks/bench_input_hash.py --mb 10 --repeat 3, sample_data JSONL repeated, one core,
+busy 2-core box, 2026-12-01): the tokenize stage's CPU with hashing on / off, per round 0.960,
+0.973, 1.036 (gzip: 0.925, 0.981, 1.064): no cost above the noise; the hash itself is 0.010 of the
+stage's 2.9 CPU seconds (0.35%). The re-check takes 0.014 CPU s (0.5% of the stage) here, from
+the page cache; it reads every input once more (at the disk's speed when not cached), spread
+over the workers.
 """
 
 from __future__ import annotations
