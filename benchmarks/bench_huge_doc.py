@@ -9,6 +9,16 @@ documents. `packer build --workers 1 --max-doc-bytes <above it>` runs in a fresh
 (so its peak is its own), and once more over the same file with the huge line replaced by a
 small one: the baseline (interpreter, imports, tokenizer). Printed: peak RSS of each, the growth
 (peak - baseline) and its ratio to the document's bytes. Target: growth <= 3x the document.
+
+2026-12-01, busy shared 2-core box, sample_data tokenizer (MB are MiB):
+
+    document                 peak RSS   growth   growth/doc   peak/doc
+    193.4 (default --mb)       665 MB    417 MB      2.16        3.44     (baseline 248 MB)
+     49.8 (--mb 50)            323 MB     75 MB      1.50        6.48
+     49.8, before (eeb7722)    528 MB    279 MB      5.60       10.59     (the issue: 200 MB -> 1,695 MB)
+
+What is left at 200 MB: the line's bytes and Arrow's parse of it side by side (the JSON
+parser's string builder grows by doubling), then the text's UTF-8 alone while it is encoded.
 """
 
 from __future__ import annotations
