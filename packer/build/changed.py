@@ -135,7 +135,7 @@ def _why_changed(path: str, record: dict) -> str | None:
     try:
         size = fs.size(place)
     except OSError as e:
-        return f"it cannot be read now ({type(e).__name__}: {e})"
+        return f"it cannot be read now ({fs.redact_text(f'{type(e).__name__}: {e}')})"
     if record.get("file_bytes") is not None and size != record["file_bytes"]:
         return f"it is {size:,} bytes now, {record['file_bytes']:,} when read"
     h = _hasher()
