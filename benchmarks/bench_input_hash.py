@@ -81,10 +81,11 @@ def _stage(files, enabled: bool, keep: Path | None = None) -> dict:
 def _recheck(units, work: Path) -> dict:
     from packer.build import changed
     from packer.build.executors import make_executor
+    from packer.build.tokenize import unit_paths
 
     executor = make_executor(1)
     t, c = time.perf_counter(), time.process_time()
-    changed.refuse_changed(units, work, executor, stage="finalize")
+    changed.refuse_changed([(u, str(unit_paths(work, u.index)["json"])) for u in units], executor, stage="finalize")
     return {"seconds": time.perf_counter() - t, "cpu": time.process_time() - c}
 
 

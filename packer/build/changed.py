@@ -165,13 +165,11 @@ def check_unit(unit, counters_path: str) -> str | None:
     return None if why is None else f"{fs.redact(unit.path)} changed after packer read it (unit {unit.index}, {unit.span}: {why})"
 
 
-def refuse_changed(units, units_dir, executor, *, stage: str):
+def refuse_changed(unit_counters, executor, *, stage: str):
     """Re-hash what every finished unit read (on the executor's workers); raise InputChanged naming the
-    first changed file when any differs. `stage` says what is refused: "resume" or "finalize"."""
-    from packer.build.tokenize import unit_paths
-
-    items = [(u, str(unit_paths(units_dir, u.index)["json"])) for u in units]
-    items = [(u, p) for u, p in items if fs.location(p).exists()]
+    first changed file when any differs. `unit_counters`: (unit, path of its counters json) of every
+    unit, finished or not; `stage` says what is refused: "resume" or "finalize"."""
+    items = [(u, p) for u, p in unit_counters if fs.location(p).exists()]
     if not items:
         return
     problems = [p for p in executor.map(check_unit, items) if p]

@@ -253,13 +253,14 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
             atomic.remove_leftovers(d)
         (work / "units").mkdir(parents=True, exist_ok=True)
         executor = make_executor(job)
+        unit_counters = [(u, str(unit_paths(work / "units", u.index)["json"])) for u in units]
         try:
-            changed.refuse_changed(units, work / "units", executor, stage="resume")  # finished units' inputs
+            changed.refuse_changed(unit_counters, executor, stage="resume")  # finished units' inputs
             counters = _tokenize_stage(units, info, config, work / "units", executor, progress)
             _check_accepted(counters, config, work)
             plan = _plan_stage(len(units), config, work)
             entries = _write_stage(plan, info, config, work, out, executor, progress)
-            changed.refuse_changed(units, work / "units", executor, stage="finalize")  # edited during the build?
+            changed.refuse_changed(unit_counters, executor, stage="finalize")  # edited during the build?
         finally:
             executor.close()
             for d in (work / "units", work / "shards", out):  # left by a worker stopped mid-write
