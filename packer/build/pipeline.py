@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from packer import __version__
-from packer.build import owned, plan_stream, readers, resume, sources, writer
+from packer.build import changed, owned, plan_stream, readers, resume, sources, writer
 from packer.build.executors import make_executor
 from packer.build.plan import Plan
 from packer.build.plan_stream import PlanIndex
@@ -335,7 +335,9 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         d.mkdir(parents=True, exist_ok=True)
         atomic.remove_leftovers(d)
     executor = make_executor(job)
+    unit_counters = [(u, str(unit_paths(work / "units", u.index)["json"])) for u in units]
     try:
+        changed.refuse_changed(unit_counters, executor, stage="resume")  # finished units' inputs
         counters = _tokenize_stage(units, info, config, work / "units", executor, progress,
                                    named.unit_configs if named else None)
         try:
@@ -348,6 +350,7 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         masked = any("trained_tokens" in c for c in counters)  # some unit holds records (packer/build/records.py)
         entries = _write_stage(plan, info, config, work, staged, executor, progress,
                                named.unit_sources if named else None, loss_mask=masked)
+        changed.refuse_changed(unit_counters, executor, stage="finalize")  # edited during the build?
     finally:
         executor.close()
         for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write

@@ -8,10 +8,12 @@ presence means the unit is complete and is never redone):
 
     unit-000007.tokens.npy   all token ids of the unit's accepted documents, concatenated
     unit-000007.lengths.npy  int64 length of each document (eos/bos included)
-    unit-000007.json         counters: docs read / accepted / skipped by reason, examples
+    unit-000007.json         counters: docs read / accepted / skipped by reason, examples, and
+                             `input`, the hash of what was read (packer/build/changed.py)
 
 Both .npy files stream to disk while the unit is read, so a worker's memory does not grow
-with the unit. Speed (benchmarks/bench_tokenize.py, 50 MB of JSONL, a busy 2-core machine,
+with the unit, nor with one huge document (encode_parts: a 200 MB document's ids are never
+gathered; its text is a readers.common.Utf8Text, encoded a window at a time). Speed (benchmarks/bench_tokenize.py, 50 MB of JSONL, a busy 2-core machine,
 2026-11-29): --workers 1 ran at 0.95 of Tokenizer.encode_batch_fast on the same texts in
 memory (0.96 in CPU seconds), --workers 2 at 1.05 (0.98 in CPU seconds) in another run;
 starting a 2-worker pool costs ~1.2 s once. Runs on that machine vary by +-20%.
@@ -27,7 +29,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from packer.build import changed
 from packer.build.readers import FileError, SkipLog, Unit, read_unit
+from packer.build.readers.common import Utf8Text
 from packer.build.tokenizer import TokenizerInfo, load_tokenizer
 from packer.config import BuildConfig
 from packer.io import atomic, fs
@@ -58,6 +62,30 @@ def _pieces(text: str, piece_chars: int):
 _CUT = re.compile(r"(?<=\S) (?=\S)")
 
 
+def _utf8_pieces(text: Utf8Text, piece_chars: int):
+    """_pieces of a text kept as UTF-8 bytes, decoding one window at a time: the same pieces as
+    _pieces(str(text)) (each cut is searched in a window holding the next piece_chars + 64K
+    characters, or the rest of the text), never the whole text as a str."""
+    start, reach = 0, piece_chars + 65536  # byte offset of the next piece; characters a cut may need
+    while start < text.n_bytes:
+        n_bytes = reach + 4
+        window, taken = text.window(start, n_bytes)
+        while len(window) < reach and start + taken < text.n_bytes:  # multi-byte characters: widen it
+            n_bytes *= 2
+            window, taken = text.window(start, n_bytes)
+        at_end = start + taken == text.n_bytes
+        if at_end and len(window) <= piece_chars:
+            yield window
+            return
+        match = _CUT.search(window, piece_chars, reach)
+        if match is None and at_end and len(window) <= reach:  # no cut point before the end: the rest whole
+            yield window
+            return
+        piece = window[: match.start() if match else piece_chars]
+        yield piece
+        start += len(piece.encode("utf-8"))
+
+
 def encode_texts(tok, texts: list[str], *, dtype, eos_id: int | None = None, bos_id: int | None = None,
                  piece_chars: int = PIECE_CHARS) -> tuple[np.ndarray, np.ndarray]:
     """A batch of documents -> (flat ids of all of them in order, `dtype`; int64 length of each).
@@ -71,23 +99,47 @@ def encode_texts(tok, texts: list[str], *, dtype, eos_id: int | None = None, bos
     template is never applied (add_special_tokens=False): bos/eos are added here, one each per
     document. A text longer than `piece_chars` is encoded piece by piece (_pieces: the same
     tokens for byte-level BPE, bounded tokenizer memory)."""
-    long_at = [i for i, text in enumerate(texts) if len(text) > piece_chars]
-    if long_at:
-        short = [text for i, text in enumerate(texts) if len(text) <= piece_chars]
-        long_ids = [np.concatenate([_encode_batch(tok, [piece], dtype)[0] for piece in _pieces(texts[i], piece_chars)])
-                    for i in long_at]
-        flat, lengths = _splice(*_encode_batch(tok, short, dtype), long_at, long_ids)
-    else:
-        flat, lengths = _encode_batch(tok, texts, dtype)
-    return _add_specials(flat, lengths, eos_id, bos_id)
+    if any(isinstance(text, Utf8Text) or len(text) > piece_chars for text in texts):
+        parts = list(encode_parts(tok, texts, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars))
+        return np.concatenate([ids for ids, _ in parts]), np.concatenate([n for _, n in parts])
+    return _add_specials(*_encode_batch(tok, texts, dtype), eos_id, bos_id)
 
 
 def encode_stream(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None, bos_id: int | None = None,
                   piece_chars: int = PIECE_CHARS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """encode_texts over a stream of documents, in batches of at most ENCODE_BATCH_DOCS documents
-    or about ENCODE_BATCH_CHARS characters (bounded memory): yields (ids, lengths) per batch."""
+    or about ENCODE_BATCH_CHARS characters (bounded memory): yields (ids, lengths) per batch, each
+    batch whole documents (a long one is a batch of its own, its pieces' ids joined)."""
+    held = []  # the parts of a long document so far
+    for ids, lengths in encode_parts(tok, texts, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars):
+        if not len(lengths):
+            held.append(ids)
+            continue
+        if held:
+            ids, held = np.concatenate([*held, ids]), []
+        yield ids, lengths
+
+
+def encode_parts(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None, bos_id: int | None = None,
+                 piece_chars: int = PIECE_CHARS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """encode_stream for writers that append what they get (the unit files): the same ids in
+    parts of bounded size, so a huge document's ids are never gathered in memory. Short documents
+    come in batches (ids and lengths aligned); a document longer than piece_chars comes as one part
+    per piece with no length, its length on its last part:
+
+        texts ["a b", <a 3 MiB text>, "c"], bos none, eos 0, piece_chars 1 MiB
+            -> ([ids of "a b", 0], [3]), (ids of piece 0, []), (ids of piece 1, []), (ids of piece 2, []),
+               ([0], [n]), ([ids of "c", 0], [2])
+
+    Concatenated, the parts' ids and lengths are encode_texts' (flat, lengths)."""
     batch, batch_chars = [], 0
     for text in texts:
+        if isinstance(text, Utf8Text) or len(text) > piece_chars:  # a Utf8Text is never made a str whole
+            if batch:  # the documents before it first: order kept
+                yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
+                batch, batch_chars = [], 0
+            yield from _long_parts(tok, text, dtype, eos_id, bos_id, piece_chars)
+            continue
         batch.append(text)
         batch_chars += len(text)
         if len(batch) >= ENCODE_BATCH_DOCS or batch_chars >= ENCODE_BATCH_CHARS:
@@ -97,6 +149,23 @@ def encode_stream(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None
         yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
 
 
+_NO_LENGTHS = np.zeros(0, dtype=np.int64)
+
+
+def _long_parts(tok, text: str | Utf8Text, dtype, eos_id: int | None, bos_id: int | None, piece_chars: int):
+    """One long document's parts: [bos], the ids of each piece, then [eos] with the document's length."""
+    n = 0
+    if bos_id is not None:
+        yield np.array([bos_id], dtype=dtype), _NO_LENGTHS
+        n += 1
+    for piece in _utf8_pieces(text, piece_chars) if isinstance(text, Utf8Text) else _pieces(text, piece_chars):
+        ids = _encode_batch(tok, [piece], dtype)[0]
+        n += len(ids)
+        yield ids, _NO_LENGTHS
+    tail = np.array([] if eos_id is None else [eos_id], dtype=dtype)
+    yield tail, np.array([n + len(tail)], dtype=np.int64)
+
+
 def _encode_batch(tok, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
     encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
     lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
@@ -104,24 +173,6 @@ def _encode_batch(tok, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]
     # that took 755 ms to encode (2.5%); building the lists first cost 32 ms (2026-11-29).
     ids = itertools.chain.from_iterable(e.ids for e in encodings)
     return np.fromiter(ids, dtype=dtype, count=int(lengths.sum())), lengths
-
-
-def _splice(flat, lengths, long_at: list[int], long_ids: list[np.ndarray]):
-    """Put the long documents' ids back at their places among the short documents' ids."""
-    n = len(lengths) + len(long_at)
-    all_lengths = np.empty(n, dtype=np.int64)
-    is_long = np.zeros(n, dtype=bool)
-    is_long[long_at] = True
-    all_lengths[~is_long] = lengths
-    all_lengths[long_at] = [len(ids) for ids in long_ids]
-    short_ends = np.concatenate([[0], np.cumsum(lengths)])
-    parts, start = [], 0
-    for k, (i, ids) in enumerate(zip(long_at, long_ids)):
-        cut = int(short_ends[i - k])  # the i - k short documents before document i end here
-        parts += [flat[start:cut], ids.astype(flat.dtype, copy=False)]
-        start = cut
-    parts.append(flat[start:])
-    return np.concatenate(parts), all_lengths
 
 
 def _add_specials(flat, lengths, eos_id: int | None, bos_id: int | None):
@@ -211,15 +262,17 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
     skips = SkipLog.empty(strict=config.strict)
     files = open_files()
     file_error = None
+    # what was read, hashed (packer/build/changed.py); record kinds' reader (record_reader) does not hash yet
+    sums = changed.InputSum() if changed.ENABLED and kind == "text" else None
     try:
-        n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind)
+        n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind, sums=sums)
     except FileError as e:
         for f in files:
             f is None or f.abort()
         if config.on_file_error != "skip":
             raise
         files = open_files()
-        skips, n_tokens, n_trained, file_error = SkipLog.empty(), 0, 0, e.cause
+        skips, n_tokens, n_trained, file_error, sums = SkipLog.empty(), 0, 0, e.cause, None
     except BaseException:
         for f in files:
             f is None or f.abort()
@@ -239,6 +292,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
         "skip_examples": skips.examples,
         "tokens": n_tokens,
         "file_error": file_error,
+        "input": sums and sums.record(),  # what was read, hashed: packer/build/changed.py
     }
     if mask is not None:  # record kinds only: text units keep their counters' bytes
         counters["input_kind"] = kind
@@ -256,15 +310,16 @@ def _unit_kind(unit: Unit, config: BuildConfig) -> str:
 
 
 def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender,
-                   mask: _NpyAppender | None = None, *, kind: str = "text") -> tuple[int, int]:
-    """Encode the unit into the appenders: (tokens written, tokens trained: all of them for text)."""
+                   mask: _NpyAppender | None = None, *, kind: str = "text", sums=None) -> tuple[int, int]:
+    """Encode the unit into the appenders: (tokens written, tokens trained: all of them for text).
+    `sums` hashes what the reader reads (packer/build/changed.py)."""
     if kind != "text":
         return _records_into(unit, info, config, skips, tokens, lengths, mask, kind)
     tok = load_tokenizer(info.path)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
-                      max_doc_bytes=config.max_doc_bytes)
+                      max_doc_bytes=config.max_doc_bytes, sums=sums)
     n_tokens = 0
-    for flat, doc_lengths in encode_stream(tok, texts, dtype=info.dtype, eos_id=info.eos_id, bos_id=info.bos_id):
+    for flat, doc_lengths in encode_parts(tok, texts, dtype=info.dtype, eos_id=info.eos_id, bos_id=info.bos_id):
         tokens.append(flat)
         lengths.append(doc_lengths)
         n_tokens += len(flat)

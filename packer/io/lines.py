@@ -25,32 +25,48 @@ BOMS = (  # longest first: a UTF-32-LE mark starts with UTF-16-LE's
 
 def line_blocks(f, pos: int, max_bytes: int):
     """Yield (pos, block): about BLOCK_BYTES of whole lines (only the file's last line may lack its
-    newline), or (pos, None) standing for one line longer than max_bytes, never held whole."""
-    pending, pending_len, skipping = [], 0, False  # the unfinished line at the end of the last read
+    newline), or (pos, None) standing for one line longer than max_bytes, never held whole.
+
+    A line longer than one read is gathered in place (a bytearray grown read by read: no list of
+    reads and their join side by side) and comes as a block of its own, which this generator does
+    not keep: a caller that drops it frees the only copy. Blocks are bytes or bytearray."""
+    pending, skipped, skipping = bytearray(), 0, False  # the unfinished line at the end of the last read
     while data := f.read(BLOCK_BYTES):
         if skipping:
             i = data.find(b"\n")
             if i < 0:
-                pending_len += len(data)
+                skipped += len(data)
                 continue
             yield pos, None
-            pos += pending_len + i + 1
-            pending_len, skipping, data = 0, False, data[i + 1:]
+            pos += skipped + i + 1
+            skipped, skipping, data = 0, False, data[i + 1:]
         cut = data.rfind(b"\n") + 1
+        first = data.find(b"\n") + 1
+        if cut and len(pending) + first > BLOCK_BYTES:  # a long line ends here: a block of its own
+            n = len(pending) + first
+            if n - 1 > max_bytes:
+                pending = bytearray()
+                yield pos, None
+            else:
+                pending += memoryview(data)[:first]
+                held, pending = [pending], bytearray()
+                yield pos, held.pop()  # nothing here refers to it once handed over
+            pos += n
+            data, cut = data[first:], cut - first
         if cut == 0:
-            pending.append(data)
-            pending_len += len(data)
-            if pending_len > max_bytes:
-                pending, skipping = [], True
+            pending += data
+            if len(pending) > max_bytes:
+                skipped, pending, skipping = len(pending), bytearray(), True
             continue
-        block = b"".join([*pending, data[:cut]]) if pending else data[:cut]
-        pending, pending_len = [data[cut:]], len(data) - cut
+        block = b"".join((pending, data[:cut])) if pending else data[:cut]
+        pending = bytearray(data[cut:])
         yield pos, block
         pos += len(block)
     if skipping:
         yield pos, None
-    elif pending_len:
-        yield pos, b"".join(pending)
+    elif pending:
+        held, pending = [pending], None
+        yield pos, held.pop()
 
 
 def iter_lines(f, pos: int, max_bytes: int):

@@ -138,14 +138,16 @@ def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_file
 
 
 def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_split: str = "file",
-              max_doc_bytes: int = UNBOUNDED):
-    """Yield the text of each valid document of the unit, in file order; count the rest in `skips`.
+              max_doc_bytes: int = UNBOUNDED, sums=None):
+    """Yield the text of each valid document of the unit, in file order; count the rest in `skips`;
+    with `sums` (packer/build/changed.InputSum), hash the stored bytes the reader reads into it.
 
     Problems with the file itself (unreadable, corrupt or truncated stream, no text column)
     raise FileError; bad records never do (unless skips.strict)."""
     import pyarrow as pa
 
     reader = reader_for(unit.format)
+    skips.sums = sums  # a reader that does not hash leaves it empty: the unit has no record
     try:
         yield from reader.texts(unit, fs.location(unit.path), skips, text_field=text_field, text_split=text_split,
                                 max_doc_bytes=max_doc_bytes)

@@ -22,6 +22,10 @@ def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str
     import pyarrow.ipc as ipc
 
     with fs.open_arrow(place) as f:
+        if (sums := skips.sums) is not None:  # the whole file, hashed before it is decoded: a change after this is caught
+            sums.file_bytes = f.size()
+            sums.add_ranges(f, [(0, f.size())])
+            f.seek(0)
         try:
             reader = ipc.open_file(f)
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches))

@@ -10,6 +10,7 @@ checked against the codec its name claims before it is read.
 
 from __future__ import annotations
 
+import codecs
 import io
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
 UNBOUNDED = 1 << 62  # the end of a unit that reads its file to the end
 HEAD_BYTES = 4096  # read at a file's start: its BOM, and (.json) whether it is one JSON array
+HUGE_TEXT_BYTES = 16 << 20  # a document this large is handed on as its UTF-8 bytes (Utf8Text), never a whole str
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,15 @@ FIXES = {"too_large": "longer than --max-doc-bytes (raise the limit with --max-d
 
 @dataclass
 class SkipLog:
-    """Skipped records of one unit: counts by reason and the first few examples.
+    """Skipped records of one unit: counts by reason and the first few examples; and, in `sums` when
+    set (packer/build/changed.InputSum), what the reader read of the file, hashed while it reads.
 
     With strict=True the first skip raises ValueError instead (the run stops there)."""
 
     counts: Counter
     examples: list
     strict: bool = False
+    sums: object = None
 
     @classmethod
     def empty(cls, strict: bool = False) -> "SkipLog":
@@ -103,7 +107,8 @@ class Reader(Protocol):
 
     def texts(self, unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str,
               max_doc_bytes: int) -> Iterator[str]:
-        """The unit's valid documents in file order; every other record counted in `skips`."""
+        """The unit's valid documents in file order; every other record counted in `skips`, and, when
+        `skips.sums` is set, every stored byte read hashed into it as it is read."""
 
 
 def whole_file(place) -> list[tuple[int, int, int]]:
@@ -116,10 +121,11 @@ def byte_ranges(place, unit_bytes: int) -> list[tuple[int, int, int]]:
     return [(s, min(s + unit_bytes, size), min(unit_bytes, size - s)) for s in range(0, max(size, 1), unit_bytes)]
 
 
-def open_lines(unit: Unit, place):
+def open_lines(unit: Unit, place, sums=None):
     """(stream, pos, end, head): the unit's text as UTF-8 bytes, the stream positioned at `pos`, the
     first line that starts in the unit; the unit owns the lines that start before `end`, counted
     in the stream's own bytes; `head` is the file's first bytes of text (about HEAD_BYTES).
+    With `sums` (packer/build/changed.InputSum), every stored byte read is hashed into it.
 
     A compressed file is decompressed from 0 after checking its codec's magic bytes. A UTF-8
     byte-order mark is dropped (the first line starts after it, and still belongs to the unit
@@ -127,7 +133,7 @@ def open_lines(unit: Unit, place):
     byte 0; its other units read nothing (byte ranges of UTF-16 cannot be cut at newlines)."""
     if unit.compression is not None:
         _check_magic(unit, place)
-    f = fs.open_stream(place, unit.compression)
+    f = fs.open_stream(place, unit.compression) if sums is None else _open_hashed(place, unit.compression, sums)
     try:
         head = f.read(HEAD_BYTES)
         encoding, bom = bom_encoding(head)
@@ -149,6 +155,20 @@ def open_lines(unit: Unit, place):
         raise
 
 
+def _open_hashed(place, compression: str | None, sums):
+    """fs.open_stream's stream, its stored bytes hashed into `sums` as they are read (below the
+    decompressor for a .gz/.zst file)."""
+    import pyarrow as pa
+
+    from packer.build.changed import HashingReader
+
+    sums.file_bytes = fs.size(place)
+    raw = HashingReader(place.open("rb"), sums)
+    if compression is None:
+        return raw
+    return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), compression)
+
+
 def _check_magic(unit: Unit, place):
     with place.open("rb") as raw:
         head = raw.read(4)
@@ -159,8 +179,78 @@ def _check_magic(unit: Unit, place):
         raise FileError(unit.path, f"not {unit.compression} data (bad magic bytes {head.hex()})")
 
 
-def is_blank(text: str) -> bool:
+class Utf8Text:
+    """A huge document kept as its UTF-8 bytes (any buffer: a bytearray, an Arrow string value), the
+    form readers hand on for a text over HUGE_TEXT_BYTES instead of a str: a str of it would take 2
+    or 4 bytes a character as soon as one character is past U+00FF (sample_data's prose has such),
+    and copying the bytes into it doubles the peak. The encode path (packer/build/tokenize.py) reads
+    it a window at a time; `str(t)` decodes it whole, for callers that want one.
+
+        Utf8Text(b"caf\xc3\xa9 au lait")   len 12 (characters), window(0, 4) -> ("caf", 3): never half an é
+
+    The bytes are valid UTF-8 (the reader checked: `valid_utf8`)."""
+
+    WINDOW_BYTES = 1 << 22
+
+    def __init__(self, data):
+        self.data = memoryview(data).cast("B")
+        self._n_chars: int | None = None
+
+    @property
+    def n_bytes(self) -> int:
+        return len(self.data)
+
+    def __len__(self) -> int:
+        """Characters: bytes that are not UTF-8 continuation bytes (0b10xxxxxx), counted a window at a time."""
+        if self._n_chars is None:
+            import numpy as np
+
+            n = 0
+            for i in range(0, len(self.data), self.WINDOW_BYTES):
+                chunk = np.frombuffer(self.data[i:i + self.WINDOW_BYTES], dtype=np.uint8)
+                n += len(chunk) - int(np.count_nonzero((chunk & 0xC0) == 0x80))
+            self._n_chars = n
+        return self._n_chars
+
+    def window(self, start: int, n_bytes: int) -> tuple[str, int]:
+        """(the text of about n_bytes from byte `start` (a character start), the bytes it took): cut back
+        to a character start, so a multi-byte character is never split."""
+        end = min(start + n_bytes, len(self.data))
+        while end < len(self.data) and end > start and (self.data[end] & 0xC0) == 0x80:
+            end -= 1
+        return str(self.data[start:end], "utf-8"), end - start
+
+    def is_blank(self) -> bool:
+        start = 0
+        while start < len(self.data):
+            text, n = self.window(start, self.WINDOW_BYTES)
+            if not text.isspace():
+                return False
+            start += n
+        return True
+
+    def __str__(self) -> str:
+        return str(self.data, "utf-8")
+
+
+def valid_utf8(data) -> bool:
+    """Is `data` (any buffer) strict UTF-8 (no raw surrogates: CESU-8 is not)? Checked a window at a
+    time, so a huge document is never decoded whole to find out."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data).cast("B")
+    try:
+        for i in range(0, len(view), Utf8Text.WINDOW_BYTES):
+            decoder.decode(view[i:i + Utf8Text.WINDOW_BYTES])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def is_blank(text) -> bool:
     """Empty or only whitespace (str.isspace: Unicode's too): such a document is empty_text in every reader."""
+    if isinstance(text, Utf8Text):
+        return text.is_blank()
     return not text or text.isspace()
 
 

@@ -21,12 +21,15 @@ import json
 
 from packer.build.readers.common import (
     COMPRESSION,
+    HUGE_TEXT_BYTES,
     FileError,
     SkipLog,
     Unit,
+    Utf8Text,
     byte_ranges,
     is_blank,
     open_lines,
+    valid_utf8,
     where,
     whole_file,
 )
@@ -41,7 +44,7 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
 
 
 def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
-    f, pos, end, head = open_lines(unit, place)
+    f, pos, end, head = open_lines(unit, place, skips.sums)
     with f:
         if _is_array(unit.path, head):
             if unit.start == 0:  # later byte ranges of an array file read nothing
@@ -60,7 +63,14 @@ def _jsonl_texts(f, pos, end, unit: Unit, field: str, skips: SkipLog, max_bytes:
             line_no += 1
             continue
         if pos + len(block) > end:  # keep the lines that start inside the unit
-            block = block[: block.find(b"\n", end - pos - 1) + 1 or len(block)]
+            cut = block.find(b"\n", end - pos - 1) + 1 or len(block)
+            block = block[:cut] if cut < len(block) else block  # (a bytearray's slice would copy it)
+        if len(block) > HUGE_TEXT_BYTES and block.count(b"\n", 0, len(block) - 1) == 0:
+            held = [block]
+            del block  # _huge_line holds the only reference: it frees the line once parsed
+            yield from _huge_line(held, pos, line_no, unit, field, skips, max_bytes)
+            line_no += 1
+            continue
         texts = _parse_block(block, field, max_bytes)
         if texts is None:
             yield from _parse_lines(block, pos, line_no, unit, field, skips, max_bytes)
@@ -69,42 +79,67 @@ def _jsonl_texts(f, pos, end, unit: Unit, field: str, skips: SkipLog, max_bytes:
         line_no += block.count(b"\n")
 
 
-def _parse_block(block: bytes, field: str, max_bytes: int) -> list[str] | None:
+def _parse_block(block: bytes, field: str, max_bytes: int, as_column: bool = False) -> list[str] | None:
     """Fast path: pyarrow's JSON reader over a block of lines, ~3x faster than json.loads per line
     (3 MB of sample JSONL: 11 ms against 34 ms of CPU, 2026-11-29). None when any line might need
-    the per-line path (anything it would skip or count), which then decides line by line."""
+    the per-line path (anything it would skip or count), which then decides line by line.
+    `as_column`: the Arrow column of texts instead of the list, without the whitespace check
+    (a huge line: its bytes are freed before its text is made)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
     if len(block) > max_bytes and _longest_line(block) > max_bytes:
         return None
-    body = block[:-1] if block.endswith(b"\n") else block
-    if not body or body[:1].isspace() or any(s in block for s in _LINE_STARTS_BLANK):
+    n_body = len(block) - block.endswith(b"\n")  # the block without its last newline (never sliced: a copy)
+    if not n_body or block[:1].isspace() or any(s in block for s in _LINE_STARTS_BLANK):
         return None  # a blank line (or one starting blank): rows would not match lines one to one
-    if not block.isascii():
-        try:
-            block.decode("utf-8")  # the per-line path rejects bad bytes anywhere in a line
-        except UnicodeDecodeError:
-            return None
+    if not as_column and not block.isascii() and not valid_utf8(block):
+        return None  # the per-line path rejects bad bytes anywhere in a line
     try:
         table = pj.read_json(
             pa.py_buffer(block),
             read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1),
             parse_options=pj.ParseOptions(explicit_schema=pa.schema([(field, pa.string())]),
                                           unexpected_field_behavior="ignore"),
+            # a huge line: malloc, which hands a freed buffer back at once (mimalloc keeps it cached)
+            memory_pool=pa.system_memory_pool() if as_column else None,
         )
     except (pa.ArrowException, UnicodeDecodeError):
         return None
     column = table.column(0)
-    if table.num_rows != body.count(b"\n") + 1:
+    if table.num_rows != block.count(b"\n", 0, n_body) + 1:
         return None  # two objects on one line
     if column.null_count or (len(column) and pc.min(pc.binary_length(column)).as_py() == 0):
         return None  # missing, null or empty text
+    if as_column:
+        return column
     texts = column.to_pylist()
     if any(map(str.isspace, texts)):  # stops at a text's first non-space: ~free
         return None  # whitespace-only text
     return texts
+
+
+def _huge_line(held: list, pos: int, line_no: int, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
+    """One line over HUGE_TEXT_BYTES (`held` = [its bytes], taken from the caller) -> its text as a
+    Utf8Text over the parsed Arrow value, the line's bytes freed before: one copy of the document
+    at a time, two while it is parsed. Anything the fast path would not take goes the per-line way."""
+
+    line = held.pop()
+    column = None
+    if b"\\ud" not in line and b"\\uD" not in line and (line.isascii() or valid_utf8(line)):  # \\ud: per line
+        column = _parse_block(line, field, max_bytes, as_column=True)
+    if column is None or column.num_chunks != 1:
+        yield from _parse_lines(line, pos, line_no, unit, field, skips, max_bytes)
+        return
+    del line
+    value = column.chunk(0)[0]
+    del column
+    text = Utf8Text(value.as_buffer())
+    if is_blank(text):
+        skips.add("empty_text", where(unit, line_no, pos))
+    else:
+        yield text
 
 
 _LINE_STARTS_BLANK = (b"\n\n", b"\n ", b"\n\t", b"\n\r", b"\n\x0b", b"\n\x0c")

@@ -50,8 +50,32 @@ def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str
         pf = pq.ParquetFile(f)  # the footer, read once for the unit's row groups
         check_text_column(pf.schema_arrow, text_field, unit.path)
         meta = pf.metadata
+        if (sums := skips.sums) is not None:  # hashed before pyarrow decodes them: a change after this is caught
+            sums.file_bytes = f.size()
+            sums.add_ranges(f, read_ranges(meta, unit, f))
         row = sum(meta.row_group(i).num_rows for i in range(unit.start))  # the unit's first row in the file
         batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=range(unit.start, unit.end), columns=[text_field])
         for batch in batches:
             yield from column_texts(batch.column(0), row, unit.path, skips, max_doc_bytes)
             row += batch.num_rows
+
+
+def read_ranges(meta, unit: Unit, f) -> list[tuple[int, int]]:
+    """(offset, length) of what a unit's decoding depends on: its row groups' column chunks (one span,
+    first chunk to last: row groups are stored in order) and the footer (schema, row-group layout).
+
+        row groups 2-4 of b.parquet -> [(start of group 2's first chunk, up to the end of group 3's last), footer]"""
+    starts, ends = [], []
+    for i in range(unit.start, unit.end):
+        group = meta.row_group(i)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            start = chunk.data_page_offset
+            if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+                start = min(start, chunk.dictionary_page_offset)
+            starts.append(start)
+            ends.append(start + chunk.total_compressed_size)
+    size = f.size()
+    footer = int.from_bytes(f.read_at(4, size - 8), "little") + 8  # the footer, its 4-byte length, the magic
+    groups = [(min(starts), max(ends) - min(starts))] if starts else []
+    return groups + [(size - footer, footer)]

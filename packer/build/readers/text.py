@@ -12,7 +12,19 @@ too_large (not held whole). A UTF-8 BOM is dropped; UTF-16/32 text (by its BOM) 
 
 from __future__ import annotations
 
-from packer.build.readers.common import SkipLog, Unit, byte_ranges, decode, is_blank, open_lines, where, whole_file
+from packer.build.readers.common import (
+    HUGE_TEXT_BYTES,
+    SkipLog,
+    Unit,
+    Utf8Text,
+    byte_ranges,
+    decode,
+    is_blank,
+    open_lines,
+    valid_utf8,
+    where,
+    whole_file,
+)
 from packer.io.lines import iter_lines, previous_line_blank
 
 NAME = "txt"
@@ -26,7 +38,7 @@ def plan(place, unit_bytes: int, *, compression: str | None, text_split: str) ->
 
 
 def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str, max_doc_bytes: int):
-    f, pos, end, _ = open_lines(unit, place)
+    f, pos, end, _ = open_lines(unit, place, skips.sums)
     with f:
         if pos >= end and unit.start > 0:
             return  # no line starts in this byte range (or its file is UTF-16/32, read by the unit at 0)
@@ -75,14 +87,19 @@ def _paragraph(lines, size, first, skips, max_bytes):
 
 
 def _whole_file_text(f, unit: Unit, skips: SkipLog, max_bytes: int):
-    chunks, n = [], 0
-    while n <= max_bytes and (block := f.read(min(16 << 20, max_bytes + 1 - n))):
-        chunks.append(block)
-        n += len(block)
-    if n > max_bytes:
+    data = bytearray()  # grown in place: the file's bytes held once, not as chunks and their join
+    while len(data) <= max_bytes and (block := f.read(min(16 << 20, max_bytes + 1 - len(data)))):
+        data += block
+    if len(data) > max_bytes:
         skips.add("too_large", unit.path)
         return
-    text = decode(b"".join(chunks), unit.path, skips)
+    if len(data) > HUGE_TEXT_BYTES:  # handed on as its bytes (common.Utf8Text), never a whole str
+        if not valid_utf8(data):
+            skips.add("invalid_utf8", unit.path)
+            return
+        text = Utf8Text(data)
+    else:
+        text = decode(bytes(data), unit.path, skips)
     if text is not None and is_blank(text):
         skips.add("empty_text", unit.path)
     elif text is not None:
