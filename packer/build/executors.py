@@ -316,7 +316,8 @@ class RayExecutor:
 
     def close(self):
         if self._owns_session:
-            self._ray.shutdown()
+            with _signal_handlers_kept():  # (ray.shutdown puts its own back too)
+                self._ray.shutdown()
 
 
 def _local(job):
