@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.train.order import epoch_order
+from packer.train.order import epoch_order, permute_groups
 
 PERIOD = 2**18  # positions of the tiled pattern: weights are kept to 1 / PERIOD
 
@@ -108,12 +108,18 @@ class Blend:
         source, k = self.samples(positions)
         n = self.sizes[source]
         passes, within = k // n, k % n
-        local = np.empty_like(within)
-        keys = source * (int(passes.max(initial=0)) + 1) + passes
-        for key in np.unique(keys).tolist():
-            here = keys == key
-            s, p = int(source[here][0]), int(passes[here][0])
-            local[here] = epoch_order(within[here], int(self.sizes[s]), shuffle, seed, (epoch, s, p), block, window)
+        stride = int(passes.max(initial=0)) + 1
+        keys, group = np.unique(source * stride + passes, return_inverse=True)  # one group per (source, pass)
+        pairs = [divmod(key, stride) for key in keys.tolist()]
+        if shuffle == "full":  # every (source, pass) permutation in one vectorized pass
+            local = permute_groups(within, group, [self.sizes[s] for s, _ in pairs], seed,
+                                   [(epoch, s, p) for s, p in pairs])
+        else:
+            local = np.empty_like(within)
+            for g, (s, p) in enumerate(pairs):
+                here = group == g
+                local[here] = epoch_order(within[here], int(self.sizes[s]), shuffle, seed, (epoch, s, p), block,
+                                          window)
         starts = np.array([s.start for s in self.sources], np.int64)
         datasets = np.array([s.dataset for s in self.sources], np.int64)
         return datasets[source], starts[source] + local, source
