@@ -12,13 +12,20 @@ the median of its per-round ratios to `single` (so a slow spell of the box hits 
 the blend's pattern (Megatron's greedy over one period, once per weights) and the position -> row map.
 
 Measured 2026-12-01 (2-core box, beside other helpers' tests), context 4096, batch 8, 1479 rows a pass,
-ratio to `single` in two runs (the case-to-case noise here is about +-0.15):
-    single                1.00   1.00   (57-88 M tokens/s)
-    blend A+B             0.87   0.86
-    blend A+B tokens      0.88   1.01
-    sources of A          1.13   1.00
-    blend + source_ids    0.65   0.73   (a fourth int64 field per token)
-    pattern (once)        0.5-0.8 s for 2-3 sources, 1.2-1.4 s for 8; position -> row 0.7-1.2 us
+median ratio to `single` over 31 rounds, three runs each, before / after the blend speed-ups (a blend's
+rows put back by place instead of an argsort, the full-shuffle map of all sources and passes in one
+vectorized pass, source ids filled over zipped row bounds):
+                          before            after
+    single                1.00              1.00    (200-330 M tokens/s)
+    blend A+B             0.94 0.94 0.94    0.97 0.99 1.05
+    blend A+B tokens      0.95 0.95 0.95    0.99 1.01 1.01
+    sources of A          1.01 0.98 0.99    0.97 0.99 1.01
+    blend + source_ids    0.74 0.76 0.73    0.73 0.74 0.82  (a fourth int64 field per token: writing its
+                                                            8 bytes a token is the cost, ~110 us a block
+                                                            of 64 rows against ~85 us for a bare fill)
+    pattern (once)        0.15-0.3 s for 2-3 sources, 0.3-0.6 s for 8; position -> row 0.11-0.17 us
+(An earlier best-of-15 version of this benchmark gave 0.86-0.87 for blend A+B and 0.65-0.73 with source
+ids on a busier box.)
 """
 
 from __future__ import annotations

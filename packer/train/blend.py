@@ -13,7 +13,8 @@ Sample k of a source of n_s rows is pass k // n_s, row k % n_s of that pass's se
 each pass: an upsampled source repeats only across passes). The pattern of Q = min(length, 2^18) positions
 is computed once (Megatron's greedy, a Python loop: 0.3 s for 2^18 positions and 3 sources, measured
 2026-12-01) and tiled, so any position maps to its source and sample in O(1), vectorized: no per-epoch
-loop over the epoch. Over every prefix of a period each source is within one sample of a_s / Q of it
+loop over the epoch; with the full shuffle a chunk's positions go through all their (source, pass)
+permutations in one vectorized pass (order.permute_groups). Over every prefix of a period each source is within one sample of a_s / Q of it
 (the greedy's quota property, tested over whole periods); a_s / Q is the weight rounded to 1 / Q, the
 blend's effective weight (`Blend.weights`).
 """
