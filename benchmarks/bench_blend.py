@@ -17,10 +17,10 @@ rows put back by place instead of an argsort, the full-shuffle map of all source
 vectorized pass, source ids filled over zipped row bounds):
                           before            after
     single                1.00              1.00    (200-330 M tokens/s)
-    blend A+B             0.94 0.94 0.94    0.97 0.99 1.05
-    blend A+B tokens      0.95 0.95 0.95    0.99 1.01 1.01
-    sources of A          1.01 0.98 0.99    0.97 0.99 1.01
-    blend + source_ids    0.74 0.76 0.73    0.73 0.74 0.82  (a fourth int64 field per token: writing its
+    blend A+B             0.94 0.94 0.94    0.98 0.97 0.99
+    blend A+B tokens      0.95 0.95 0.95    0.99 0.99 1.01
+    sources of A          1.01 0.98 0.99    1.02 0.97 0.99
+    blend + source_ids    0.74 0.76 0.73    0.76 0.73 0.74  (a fourth int64 field per token: writing its
                                                             8 bytes a token is the cost, ~110 us a block
                                                             of 64 rows against ~85 us for a bare fill)
     pattern (once)        0.15-0.3 s for 2-3 sources, 0.3-0.6 s for 8; position -> row 0.11-0.17 us
