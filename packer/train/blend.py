@@ -13,7 +13,8 @@ Sample k of a source of n_s rows is pass k // n_s, row k % n_s of that pass's se
 each pass: an upsampled source repeats only across passes). The pattern of Q = min(length, 2^18) positions
 is computed once (Megatron's greedy, a Python loop: 0.3 s for 2^18 positions and 3 sources, measured
 2026-12-01) and tiled, so any position maps to its source and sample in O(1), vectorized: no per-epoch
-loop over the epoch. Over every prefix of a period each source is within one sample of a_s / Q of it
+loop over the epoch; with the full shuffle a chunk's positions go through all their (source, pass)
+permutations in one vectorized pass (order.permute_groups). Over every prefix of a period each source is within one sample of a_s / Q of it
 (the greedy's quota property, tested over whole periods); a_s / Q is the weight rounded to 1 / Q, the
 blend's effective weight (`Blend.weights`).
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.train.order import epoch_order
+from packer.train.order import epoch_order, permute_groups
 
 PERIOD = 2**18  # positions of the tiled pattern: weights are kept to 1 / PERIOD
 
@@ -108,12 +109,18 @@ class Blend:
         source, k = self.samples(positions)
         n = self.sizes[source]
         passes, within = k // n, k % n
-        local = np.empty_like(within)
-        keys = source * (int(passes.max(initial=0)) + 1) + passes
-        for key in np.unique(keys).tolist():
-            here = keys == key
-            s, p = int(source[here][0]), int(passes[here][0])
-            local[here] = epoch_order(within[here], int(self.sizes[s]), shuffle, seed, (epoch, s, p), block, window)
+        stride = int(passes.max(initial=0)) + 1
+        keys, group = np.unique(source * stride + passes, return_inverse=True)  # one group per (source, pass)
+        pairs = [divmod(key, stride) for key in keys.tolist()]
+        if shuffle == "full":  # every (source, pass) permutation in one vectorized pass
+            local = permute_groups(within, group, [self.sizes[s] for s, _ in pairs], seed,
+                                   [(epoch, s, p) for s, p in pairs])
+        else:
+            local = np.empty_like(within)
+            for g, (s, p) in enumerate(pairs):
+                here = group == g
+                local[here] = epoch_order(within[here], int(self.sizes[s]), shuffle, seed, (epoch, s, p), block,
+                                          window)
         starts = np.array([s.start for s in self.sources], np.int64)
         datasets = np.array([s.dataset for s in self.sources], np.int64)
         return datasets[source], starts[source] + local, source

@@ -344,21 +344,29 @@ class PackedDataset(IterableDataset):
 
     def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:
         """(token views, offset views, loss masks) of the rows; the masks are None when no dataset has one,
-        and a row of a dataset without masks has None (all trained) beside masked ones."""
+        and a row of a dataset without masks has None (all trained) beside masked ones.
+
+        Several datasets: each one's rows read in one lookup, its views put back at their places:
+            datasets [0 1 0 0 1]: dataset 0 reads rows at places [0 2 3], dataset 1 at [1 4]
+        (a scatter by place: 20% faster than joining the parts and undoing an argsort; bench_blend)."""
         dss = self._open()
         if len(dss) == 1:
             return (*read_rows(dss[0], rows), _loss_masks(dss[0], rows))
-        tokens, offsets, masks, picked = [], [], [], []
-        for d in np.unique(datasets).tolist():
+        n = len(rows)
+        tokens, offsets, masks = [None] * n, [None] * n, None
+        for d, ds in enumerate(dss):
             here = np.flatnonzero(datasets == d)
-            t, o = read_rows(dss[d], rows[here])
-            tokens += t
-            offsets += o
-            masks += _loss_masks(dss[d], rows[here]) or [None] * len(here)
-            picked.append(here)
-        back = np.argsort(np.concatenate(picked), kind="stable").tolist()
-        masks = None if all(m is None for m in masks) else [masks[k] for k in back]
-        return [tokens[k] for k in back], [offsets[k] for k in back], masks
+            if not len(here):
+                continue
+            places, mine = here.tolist(), rows[here]
+            for k, t, o in zip(places, *read_rows(ds, mine)):
+                tokens[k], offsets[k] = t, o
+            mask = _loss_masks(ds, mine)
+            if mask is not None:
+                masks = masks or [None] * n
+                for k, m in zip(places, mask):
+                    masks[k] = m
+        return tokens, offsets, masks
 
     def _will_read(self, datasets: np.ndarray, rows: np.ndarray, first: bool):
         """Tell readers that read ahead (a streamed store: ds.prefetch, packer/store/stream.py) the rows
@@ -435,8 +443,11 @@ class PackedDataset(IterableDataset):
 
 def _source_ids(sources: np.ndarray, row_starts: list) -> np.ndarray:
     """int64, one per token of the block: its row's source. A pooled buffer filled row by row: a fresh
-    array would be page-faulted in again on every block (the same cost items.py measured)."""
+    array would be page-faulted in again on every block (the same cost items.py measured). Measured
+    2026-12-01 (bench_blend's blocks of 64 rows of <= 4096): 106 us a block against 84 us for a bare
+    fill of the buffer (the cost is writing 8 bytes a token; np.repeat into it 227, by runs of one
+    source 118)."""
     out = _POOL.take(row_starts[-1])
-    for k, source in enumerate(sources.tolist()):
-        out[row_starts[k]:row_starts[k + 1]] = source
+    for a, b, source in zip(row_starts, row_starts[1:], sources.tolist()):
+        out[a:b] = source
     return out

@@ -115,6 +115,50 @@ def test_blend_resumes_mid_epoch_also_elastically(two_datasets, workers):  # noq
         changed.load_state_dict(state)
 
 
+def test_permute_groups_equals_one_permute_per_group():
+    from packer.train.order import permute, permute_groups
+
+    rng = np.random.default_rng(3)
+    sizes = [1, 2, 7, 40, 1000, 2**20 + 3]
+    epochs = [(0, s, p) for s, p in zip(range(len(sizes)), (0, 3, 1, 0, 2, 0))]
+    group = rng.integers(0, len(sizes), 5000)
+    positions = np.array([rng.integers(0, sizes[g]) for g in group.tolist()])
+    got = permute_groups(positions, group, sizes, 5, epochs)
+    for g, (n, e) in enumerate(zip(sizes, epochs)):
+        assert got[group == g].tolist() == permute(positions[group == g], n, 5, e).tolist()
+    assert permute_groups(np.zeros(0, np.int64), np.zeros(0, np.int64), [], 5, []).tolist() == []
+
+
+def test_blend_rows_equal_one_order_per_source_and_pass(monkeypatch):
+    """The vectorized map against its definition: sample k of source s is row k % n_s of pass k // n_s's order."""
+    from packer.train.order import epoch_order
+
+    monkeypatch.setattr(blend_module, "PERIOD", 997)
+    sources = [Source("a", 0, 0, 40), Source("b", 0, 40, 1040), Source("c", 1, 0, 7)]
+    b = Blend(sources, [0.3, 0.5, 0.2], 10_000)
+    positions = np.random.default_rng(0).permutation(b.length)[:3000]
+    source, k = b.samples(positions)
+    for shuffle in ("full", "block", "none"):
+        datasets, rows, src = b.rows(positions, shuffle, seed=2, epoch=4, block=4, window=2)
+        assert src.tolist() == source.tolist()
+        for i in range(0, len(positions), 7):
+            s, spec = int(source[i]), sources[int(source[i])]
+            n = spec.end - spec.start
+            local = epoch_order(np.array([k[i] % n]), n, shuffle, 2, (4, s, int(k[i]) // n), 4, 2)
+            assert (int(datasets[i]), int(rows[i])) == (spec.dataset, spec.start + int(local[0]))
+
+
+def test_blended_read_puts_each_row_back_in_place(two_datasets):
+    ds = PackedDataset(two_datasets, weights=[1, 1], num_samples=300)
+    dss = [open_dataset(p) for p in two_datasets.values()]
+    datasets, rows, _ = ds._rows_at(np.arange(300))
+    tokens, offsets, masks = ds._read(datasets, rows)
+    assert masks is None and len(tokens) == len(offsets) == 300
+    for t, o, d, r in zip(tokens, offsets, datasets.tolist(), rows.tolist()):
+        want_t, want_o = dss[d][r]
+        assert t.tolist() == want_t.tolist() and o.tolist() == want_o.tolist()
+
+
 def test_source_ids_name_the_dataset_of_each_token(two_datasets):
     keys = {name: {open_dataset(p)[i][0].astype(np.int64).tobytes() for i in range(len(open_dataset(p)))}
             for name, p in two_datasets.items()}
