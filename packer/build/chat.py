@@ -112,26 +112,29 @@ class ChatTemplate:
         self.roles = frozenset(roles)
         self.has_generation = GENERATION.search(source) is not None
         self._variables = {**self.template.globals, "tools": None, "documents": None, **self.specials}
-        self._context = self.template.environment.context_class
+        self._context_class = self.template.environment.context_class
+
+    def _context(self, messages: list, add_generation_prompt: bool):
+        """The context Template.render / generate make, minus their per-call merge of the globals
+        into the variables (done once, in __init__) and new_context's checks (the Context built as
+        it builds it for shared variables)."""
+        template = self.template
+        return self._context_class(template.environment, {**self._variables, "messages": messages,
+                                                          "add_generation_prompt": add_generation_prompt},
+                                   template.name, template.blocks, globals=template.globals)
 
     def render(self, messages: list, add_generation_prompt: bool = False) -> str:
-        """Template.render, minus its per-call merge of the globals into the variables (done once,
-        in __init__) and new_context's checks (the Context built as it builds it for shared
-        variables): the same context, 2.6x faster on an 8-turn ChatML conversation (48 against
-        127 us, 2026-12-01), which matters as a conversation renders once per trained turn twice."""
-        template = self.template
-        context = self._context(template.environment, {**self._variables, "messages": messages,
-                                                       "add_generation_prompt": add_generation_prompt},
-                                template.name, template.blocks, globals=template.globals)
-        return "".join(template.root_render_func(context))
+        """Template.render with the context of _context: the same text, 2.6x faster on an 8-turn
+        ChatML conversation (48 against 127 us, 2026-12-01), which matters as a conversation renders
+        once per trained turn twice."""
+        return "".join(self.template.root_render_func(self._context(messages, add_generation_prompt)))
 
     def _render_tracked(self, messages: list) -> tuple[str, list[tuple[int, int]]]:
         blocks, spans = [], []
         env = self.template.environment
         env.generation_tracking = (blocks, spans)
         try:
-            for block in self.template.generate(messages=messages, tools=None, documents=None,
-                                                add_generation_prompt=False, **self.specials):
+            for block in self.template.root_render_func(self._context(messages, False)):
                 blocks.append(block)
         finally:
             env.generation_tracking = None
