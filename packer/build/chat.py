@@ -113,15 +113,17 @@ class ChatTemplate:
         self.has_generation = GENERATION.search(source) is not None
         self._variables = {**self.template.globals, "tools": None, "documents": None, **self.specials}
         self._context_class = self.template.environment.context_class
+        self._global_names = frozenset(self.template.globals)  # what Context keeps of `globals`: set(globals)
 
     def _context(self, messages: list, add_generation_prompt: bool):
         """The context Template.render / generate make, minus their per-call merge of the globals
-        into the variables (done once, in __init__) and new_context's checks (the Context built as
-        it builds it for shared variables)."""
+        into the variables (done once, in __init__), new_context's checks (the Context built as it
+        builds it for shared variables) and the walk of the globals' ChainMap for their names
+        (which Context keeps, as globals_keys; 1.7 of its 3.1 us)."""
         template = self.template
         return self._context_class(template.environment, {**self._variables, "messages": messages,
                                                           "add_generation_prompt": add_generation_prompt},
-                                   template.name, template.blocks, globals=template.globals)
+                                   template.name, template.blocks, globals=self._global_names)
 
     def render(self, messages: list, add_generation_prompt: bool = False) -> str:
         """Template.render with the context of _context: the same text, 2.6x faster on an 8-turn
