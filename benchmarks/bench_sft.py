@@ -11,9 +11,11 @@ shuffled and numbers varied, as JSONL) with the sample tokenizer and its ChatML-
     encode_batch_fast   the tokenizer over the rendered texts, already in memory (ids only)
     encode_batch        the same with offsets (what finding trained tokens needs)
     render only         the template: the whole conversation, plus the prefixes of each trained turn
-    stage               tokenize_unit on the JSONL: read, render, encode once, map spans to tokens,
+    stage               tokenize_unit on the JSONL: read, render, encode once (encode_batch_fast; the
+                        offsets from the ids, packer/build/records.py ByteOffsets), map spans to tokens,
                         write unit files (tokens, lengths, loss mask); trained spans from prefixes
-                        (two renders of a prefix per trained turn: quadratic in the turns)
+                        (two renders of a prefix per trained turn, the last turn's is the whole text:
+                        quadratic in the turns)
     stage, generation   the same with the template's {% generation %} variant (one render per
                         conversation; the same text and mask)
 

@@ -102,6 +102,14 @@ def compile_template(source: str):
                          "another with --chat-template FILE") from None
 
 
+@functools.lru_cache(maxsize=1)
+def _template_errors() -> tuple[type[Exception], ...]:
+    """What a rendering raises on a conversation the template rejects (jinja2 imported when needed)."""
+    import jinja2
+
+    return jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError
+
+
 class ChatTemplate:
     """One compiled template with the tokenizer's special-token strings; renders conversations and
     finds their trained spans (module docstring)."""
@@ -170,19 +178,19 @@ class ChatTemplate:
                 continue
             head = prefix(k, message["role"] == "assistant", k)
             turn = prefix(k + 1, False, k)
-            self._require_prefix(head, turn, where, k, "the turns before it" + (" + the generation prompt" if
-                                 message["role"] == "assistant" else ""), "the conversation up to it")
-            self._require_prefix(turn, text, where, k, "the conversation up to it", "the whole conversation")
+            if not turn.startswith(head):
+                self._require_prefix(head, turn, where, k, "the turns before it" + (" + the generation prompt" if
+                                     message["role"] == "assistant" else ""), "the conversation up to it")
+            if not text.startswith(turn):
+                self._require_prefix(turn, text, where, k, "the conversation up to it", "the whole conversation")
             if len(turn) > len(head):
                 spans.append((len(head), len(turn)))
         return spans
 
     def _prefix(self, messages: list, generation_prompt: bool, where: str, k: int) -> str:
-        import jinja2
-
         try:
             return self.render(messages, add_generation_prompt=generation_prompt)
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
+        except _template_errors() as e:
             if not messages and not generation_prompt:
                 return ""  # many templates read messages[0]: no turn before the first renders as nothing
             raise TemplateRefused(f"{where}: the chat template fails on the first {k} turns of the conversation "

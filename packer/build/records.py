@@ -177,17 +177,20 @@ class RecordEncoder:
         if not isinstance(messages, list) or not messages:
             skips.add("missing_field" if messages is None else "empty_messages", where)
             return None
+        special = self.specials_re.search if self.specials_re is not None else None
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 skips.add("missing_role", where)
                 return None
-            if not isinstance(m.get("content"), str):
+            content = m.get("content")
+            if not isinstance(content, str):
                 skips.add("non_string_content", where)
                 return None
-            if self.specials_re is not None and self.specials_re.search(m["content"]):
+            if special is not None and special(content):
                 skips.add("special_token_in_content", where)
                 return None
-        if not any(m["role"] in self.template.roles for m in messages) and not self.template.has_generation:
+        roles = self.template.roles
+        if not self.template.has_generation and not any(m["role"] in roles for m in messages):
             skips.add("no_trained_tokens", where)
             return None
         return messages
