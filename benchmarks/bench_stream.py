@@ -9,16 +9,17 @@ reader's memory (--memory-mb) and streaming really evicts and reads again. "Remo
 directory behind benchmarks/bench_fs.py's `slowlocal://` fsspec filesystem, whose every read call
 first sleeps --latency-ms (a request's round trip), reached through pyarrow's PyFileSystem.
 
-Cases, each in two orders (stored order, and PackedDataset's full shuffle), PackedDataset(batch_size=8)
+Cases, each in three orders (stored order; shuffle="block": blocks of 64 stored rows in a seeded
+order, rows shuffled within windows of 16 blocks; the full shuffle), each order's shuffle quality
+printed first (packer/train/order.py `spread`), PackedDataset(batch_size=8)
 iterated in this process (DataLoader(batch_size=None, num_workers=0) does the same), the first
 --batches batches timed, from a fresh open (indexes read inside the timing):
 
     local memory maps         the baseline (ratio 1)
     no read-ahead             read_ahead=0: each block read on demand, in the loader's thread
-    read-ahead (per call)     16 threads fetch the blocks of each 64-row loader step together
-    read-ahead (epoch order)  ds.prefetch(the epoch's row order) first: blocks fetched in the order
-                              the epoch reads them, as far as memory allows (what data.py does when
-                              it calls prefetch)
+    read-ahead (epoch order)  PackedDataset tells the stream each next chunk of its epoch's rows
+                              (ds.prefetch, packer/train/data.py): blocks fetched in the order the
+                              epoch reads them, by 16 threads, as far as memory allows
     + warm cache              the same with a local cache directory a previous epoch filled
 
 `store MB` is what the case read from the store, `x data` that over the bytes of the rows it
@@ -62,23 +63,11 @@ from bench_fs import SlowLocal  # noqa: E402
 from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.store import stream  # noqa: E402
-from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.data import PackedDataset  # noqa: E402
+from packer.train.order import spread  # noqa: E402
 
 CONTEXT, BATCH, SEED = 4096, 8, 0
 SAMPLE = ROOT / "sample_data"
-
-
-class Planned(PackedDataset):
-    """PackedDataset that hands the stream its epoch order first (ds.prefetch): what
-    packer/train/data.py does once it calls prefetch."""
-
-    def __iter__(self):
-        if self._ds is None:
-            self._ds = open_dataset(self.path)
-        if hasattr(self._ds, "prefetch"):
-            self._ds.prefetch(self.epoch_rows(self.split()), reset=True)
-        return super().__iter__()
 
 
 def build_dataset(out: Path, fmt: str, copies: int) -> Path:
@@ -157,21 +146,23 @@ def main():
             data_mb = sum(p.stat().st_size for p in local.glob("c*")) / 1e6
             print(f"{fmt}: {data_mb:.0f} MB of shards, {json.loads((local / 'manifest.json').read_text())['totals']['sequences']} "
                   f"sequences; memory_bytes is {memory / 1e6 / data_mb:.2f} of the data")
-            for shuffle in (False, True):
-                order = "shuffled" if shuffle else "stored"
+            for shuffle in (False, "block", True):
+                order = {False: "stored", "block": "block", True: "shuffled"}[shuffle]
+                quality = _spread(local, shuffle)
+                print(f"{fmt}: order {order}: spread {quality:.3f} (1 = a full shuffle's, 0 = storage order; "
+                      "packer/train/order.py spread)")
                 cache = tmp / f"cache-{fmt}-{order}"
                 cases = [
                     ("local memory maps", local, PackedDataset, {}),
                     ("no read-ahead", remote, PackedDataset, {"read_ahead": 0}),
-                    ("read-ahead (per call)", remote, PackedDataset, {}),
-                    ("read-ahead (epoch order)", remote, Planned, {}),
-                    ("  + warm cache", remote, Planned, {"cache_dir": str(cache)}),
-                    ("  memory 2x the data", remote, Planned, {"memory_bytes": 2 * int(data_mb * 1e6)}),
+                    ("read-ahead (epoch order)", remote, PackedDataset, {}),
+                    ("  + warm cache", remote, PackedDataset, {"cache_dir": str(cache)}),
+                    ("  memory 2x the data", remote, PackedDataset, {"memory_bytes": 2 * int(data_mb * 1e6)}),
                 ]
                 best = {}
                 for _ in range(args.rounds):  # interleaved: a slow spell of the box hits every case alike
                     for name, path, kind, opts in cases:
-                        batches = args.shuffled_batches if shuffle and path == remote and "memory_bytes" not in opts \
+                        batches = args.shuffled_batches if shuffle is True and path == remote and "memory_bytes" not in opts \
                             else args.batches
                         result = run_case(path, kind, opts, shuffle, memory, batches)
                         if name not in best or result[1] < best[name][1]:
@@ -186,7 +177,13 @@ def main():
                           f"{rate / base:>8.2f}x {read_mb:>9.1f} {read_mb / (n_tokens * 2 / 1e6):>7.2f}")
 
 
-def run_case(path, kind, opts: dict, shuffle: bool, memory: int, batches: int):
+def _spread(path, shuffle) -> float:
+    """The shuffle-quality number of an order (packer/train/order.py spread) over the batches of BATCH."""
+    ds = PackedDataset(path, seed=SEED, shuffle=shuffle)
+    return spread(ds.epoch_rows(ds.split()), ds.n_sequences, BATCH)
+
+
+def run_case(path, kind, opts: dict, shuffle, memory: int, batches: int):
     """timed() of one case, its stream options set in the environment (as a DataLoader worker
     would get them) for the while; a cache case fills its cache first when it is empty."""
     env = {"PACKER_STREAM_MEMORY_BYTES": str(memory), **{stream.ENV[k]: str(v) for k, v in opts.items()}}

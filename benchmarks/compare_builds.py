@@ -3,6 +3,9 @@ and with this checkout, then compares every output file; manifest.json minus its
 
     python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
 
+Against revisions before the streamed planner (2026-12-01), the `jsonl-drop` cases (the ones with
+--pack-group) differ by design: grouped plans shuffle bins by buckets (packer/build/plan_stream.py).
+
 Cases: the sample job (context 2048) and the test corpora (sample JSONL, the same as Parquet,
 gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
 arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants. Prints one row per case.

@@ -295,7 +295,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
             return {**manifest, "already_complete": True}
         if overwrite and work.exists() and not resume.same_work(work, expected):
             owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
-        manifest = _build_into(job, files, info, out, work, record, expected, progress, named)
+        manifest = _build_into(job, files, info, out, work, record, expected, progress, named, overwrite)
         owned.publish(out, manifest, record)
         if not keep_work:
             owned.remove_work(out, record)
@@ -314,9 +314,22 @@ def _owned_record(out) -> dict:
     return record
 
 
-def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, progress, named=None) -> dict:
+def _start_work(out, work, record: dict, expected: dict):
+    """Create or resume `work` (its fingerprint `expected`), recorded as packer's; return its staging dir."""
+    owned.claim_work(out, record)
+    resume.start_or_resume(work, expected)
+    staged = work / owned.STAGED
+    for d in (work, work / "units", work / "shards", staged):
+        d.mkdir(parents=True, exist_ok=True)
+        atomic.remove_leftovers(d)
+    return staged
+
+
+def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, progress, named=None,
+                overwrite: bool = False) -> dict:
     """Tokenize, plan, write and finalize into `work`/dataset/ (manifest last); return the manifest.
-    `named`: the job's named sources (packer/build/sources.py), or None for one unnamed source."""
+    `named`: the job's named sources (packer/build/sources.py), or None for one unnamed source.
+    `overwrite`: work whose inputs changed since it was read is discarded, not refused."""
     config = job.config
     started = time.time()
     skipped_files = [] if config.on_file_error == "skip" else None
@@ -328,16 +341,17 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         units = readers.plan_units(
             files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
         )
-    owned.claim_work(out, record)
-    resume.start_or_resume(work, expected)
-    staged = work / owned.STAGED
-    for d in (work, work / "units", work / "shards", staged):
-        d.mkdir(parents=True, exist_ok=True)
-        atomic.remove_leftovers(d)
+    staged = _start_work(out, work, record, expected)
     executor = make_executor(job)
     unit_counters = [(u, str(unit_paths(work / "units", u.index)["json"])) for u in units]
     try:
-        changed.refuse_changed(unit_counters, executor, stage="resume")  # finished units' inputs
+        try:
+            changed.refuse_changed(unit_counters, executor, stage="resume")  # finished units' inputs
+        except changed.InputChanged:
+            if not overwrite:
+                raise
+            owned.remove_work(out, record)  # --overwrite: build from the inputs as they are now
+            staged = _start_work(out, work, record, expected)
         counters = _tokenize_stage(units, info, config, work / "units", executor, progress,
                                    named.unit_configs if named else None)
         try:
