@@ -319,3 +319,101 @@ def test_batch_masks_equal_one_text_at_a_time():
         n_bad += b
         at += n
     assert 0 < n_bad < 300
+
+
+def _tokenizer_variant(tmp_path: Path, variant: str):
+    """The sample tokenizer (+ ChatML specials) as shipped, Llama-3-style (a Split regex before
+    ByteLevel, a ByteLevel + TemplateProcessing post-processor), or with ByteLevel offset trimming."""
+    from tokenizers import AddedToken, Tokenizer
+
+    spec = json.loads((SAMPLE / "tokenizer.json").read_text(encoding="utf-8"))
+    if variant == "llama3":
+        spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "behavior": "Isolated", "invert": False, "pattern": {"Regex": (
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")}},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+        spec["post_processor"] = {"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {}}]}
+    elif variant.startswith("trim"):
+        spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": variant == "trim-prefix-space",
+                                  "trim_offsets": True, "use_regex": True}
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in ["<|im_start|>", "<|im_end|>"]])
+    return tok
+
+
+def _hostile_texts(n: int, seed: int) -> list[str]:
+    """Runs of spaces, tabs, newlines, accents (composed and combining), CJK, emoji (4 bytes), the
+    byte-level alphabet's own letters, Unicode spaces, special tokens, empty texts."""
+    rng = random.Random(seed)
+    atoms = ["a", "the", " ", "  ", "   ", "\t", "\n", "\n\n", " \n", "é", "日本語", "😀", "e\u0301", "<|im_start|>",
+             "<|im_end|>", "Hello", " world", "12345", "!!", " x", "\u00a0", "\u3000", "\u0120\u0120", "\x85", "\u2028"]
+    return ["".join(rng.choice(atoms) for _ in range(rng.randrange(0, 30))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("variant", ["sample", "llama3", "trim", "trim-prefix-space"])
+def test_byte_offsets_equal_the_tokenizers_offsets(tmp_path, variant):
+    """ByteOffsets (ids from encode_batch_fast, offsets computed) gives encode_batch's ids and
+    offsets exactly, trimming included, on texts chosen to break it."""
+    from packer.build.records import ByteOffsets
+
+    tok = _tokenizer_variant(tmp_path, variant)
+    offsets = ByteOffsets.of(tok)
+    assert offsets is not None and offsets.trim == variant.startswith("trim")
+    texts = _hostile_texts(2000, seed=3)
+    for at in range(0, len(texts), 256):
+        batch = texts[at:at + 256]
+        ids, lengths, starts, ends, bases = offsets.offsets(tok.encode_batch_fast(batch, add_special_tokens=False), batch)
+        expected = tok.encode_batch(batch, add_special_tokens=False)
+        assert lengths.tolist() == [len(e) for e in expected]
+        assert ids.tolist() == [i for e in expected for i in e.ids]
+        shift = np.repeat(bases, lengths)
+        assert list(zip((starts - shift).tolist(), (ends - shift).tolist())) == [o for e in expected for o in e.offsets]
+
+
+def test_byte_offsets_decline_what_they_do_not_model(tmp_path):
+    """A normalizer, another model, added tokens that strip spaces: no ByteOffsets (the tokenizer's
+    offsets are used); ids that do not lay out a text's bytes: None for the batch."""
+    from tokenizers import AddedToken, Tokenizer, normalizers
+
+    from packer.build.records import ByteOffsets
+
+    tok = _tokenizer_variant(tmp_path, "sample")
+    tok.normalizer = normalizers.NFC()
+    assert ByteOffsets.of(tok) is None
+    stripping = _tokenizer_variant(tmp_path, "sample")
+    stripping.add_special_tokens([AddedToken("<x>", special=True, lstrip=True)])
+    assert ByteOffsets.of(stripping) is None
+    from tokenizers.models import WordLevel
+    assert ByteOffsets.of(Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))) is None
+    tok = _tokenizer_variant(tmp_path, "sample")
+    offsets = ByteOffsets.of(tok)
+    encodings = tok.encode_batch_fast(["hello", "world"], add_special_tokens=False)
+    assert offsets.offsets(encodings, ["hello", "worlds"]) is None  # 5 bytes of ids for a 6-byte text
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3", "chatml-generation"])
+def test_the_fast_path_builds_what_the_tokenizers_offsets_build(tmp_path, family):
+    """Old path against new: the same records through the tokenizer's offsets (encode_batch) and
+    through ByteOffsets give the same ids, lengths and masks, hostile contents and bad records included."""
+    path = make_tokenizer(tmp_path, family)
+    rng = random.Random(5)
+    records = [{"messages": m} for m in _conversations(150, seed=9)]
+    hostile = _hostile_texts(300, seed=4)
+    for r in records[::3]:
+        for m in r["messages"]:
+            m["content"] = rng.choice(hostile) + m["content"] + rng.choice(hostile)
+    cfg = BuildConfig(input_kind="chat", train_roles="assistant,user")
+    info = tokenizer_info(str(path), cfg)
+    batch = [(f"chat.jsonl:{i + 1}", r) for i, r in enumerate(records)]
+    fast = RecordEncoder("chat", info, cfg, encode_texts)
+    assert fast.offsets is not None
+    slow = RecordEncoder("chat", info, cfg, encode_texts)
+    slow.offsets = None
+    got, want = fast.encode(batch, fast_skips := SkipLog.empty()), slow.encode(batch, skips := SkipLog.empty())
+    assert got.ids.tolist() == want.ids.tolist() and got.lengths.tolist() == want.lengths.tolist()
+    assert got.mask.tolist() == want.mask.tolist() and fast_skips.counts == skips.counts
+    assert 50 < len(want.lengths) <= len(records) and 0 < int(want.mask.sum()) < len(want.mask)
