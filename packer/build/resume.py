@@ -10,6 +10,7 @@ into the output. Worker count is not part of it: it does not change the bytes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -37,7 +38,24 @@ def fingerprint(config, info, files) -> dict:
     # strict / on_file_error only decide whether a bad input stops the run; a failed unit leaves no
     # unit file, so resuming with the other choice (the usual fix for a corrupt file) is safe.
     settings = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}
-    return {"config": settings, "tokenizer_sha256": info.sha256, "inputs": inputs}
+    out = {"config": settings, "tokenizer_sha256": info.sha256, "inputs": inputs}
+    if (template := _chat_template_sha256(config, info)) is not None:  # it decides the masks: another one is other work
+        out["chat_template_sha256"] = template
+    return out
+
+
+def _chat_template_sha256(config, info) -> str | None:
+    """sha256 of the chat template a chat (or auto) build would render with; None for other kinds, or
+    when the tokenizer has none (an auto build of other records then never renders one)."""
+    if getattr(config, "input_kind", "text") not in ("chat", "auto"):
+        return None
+    from packer.build.tokenizer import chat_template_of
+
+    try:
+        source, _ = chat_template_of(info.path, config.chat_template)
+    except (ValueError, OSError):
+        return None
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
 def _first_difference(old, new, where: str = ""):

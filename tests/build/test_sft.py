@@ -8,6 +8,7 @@ import collections
 import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -253,3 +254,23 @@ def test_masked_builds_are_the_same_bytes_at_any_worker_count(tmp_path):
     assert names == sorted(p.name for p in outs[1].iterdir() if p.name.startswith("shard-"))
     for name in names:
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
+def test_an_edited_chat_template_is_other_work_not_a_resume(tmp_path):
+    """The template decides the masks: a _work/ made with another template is refused, not resumed."""
+    from packer.build import resume
+    from packer.build.tokenizer import tokenizer_info
+
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    shutil.copy(SAMPLE / "tokenizer.json", tok_dir / "tokenizer.json")
+    config = json.loads((SAMPLE / "tokenizer_config.json").read_text())
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    chat = BuildConfig(input_kind="chat")
+    info = tokenizer_info(str(tok_dir / "tokenizer.json"), chat)
+    before = resume.fingerprint(chat, info, [])
+    assert "chat_template_sha256" in before
+    assert "chat_template_sha256" not in resume.fingerprint(BuildConfig(), info, [])  # text: as it always was
+    config["chat_template"] = config["chat_template"].replace("<|im_start|>", "<|im_start|> ")
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    assert resume.fingerprint(chat, info, [])["chat_template_sha256"] != before["chat_template_sha256"]
