@@ -113,7 +113,7 @@ def timed(make, batches: int) -> tuple[float, float, int, dict]:
         if k + 1 == batches:
             break
     t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, n_tokens, dict(getattr(ds._ds, "stats", {}))
+    return t1 - t0, t2 - t1, n_tokens, dict(getattr(ds._open()[0], "stats", {}))
 
 
 def main():
