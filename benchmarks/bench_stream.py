@@ -10,7 +10,7 @@ directory behind benchmarks/bench_fs.py's `slowlocal://` fsspec filesystem, whos
 first sleeps --latency-ms (a request's round trip), reached through pyarrow's PyFileSystem.
 
 Cases, each in three orders (stored order; shuffle="block": blocks of 64 stored rows in a seeded
-order, rows shuffled within windows of 16 blocks; the full shuffle), each order's shuffle quality
+order, rows shuffled within windows of BLOCK_WINDOW = 4 blocks, which fit the small memory; the full shuffle), each order's shuffle quality
 printed first (packer/train/order.py `spread`), PackedDataset(batch_size=8)
 iterated in this process (DataLoader(batch_size=None, num_workers=0) does the same), the first
 --batches batches timed, from a fresh open (indexes read inside the timing):
@@ -177,9 +177,17 @@ def main():
                           f"{rate / base:>8.2f}x {read_mb:>9.1f} {read_mb / (n_tokens * 2 / 1e6):>7.2f}")
 
 
+BLOCK_WINDOW = 4  # blocks of 64 rows per shuffle window: 256 rows of 4096 tokens = 2 MiB, within the read-ahead's
+# half of --memory-mb 16 (the default window of 16 blocks, 8 MiB, is for the default 256 MiB of stream memory)
+
+
+def _order_options(shuffle) -> dict:
+    return {"shuffle_window": BLOCK_WINDOW} if shuffle == "block" else {}
+
+
 def _spread(path, shuffle) -> float:
     """The shuffle-quality number of an order (packer/train/order.py spread) over the batches of BATCH."""
-    ds = PackedDataset(path, seed=SEED, shuffle=shuffle)
+    ds = PackedDataset(path, seed=SEED, shuffle=shuffle, **_order_options(shuffle))
     return spread(ds.epoch_rows(ds.split()), ds.n_sequences, BATCH)
 
 
@@ -192,7 +200,7 @@ def run_case(path, kind, opts: dict, shuffle, memory: int, batches: int):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            make = lambda: kind(path, seed=SEED, shuffle=shuffle, batch_size=BATCH)  # noqa: E731
+            make = lambda: kind(path, seed=SEED, shuffle=shuffle, batch_size=BATCH, **_order_options(shuffle))  # noqa: E731
             if "cache_dir" in opts and not Path(opts["cache_dir"]).exists():
                 timed(make, batches)
             return timed(make, batches)

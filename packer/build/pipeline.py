@@ -290,8 +290,8 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
             resume.require_same_dataset(manifest, config, info, files, out)
             if named or manifest.get("sources"):
                 sources.require_same_sources(manifest, named.described if named else [], out)
-            if work.exists() and not keep_work:
-                owned.remove_work(out, record)  # a run killed after its manifest, before this
+            if (work.exists() or record["work"]) and not keep_work:  # a run stopped after its manifest, before
+                owned.remove_work(out, record)  # this (or before the record said _work/ was gone: a full disk)
             return {**manifest, "already_complete": True}
         if overwrite and work.exists() and not resume.same_work(work, expected):
             owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
