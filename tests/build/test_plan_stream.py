@@ -207,6 +207,13 @@ def _files(out):
                 m = json.loads(data)
                 m.pop("created_unix"), m.pop("build_seconds")
                 data = json.dumps(m, sort_keys=True).encode()
+            if p.name == ".packer-owned.json":  # packer's record of its files: without their modification times,
+                record = json.loads(data)       # nor the manifest's size and sha256 (its timestamps change them)
+                for name, entry in record["files"].items():
+                    entry.pop("mtime_ns")
+                    if name == "manifest.json":
+                        del entry["sha256"], entry["bytes"]
+                data = json.dumps(record, sort_keys=True).encode()
             found[str(p.relative_to(out))] = data
     return found
 
