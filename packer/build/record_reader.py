@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from packer.build.readers import jsonl
+from packer.build.readers import file_errors, jsonl
 from packer.build.readers.columns import check_record_columns, column_records
 from packer.build.readers.common import UNBOUNDED, FileError, SkipLog, Unit, open_lines, where
 from packer.io import fs
@@ -31,12 +31,8 @@ def read_records(unit: Unit, skips: SkipLog, fields: tuple[str, ...], *, max_doc
                  fix: str = ""):
     """Yield (where, record) for each record of the unit; `fields` are the columns to read from
     Parquet / Arrow (the first one required: FileError naming `fix` without it)."""
-    import pyarrow as pa
-
-    from packer.build.readers import cause
-
     place = fs.location(unit.path)
-    try:
+    with file_errors(unit):
         if unit.format == "jsonl":
             yield from _jsonl_records(unit, place, skips, max_doc_bytes)
         elif unit.format in ("parquet", "arrow"):
@@ -44,13 +40,6 @@ def read_records(unit: Unit, skips: SkipLog, fields: tuple[str, ...], *, max_doc
         else:
             raise FileError(unit.path, f"a {unit.format} input holds text, not records; use --input-kind text, "
                                        "or give records as JSONL, Parquet or Arrow")
-    except FileError:
-        raise
-    except (OSError, EOFError, pa.ArrowException) as e:
-        why = cause(e)
-        if unit.compression and not isinstance(e, (PermissionError, FileNotFoundError, IsADirectoryError)):
-            why = f"corrupt or truncated {unit.compression} stream ({e})"
-        raise FileError(unit.path, why) from None
 
 
 def _jsonl_records(unit: Unit, place, skips: SkipLog, max_bytes: int):

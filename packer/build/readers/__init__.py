@@ -23,6 +23,7 @@ Text files are UTF-8; a byte-order mark is honoured (common.open_lines).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from packer.build.inputs import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
@@ -144,13 +145,21 @@ def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_spli
 
     Problems with the file itself (unreadable, corrupt or truncated stream, no text column)
     raise FileError; bad records never do (unless skips.strict)."""
-    import pyarrow as pa
-
     reader = reader_for(unit.format)
     skips.sums = sums  # a reader that does not hash leaves it empty: the unit has no record
-    try:
+    with file_errors(unit):
         yield from reader.texts(unit, fs.location(unit.path), skips, text_field=text_field, text_split=text_split,
                                 max_doc_bytes=max_doc_bytes)
+
+
+@contextlib.contextmanager
+def file_errors(unit: Unit):
+    """Problems reading the unit's file (OSError, a truncated stream, a damaged Arrow/Parquet file)
+    as one FileError naming it; a FileError passes as it is. read_unit's and read_records' one rule."""
+    import pyarrow as pa
+
+    try:
+        yield
     except FileError:
         raise
     except (OSError, EOFError, pa.ArrowException) as e:
