@@ -126,15 +126,27 @@ class ShardDataset:
         t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
         return rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
 
-    def views(self, indices) -> tuple[list, list]:
-        """Rows `indices` (any order, repeats allowed) as two lists of read-only views,
-        (tokens of each row, offsets of each row): what `ds[i]` gives, for many rows in one
-        vectorized lookup. Nothing is copied."""
+    def _checked(self, indices) -> np.ndarray:
+        """`indices` as int64 row numbers in [0, n) (negatives from the end); IndexError outside."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = self._n
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
-        idx = idx % n if n else idx
+        return idx % n if n else idx
+
+    def _locate(self, idx: np.ndarray) -> tuple[list, list]:
+        """(block, row within it) of each row number, as plain ints; every block touched gets its first read."""
+        block = self._block_starts.searchsorted(idx, side="right") - 1
+        if self._n_unread:
+            for b in np.flatnonzero(self._unread & (np.bincount(block, minlength=len(self._blocks)) > 0)).tolist():
+                self._first_read(b)
+        return block.tolist(), (idx - self._block_starts[block]).tolist()
+
+    def views(self, indices) -> tuple[list, list]:
+        """Rows `indices` (any order, repeats allowed) as two lists of read-only views,
+        (tokens of each row, offsets of each row): what `ds[i]` gives, for many rows in one
+        vectorized lookup. Nothing is copied."""
+        idx = self._checked(indices)
         if len(self._blocks) == 1:  # one memmap or Megatron shard, or one record batch: no block lookup
             if self._n_unread and idx.size:
                 self._first_read(0)
@@ -142,14 +154,10 @@ class ShardDataset:
             t, o, ts, ost = rows.tokens, rows.offsets, rows.token_starts, rows.offset_starts
             t0, t1, o0, o1 = ts[idx].tolist(), ts[idx + 1].tolist(), ost[idx].tolist(), ost[idx + 1].tolist()
             return [t[a:b] for a, b in zip(t0, t1)], [o[a:b] for a, b in zip(o0, o1)]
-        block = self._block_starts.searchsorted(idx, side="right") - 1
-        if self._n_unread:
-            for b in np.flatnonzero(self._unread & (np.bincount(block, minlength=len(self._blocks)) > 0)).tolist():
-                self._first_read(b)
-        local = (idx - self._block_starts[block]).tolist()
+        block, local = self._locate(idx)
         blocks = self._blocks
         tokens, offsets = [], []
-        for b, r in zip(block.tolist(), local):  # plain ints: numpy scalars per row cost more
+        for b, r in zip(block, local):  # plain ints: numpy scalars per row cost more
             rows = blocks[b]
             tokens.append(rows.tokens[rows.token_starts[r] : rows.token_starts[r + 1]])
             offsets.append(rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]])
@@ -157,17 +165,8 @@ class ShardDataset:
 
     def _extra_views(self, indices, field: str) -> list:
         """Per row of `indices`, a view of its `field`: loss_mask (per token) or source_ids (per segment)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = self._n
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"indices must be in [-{n}, {n}) for a dataset of {n} sequences")
-        idx = idx % n if n else idx
-        block = self._block_starts.searchsorted(idx, side="right") - 1
-        if self._n_unread:
-            for b in np.flatnonzero(self._unread & (np.bincount(block, minlength=len(self._blocks)) > 0)).tolist():
-                self._first_read(b)
         out = []
-        for b, r in zip(block.tolist(), (idx - self._block_starts[block]).tolist()):
+        for b, r in zip(*self._locate(self._checked(indices))):
             rows = self._blocks[b]
             if field == "loss_mask":
                 out.append(rows.loss_mask[rows.token_starts[r] : rows.token_starts[r + 1]])
