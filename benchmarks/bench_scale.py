@@ -12,11 +12,11 @@ run in it, so that is a group task's peak; with more, the workers' peak is print
 document, plan time per document, plan bytes each write task reads, and fill rate against the
 lower bound for each group size (packed directly on the first 10M documents, no files).
 
-2026-12-01, shared 2-core box (24 GB, load 12-17), context 4096, --pack-group 1M (docs/scale.md):
-    plan: 10,000,000 docs, driver peak RSS 190 MB, 19.9 bytes/doc, 86 s      (--workers 1)
-    plan: 100,000,000 docs, driver peak RSS 190 MB, 2.0 bytes/doc, 1088 s    (--workers 1; 51 s of CPU)
-1B (--workers 2, --pack-group 2M) was stopped at 187 of 500 groups by the time box: driver 89 MB, each
-worker 319 MB, flat from the first group on.
+2026-12-01, shared 2-core box (24 GB), context 4096 (docs/scale.md):
+    plan: 10,000,000 docs, driver peak RSS 190 MB, 19.9 bytes/doc, 86 s      (--workers 1, load 12-17)
+    plan: 100,000,000 docs, driver peak RSS 190 MB, 2.0 bytes/doc, 1088 s    (--workers 1, load 12-17; 51 s of CPU)
+    plan: 1,000,000,000 docs, driver peak RSS 87 MB, 0.1 bytes/doc, 273 s    (--workers 2 --pack-group 2M, load 1-3;
+                                                                             each worker 316 MB = 120 B/doc of a group)
 """
 
 from __future__ import annotations
