@@ -28,11 +28,12 @@ from packer.io import fs
 from packer.stats import figures
 from packer.stats.figures import FILL_BINS, LENGTH_BINS, PERCENTILES, TREND_GROUPS
 
-# Largest count of documents (and of sequences) whose stats.json is computed from whole arrays:
-# 24 bytes a document (lengths, the units' parts while concatenated, the sort) and about 80 a sequence;
-# 50M documents of web text (~8M sequences at 4096) peak near 2 GB (benchmarks/bench_finalize_stats.py).
+# Largest count of documents (and of sequences) whose stats.json is computed from whole arrays (the
+# lengths, the units' parts while concatenated, the sort; every sequence's summary): 50M web-like
+# documents (8.1M sequences at 4096) add 1065 MB, 22 bytes a document; the summaries add 36 MB at any
+# size, 100M or 1B (benchmarks/bench_finalize_stats.py, 2026-12-01).
 STREAM_ABOVE = 50_000_000
-CHUNK_DOCS = 1 << 22  # lengths counted at once (32 MB of int64)
+CHUNK_DOCS = 1 << 20  # lengths counted at once (8 MB of int64)
 DOT_CHUNK = 1 << 16  # position * value sums in int64: below 2**16 * 2**16 * L, safe for L < 2**31
 
 
