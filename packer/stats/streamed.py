@@ -161,7 +161,7 @@ class SequenceSums:
         self.group_tokens, self.group_docs = [0] * k, [0] * k
 
     def add(self, tokens: np.ndarray, docs: np.ndarray, split: np.ndarray):
-        tokens, docs = np.asarray(tokens, np.int64), np.asarray(docs, np.int64)
+        tokens, docs = np.asarray(tokens), np.asarray(docs)  # int32 as the plan stores them: int64 per chunk only
         off, m = self.seen, len(tokens)
         self.token_counts += np.bincount(tokens, minlength=self.L + 1)
         d = np.bincount(docs)
@@ -170,7 +170,7 @@ class SequenceSums:
         self.doc_counts[: len(d)] += d
         self.single_split += int(np.count_nonzero((docs == 1) & (np.asarray(split) == 1)))
         for a in range(0, m, DOT_CHUNK):
-            t, k = tokens[a : a + DOT_CHUNK], docs[a : a + DOT_CHUNK]
+            t, k = tokens[a : a + DOT_CHUNK].astype(np.int64), docs[a : a + DOT_CHUNK].astype(np.int64)
             j = np.arange(len(t), dtype=np.int64)
             self.pos_tokens += (off + a) * int(t.sum()) + int(j @ t)
             self.pos_docs += (off + a) * int(k.sum()) + int(j @ k)
@@ -178,8 +178,8 @@ class SequenceSums:
         for g, (g0, g1) in enumerate(zip(starts.tolist(), self.group_ends.tolist())):
             a, b = max(g0, off) - off, min(g1, off + m) - off
             if a < b:
-                self.group_tokens[g] += int(tokens[a:b].sum())
-                self.group_docs[g] += int(docs[a:b].sum())
+                self.group_tokens[g] += int(tokens[a:b].sum(dtype=np.int64))
+                self.group_docs[g] += int(docs[a:b].sum(dtype=np.int64))
         self.seen += m
 
     def composition(self) -> dict:

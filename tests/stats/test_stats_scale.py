@@ -15,6 +15,7 @@ from packer.build.pipeline import build
 from packer.config import BuildConfig, Job, Source
 from packer.stats import figures, streamed
 from packer.stats.streamed import Histogram, SequenceSums
+from packer.store.dataset import open_dataset
 
 # Floats that come from sums (numpy's pairwise float sums against exact integer ones); every other float is exact.
 FROM_SUMS = ("mean", "fill_by_group", "fill_correlation", "docs_correlation")
@@ -102,6 +103,18 @@ def _sums(tokens, docs, split, L, rng) -> SequenceSums:
         sums.add(tokens[a : a + m].astype(np.int32), docs[a : a + m].astype(np.int32), split[a : a + m].astype(np.int32))
         a += m
     return sums
+
+
+def test_sequence_sums_of_two_buckets_by_hand():
+    sums = SequenceSums(3, 8)
+    sums.add(np.array([8, 5], np.int32), np.array([1, 2], np.int32), np.array([1, 0], np.int32))
+    sums.add(np.array([7], np.int32), np.array([3], np.int32), np.array([0], np.int32))
+    assert sums.token_counts.tolist() == [0, 0, 0, 0, 0, 1, 0, 1, 1] and sums.doc_counts.tolist() == [0, 1, 1, 1]
+    assert (sums.pos_tokens, sums.pos_docs, sums.single_split) == (19, 8, 1)
+    trend = sums.composition()["trend_output_order"]
+    assert trend["fill_by_group"] == [1.0, 0.625, 0.875] and trend["docs_by_group"] == [1.0, 2.0, 3.0]
+    assert trend["docs_correlation"] == pytest.approx(1.0)
+    assert trend["fill_correlation"] == pytest.approx(-1 / math.sqrt(2 * 14 / 3))  # covariance -1, variances 2 and 14/3
 
 
 def test_sequence_sums_give_the_composition_of_the_arrays():
@@ -205,3 +218,7 @@ def test_a_build_above_the_threshold_writes_the_same_stats_and_manifest(tmp_path
     assert s["packing"]["sequences"] > 10 and len(s["sources"]) == 2
     dropped = sum(x["docs_accepted"] - x["documents"] for x in summaries["sources"])
     assert (dropped > 0) == (long_docs == "drop")
+    ds = open_dataset(tmp_path / "summaries")  # each source's documents: the distinct documents its segments hold
+    seg_source = np.concatenate(ds.source_views(np.arange(len(ds))))
+    stored = [len(np.unique(ds.doc_ids()[seg_source == i])) for i in range(2)]
+    assert [x["documents"] for x in summaries["sources"]] == stored
