@@ -40,7 +40,8 @@ from packer.config import Job
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.stats import report
-from packer.stats.figures import add_trained, plan_source_figures, plan_stats
+from packer.stats.figures import add_trained, plan_source_figures
+from packer.stats.streamed import finalize_stats
 from packer.store.formats import arrow
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
@@ -217,15 +218,19 @@ def _shipped(info) -> dict:
 def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, out, work,
               skipped_files=(), named=None) -> dict:
     config = job.config
-    doc_lengths = np.concatenate(
-        [np.load(fs.for_numpy(unit_paths(work / "units", u.index)["lengths.npy"])) for u in units]
-        or [np.zeros(0, np.int64)]
-    )
-    if len(doc_lengths):  # no accepted document: nothing to measure, so no stats.json
-        sequences = plan.sequence_stats(work / plan_stream.PLAN_DIR)
-        figures = plan_stats(doc_lengths, plan, sequences, config.context_length, algorithm=config.algorithm, seed=config.seed, inputs=files)
+    length_files = [unit_paths(work / "units", u.index)["lengths.npy"] for u in units]
+
+    def unit_lengths():  # one unit's lengths in memory at a time
+        return (np.load(fs.for_numpy(p)) for p in length_files)
+
+    n_docs = sum(int(c["docs_accepted"]) for c in counters)
+    if named:
+        unit_long = sources.long_documents(unit_lengths(), config.context_length) if config.long_docs == "drop" else None
+        summary = sources.summary(plan, unit_long, counters, named.unit_sources, config)
+    if n_docs:  # no accepted document: nothing to measure, so no stats.json
+        figures = finalize_stats(unit_lengths, plan, work / plan_stream.PLAN_DIR, config.context_length,
+                                 algorithm=config.algorithm, seed=config.seed, n_documents=n_docs, inputs=files)
         if named:
-            summary = sources.summary(plan, doc_lengths, counters, named.unit_sources, config)
             figures["sources"] = plan_source_figures(summary, named.names, counters, named.unit_sources,
                                                      config.context_length)
         if trained := trained_totals(counters, (), work):  # fine-tuning data: trained share per strategy
@@ -254,7 +259,6 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
         "totals": _totals(counters, plan, config, work, skipped_files),
     }
     if named:
-        summary = sources.summary(plan, doc_lengths, counters, named.unit_sources, config)
         manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
                                                      config.context_length)
     failpoints.hit("finalize", 0)

@@ -120,10 +120,17 @@ class PlanIndex:
 
     def sequence_stats(self, plan_dir) -> dict:
         """Per-sequence tokens, pieces and split pieces in output order (O(sequences), for stats.json)."""
-        parts = [np.load(fs.for_numpy(fs.location(plan_dir) / f"bucket-{b:06d}.stats.npz")) for b in range(self.n_buckets)]
+        parts = list(self.bucket_stats(plan_dir))
         keys = ("seq_tokens", "seq_docs", "seq_split")
         out = {k: np.concatenate([p[k] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64) for k in keys}
         return out
+
+    def bucket_stats(self, plan_dir):
+        """sequence_stats one bucket at a time, in output order: {"seq_tokens", "seq_docs", "seq_split"}
+        (int32 arrays over the bucket's sequences), one bucket's file in memory at a time."""
+        for b in range(self.n_buckets):
+            with np.load(fs.for_numpy(fs.location(plan_dir) / f"bucket-{b:06d}.stats.npz")) as z:
+                yield {k: z[k] for k in ("seq_tokens", "seq_docs", "seq_split")}
 
     def save(self, path):
         atomic.save_npz(path, **{k: np.asarray(getattr(self, k)) for k in self.__dataclass_fields__})

@@ -87,9 +87,10 @@ def plan_source_units(sources, files_by_source, config: BuildConfig, skipped_fil
     return units, tuple(unit_sources), starts
 
 
-def summary(index, doc_lengths, counters, unit_sources, config: BuildConfig) -> dict:
+def summary(index, unit_long, counters, unit_sources, config: BuildConfig) -> dict:
     """Per source, from the plan index (packer/build/plan_stream.py: each source planned on its own,
-    its rows and shards contiguous) and the accepted documents' lengths (units in order):
+    its rows and shards contiguous), the units' counters and unit_long[u], the accepted documents of
+    unit u longer than the context (read only under --long-docs drop; None otherwise):
 
         ranges     [((first_row, end_row), (first_shard, end_shard)), ...]
         tokens     int64 per source: tokens stored (the shard totals of its shards)
@@ -98,9 +99,16 @@ def summary(index, doc_lengths, counters, unit_sources, config: BuildConfig) -> 
     n = len(ranges)
     shard_tokens = np.concatenate([[0], np.cumsum(index.shard_tokens, dtype=np.int64)])
     tokens = np.array([shard_tokens[k1] - shard_tokens[k0] for _, (k0, k1) in ranges], dtype=np.int64)
-    doc_source = np.repeat(np.asarray(unit_sources, np.int64), [c["docs_accepted"] for c in counters])
-    stored = np.asarray(doc_lengths) <= config.context_length if config.long_docs == "drop" else slice(None)
-    return {"ranges": ranges, "tokens": tokens, "documents": np.bincount(doc_source[stored], minlength=n)}
+    stored = np.array([c["docs_accepted"] for c in counters], dtype=np.int64)
+    if config.long_docs == "drop":
+        stored -= np.asarray(unit_long, dtype=np.int64)
+    documents = np.bincount(np.asarray(unit_sources, np.int64), weights=stored, minlength=n).astype(np.int64)
+    return {"ranges": ranges, "tokens": tokens, "documents": documents}
+
+
+def long_documents(unit_lengths, context_length: int) -> list[int]:
+    """Documents longer than the context in each unit (`unit_lengths`: one array per unit, in order)."""
+    return [int(np.count_nonzero(np.asarray(x) > context_length)) for x in unit_lengths]
 
 
 def fingerprint_sources(sources, files_by_source) -> list[dict]:

@@ -102,13 +102,17 @@ def row_histogram(sorted_lengths: np.ndarray, context_length: int) -> np.ndarray
 
 def sorted_batch_slots(counts: np.ndarray, batch_size: int) -> int:
     """Slots of padding each batch to its longest row, batches of `batch_size` consecutive rows
-    in ascending length order (the last batch, holding the longest rows, may be short)."""
+    in ascending length order (the last batch, holding the longest rows, may be short). O(L), nothing
+    per batch: the full batches that end among the rows of length v are floor(cum[v] / B) - floor(cum[v-1] / B),
+    with cum[v] the rows of length <= v.
+
+        counts [0, 1, 0, 2, 1] (rows 1 3 3 4), B = 3  ->  full batches end at v = 0 0 0 1 0; slots 3*3 + 1*4 = 13
+    """
     cum = np.cumsum(counts)
-    n = int(cum[-1])
-    last_rank = np.minimum(np.arange(batch_size, n + batch_size, batch_size), n) - 1
-    batch_max = np.searchsorted(cum, last_rank, side="right")  # length of the row at that rank
-    sizes = np.diff(np.concatenate([[0], last_rank + 1]))
-    return int((batch_max * sizes).sum())
+    n = int(cum[-1]) if len(cum) else 0
+    full = np.diff(cum // batch_size, prepend=0)
+    top = int(np.flatnonzero(counts)[-1]) if n else 0
+    return batch_size * int((np.arange(len(counts)) * full).sum()) + (n % batch_size) * top
 
 
 def _expected_max(cum: np.ndarray, n: int, k: int) -> float:
@@ -139,18 +143,25 @@ def random_batch_slots(counts: np.ndarray, batch_size: int) -> float:
 def padding_strategies(sorted_lengths: np.ndarray, context_length: int, batch_size: int, packs: dict) -> dict:
     """The six strategies from sorted document lengths alone (a long document is ceil(l / L)
     rows except under truncation); `packs` maps "ffd"/"bfd" to the bins packing those rows took."""
-    L, doc_lengths = context_length, sorted_lengths
-    counts = row_histogram(sorted_lengths, L)
-    n_rows, n_tokens = int(counts.sum()), int(doc_lengths.sum())
+    L = context_length
     first_long = int(np.searchsorted(sorted_lengths, L, side="right"))
     kept_truncated = int(sorted_lengths[:first_long].sum()) + L * (len(sorted_lengths) - first_long)
+    return strategies_of(row_histogram(sorted_lengths, L), len(sorted_lengths), int(sorted_lengths.sum()),
+                         kept_truncated, L, batch_size, packs)
+
+
+def strategies_of(counts: np.ndarray, n_docs: int, n_tokens: int, kept_truncated: int, context_length: int,
+                  batch_size: int, packs: dict) -> dict:
+    """padding_strategies from what they need of the lengths: the row histogram (row_histogram), the
+    documents, their tokens, and the tokens truncation to the context keeps."""
+    L, n_rows = context_length, int(counts.sum())
     out = {
         "pad_to_context": _strategy(n_rows, n_rows * L, n_tokens, 0, n_tokens),
         "pad_random_batches": _strategy(n_rows, random_batch_slots(counts, batch_size), n_tokens, 0, n_tokens),
         "pad_sorted_batches": _strategy(n_rows, sorted_batch_slots(counts, batch_size), n_tokens, 0, n_tokens),
-        "truncate": _strategy(len(doc_lengths), len(doc_lengths) * L, kept_truncated, n_tokens - kept_truncated, n_tokens),
+        "truncate": _strategy(n_docs, n_docs * L, kept_truncated, n_tokens - kept_truncated, n_tokens),
     }
-    bound = lower_bound(doc_lengths, L)
+    bound = lower_bound([n_tokens], L)
     for algorithm, n_bins in packs.items():
         out[f"pack_{algorithm}"] = _strategy(
             n_bins, n_bins * L, n_tokens, 0, n_tokens,
@@ -272,17 +283,22 @@ def plan_stats(doc_lengths, plan, sequences: dict, context_length: int, *, algor
     has a pack row."""
     out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=(),
                        inputs=inputs)
-    L, n = context_length, plan.n_sequences
-    lengths = np.asarray(doc_lengths, dtype=np.int64)
     seq_docs, seq_tokens, seq_split = sequences["seq_docs"], sequences["seq_tokens"], sequences["seq_split"]
-    n_tokens = plan.n_tokens
+    return add_plan_packing(out, plan, composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), context_length),
+                            algorithm)
+
+
+def add_plan_packing(out: dict, plan, composed: dict, algorithm: str) -> dict:
+    """A build's own pack row, packing and attention into corpus figures `out` (in place): from the
+    plan's totals and `composed`, the composition of its sequences."""
+    L, n, n_tokens = out["context_length"], plan.n_sequences, plan.n_tokens
+    doc_tokens = out["lengths"]["tokens"]
     bound = lower_bound([n_tokens], L)
     out["strategies"][f"pack_{algorithm}"] = _strategy(
-        n, n * L, n_tokens, int(lengths.sum()) - n_tokens, int(lengths.sum()),
+        n, n * L, n_tokens, doc_tokens - n_tokens, doc_tokens,
         fill_rate=n_tokens / (n * L) if n else 1.0, lower_bound=bound, bins_over_lower_bound=n - bound)
     out["source"]["kind"] = "dataset"
-    out["packing"] = {"algorithm": algorithm, "source": "dataset", **_pack_totals(n, n_tokens, L),
-                      **composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), L)}
+    out["packing"] = {"algorithm": algorithm, "source": "dataset", **_pack_totals(n, n_tokens, L), **composed}
     out["attention"] = _attention(float(plan.piece_sq_sum) / 2, n, L)  # exact: integer squares below 2**53
     return out
 
