@@ -17,6 +17,9 @@ prompt-completion, else text.
 from __future__ import annotations
 
 import json
+import re
+
+import orjson
 
 from packer.build.readers import file_errors, jsonl
 from packer.build.readers.columns import check_record_columns, column_records
@@ -59,18 +62,36 @@ def _jsonl_records(unit: Unit, place, skips: SkipLog, max_bytes: int):
                 continue
             if pos + len(block) > end:  # keep the lines that start inside the unit
                 block = block[: block.find(b"\n", end - pos - 1) + 1 or len(block)]
+            fast = _LONG_DIGITS.search(block) is None
             for line_no, line in enumerate(block.split(b"\n"), line_no):
                 where_pos, pos = pos, pos + len(line) + 1
                 if line and not line.isspace():
-                    record = _parse_line(line, where(unit, line_no, where_pos), skips, max_bytes)
+                    at = where(unit, line_no, where_pos)
+                    record = _parse_line(line, at, skips, max_bytes, fast)
                     if record is not None:
-                        yield where(unit, line_no, where_pos), record
+                        yield at, record
 
 
-def _parse_line(line: bytes, at: str, skips: SkipLog, max_bytes: int):
+# 19 digits in a row: maybe an integer past 64 bits, which orjson reads as a float (json as an int)
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_MAX_NESTING = 256  # fewer brackets than this nest less deep than json's recursion limit refuses (orjson's differs)
+
+
+def _parse_line(line: bytes, at: str, skips: SkipLog, max_bytes: int, fast: bool = False):
+    """The line's record (a dict), or None with the skip counted. `fast`: parse with orjson (2x
+    json's speed on chat records, 2026-12-01), which reads every line it accepts as json does when
+    no integer passes 64 bits (the caller checked) and nothing nests deep; what it refuses (NaN, a lone surrogate, bad UTF-8,
+    bad JSON) or reads as no object goes to json, for json's record or json's reason and message."""
     if len(line) > max_bytes:
         skips.add("too_large", at)
         return None
+    if fast and line.count(b"[") + line.count(b"{") < _MAX_NESTING:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            record = None  # json says why, or reads it (NaN, a lone surrogate)
+        if isinstance(record, dict):
+            return record
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:

@@ -417,3 +417,36 @@ def test_the_fast_path_builds_what_the_tokenizers_offsets_build(tmp_path, family
     assert got.ids.tolist() == want.ids.tolist() and got.lengths.tolist() == want.lengths.tolist()
     assert got.mask.tolist() == want.mask.tolist() and fast_skips.counts == skips.counts
     assert 50 < len(want.lengths) <= len(records) and 0 < int(want.mask.sum()) < len(want.mask)
+
+
+@pytest.mark.parametrize("variant", ["sample", "llama3", "trim", "trim-prefix-space"])
+def test_byte_offsets_masks_equal_the_tokenizers_offsets_masks(tmp_path, variant):
+    """ByteOffsets.batch_masks (in bytes, the spans' edges moved there) against batch_masks over
+    encode_batch's character offsets: the same ids, mask and bad texts for spans that start and end
+    anywhere (inside multi-byte characters' tokens, on spaces trimming moves past), added tokens
+    holding multi-byte spaces included."""
+    from tokenizers import AddedToken
+
+    from packer.build.records import ByteOffsets, batch_masks
+
+    tok = _tokenizer_variant(tmp_path, variant)
+    tok.add_special_tokens([AddedToken("\u3000<x>\u2003 ", special=True, normalized=False)])
+    offsets = ByteOffsets.of(tok)
+    assert offsets is not None
+    rng = random.Random(11)
+    texts = [t + rng.choice(["", "\u3000<x>\u2003 ", " \u3000<x>\u2003 é"]) for t in _hostile_texts(1500, seed=12)]
+    n_bad = n_trained = 0
+    for at in range(0, len(texts), 256):
+        batch = texts[at:at + 256]
+        spans = []
+        for t in batch:
+            edges = sorted(rng.sample(range(len(t) + 1), min(len(t) + 1, 2 * rng.randrange(0, 4))))
+            spans.append(list(zip(edges[0::2], edges[1::2])))
+        got = offsets.batch_masks(tok.encode_batch_fast(batch, add_special_tokens=False), batch, spans,
+                                  [t.encode("utf-8") for t in batch] if at % 512 else None)
+        want = batch_masks(tok.encode_batch(batch, add_special_tokens=False), [len(t) for t in batch], spans)
+        for g, w in zip(got, want):
+            assert g.tolist() == w.tolist()
+        n_bad += int(want[3].sum())
+        n_trained += int(want[2].sum())
+    assert 100 < n_bad < len(texts) - 100 and n_trained > 1000  # both outcomes exercised
