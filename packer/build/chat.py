@@ -187,21 +187,18 @@ class ChatTemplate:
     def _prefix_spans(self, messages: list, text: str, where: str) -> list[tuple[int, int]]:
         """Each trained turn's span from two prefix renderings; a rendering two turns need (the turn
         before a trained non-assistant one) is made once, and that of all the turns is `text`."""
-        spans, renders = [], {(len(messages), False): text}
-
-        def prefix(n: int, generation_prompt: bool, k: int) -> str:
-            if (n, generation_prompt) not in renders:
-                renders[n, generation_prompt] = self._prefix(messages[:n], generation_prompt, where, k)
-            return renders[n, generation_prompt]
-
+        spans, roles, n = [], self.roles, len(messages)
+        last_turn, turn = -2, ""  # the last turn rendered to (without the generation prompt), its text
         for k, message in enumerate(messages):
-            if message["role"] not in self.roles:
+            role = message["role"]
+            if role not in roles:
                 continue
-            head = prefix(k, message["role"] == "assistant", k)
-            turn = prefix(k + 1, False, k)
+            assistant = role == "assistant"
+            head = turn if last_turn == k - 1 and not assistant else self._prefix(messages[:k], assistant, where, k)
+            last_turn, turn = k, text if k == n - 1 else self._prefix(messages[:k + 1], False, where, k)
             if not turn.startswith(head):
                 self._require_prefix(head, turn, where, k, "the turns before it" + (" + the generation prompt" if
-                                     message["role"] == "assistant" else ""), "the conversation up to it")
+                                     assistant else ""), "the conversation up to it")
             if not text.startswith(turn):
                 self._require_prefix(turn, text, where, k, "the conversation up to it", "the whole conversation")
             if len(turn) > len(head):

@@ -450,3 +450,49 @@ def test_byte_offsets_masks_equal_the_tokenizers_offsets_masks(tmp_path, variant
         n_bad += int(want[3].sum())
         n_trained += int(want[2].sum())
     assert 100 < n_bad < len(texts) - 100 and n_trained > 1000  # both outcomes exercised
+
+
+def test_prefix_spans_equal_jinjas_own_renderings_of_each_prefix():
+    """ChatTemplate.spans (its own contexts, renderings shared between turns) against the rule written
+    plainly with jinja2's Template.render: for each trained turn k, the text of turns < k (+ the
+    generation prompt for an assistant turn) to the text of turns <= k; templates that print something
+    for no turns, read messages[0], or trim; every role trained or not, first turns included."""
+    templates = [
+        CHATML,
+        "{% if not messages %}DEFAULT{% endif %}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>"
+        "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+        "{{ messages[0]['content'] }}|{% for m in messages[1:] %}<{{ m['role'] }}>{{ m['content'] | trim }}{% endfor %}"
+        "{% if add_generation_prompt %}<a>{% endif %}",
+    ]
+    rng = random.Random(2)
+    n_spans = 0
+    for source in templates:
+        for roles in [("assistant",), ("assistant", "user"), ("user", "system", "tool")]:
+            template = ChatTemplate(source, {}, roles)
+            plain = template.template  # compile_template's jinja2 Template
+            for _ in range(150):
+                messages = [{"role": rng.choice(["user", "assistant", "system", "tool"]),
+                             "content": rng.choice(["a", " bb ", "", "ccc"])} for _ in range(rng.randrange(1, 7))]
+
+                def prefix(n: int, generation_prompt: bool) -> str:
+                    try:
+                        return plain.render(messages=messages[:n], add_generation_prompt=generation_prompt)
+                    except Exception:
+                        return "" if n == 0 and not generation_prompt else None
+
+                text = plain.render(messages=messages, add_generation_prompt=False)
+                expected = []
+                for k, m in enumerate(messages):
+                    if m["role"] in roles:
+                        head, turn = prefix(k, m["role"] == "assistant"), prefix(k + 1, False)
+                        if head is None or not turn.startswith(head) or not text.startswith(turn):
+                            expected = None
+                            break
+                        expected += [(len(head), len(turn))] if len(turn) > len(head) else []
+                if expected is None:
+                    with pytest.raises(TemplateRefused):
+                        template.spans(messages, "chat.jsonl:1")
+                    continue
+                assert template.spans(messages, "chat.jsonl:1") == (text, expected)
+                n_spans += len(expected)
+    assert n_spans > 1000
