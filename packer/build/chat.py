@@ -31,6 +31,8 @@ import json
 import re
 from datetime import datetime
 
+from packer.build.chat_turns import renders_turn_by_turn
+
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -145,6 +147,10 @@ class ChatTemplate:
         self._global_names = frozenset(self.template.globals)  # what Context keeps of `globals`: set(globals)
         self._render_func = self.template.root_render_func
         self._new_context = _context_class()
+        # packer/build/chat_turns.py: one rendering gives every prefix rendering (None: not yet rendered)
+        self._turn_by_turn = not self.has_generation and renders_turn_by_turn(
+            self.template.environment, source, {*self.specials, "tools", "documents"})
+        self._ends: tuple[str, str] | None = None  # no turns rendered, without and with the generation prompt
 
     def _context(self, messages: list, add_generation_prompt: bool):
         """The context Template.render / generate make (_context_class), minus their per-call merge
@@ -179,10 +185,62 @@ class ChatTemplate:
             if self.has_generation:
                 text, spans = self._render_tracked(messages)
                 return text, [(a, b) for a, b in spans if b > a]
-            text = self.render(messages)
+            if self._turn_by_turn:
+                text, marks = self._render_marked(messages)
+            else:
+                text = self.render(messages)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
             raise RecordError("template_error", f"{type(e).__name__}: {e}") from None
+        if self._turn_by_turn:
+            spans = self._cut_spans(messages, text, marks, where)
+            if spans is not None:
+                return text, spans
         return text, self._prefix_spans(messages, text, where)
+
+    def _render_marked(self, messages: list) -> tuple[str, list[int]]:
+        """The conversation's text and, for each turn and the end, where the template's loop took it
+        (packer/build/chat_turns.py: marks[k] is the length of the text before turn k)."""
+        chunks, marks, size = [], [], [0]
+
+        def turns():
+            for message in messages:
+                marks.append(size[0])
+                yield message
+            marks.append(size[0])
+
+        for chunk in self._render_func(self._context(turns(), False)):
+            chunks.append(chunk)
+            size[0] += len(chunk)
+        return "".join(chunks), marks
+
+    def _cut_spans(self, messages: list, text: str, marks: list[int], where: str) -> list[tuple[int, int]] | None:
+        """_prefix_spans with each prefix rendering cut from `text` (packer/build/chat_turns.py):
+        turns < k rendered = text[:marks[k]] + the ending; None when the loop did not take every turn
+        once or the text before it differs from that of no turns (not the shape: render them)."""
+        if self._ends is None:
+            self._ends = self.render([], False), self.render([], True)
+        before = marks[0]
+        if len(marks) != len(messages) + 1 or not all(e.startswith(text[:before]) for e in self._ends):
+            return None
+        bare, prompted = (e[before:] for e in self._ends)
+        spans, n_bare = [], len(bare)
+        for k, message in enumerate(messages):
+            role = message["role"]
+            if role not in self.roles:
+                continue
+            end = prompted if role == "assistant" else bare
+            start, stop = marks[k], marks[k + 1]
+            head_in_turn = text.startswith(end, start, stop) if len(end) <= stop - start else \
+                (text[start:stop] == end[:stop - start] and bare.startswith(end[stop - start:]))
+            if not head_in_turn:
+                self._require_prefix(text[:start] + end, text[:stop] + bare, where, k, "the turns before it" + (
+                    " + the generation prompt" if role == "assistant" else ""), "the conversation up to it")
+            if not text.startswith(bare, stop):
+                self._require_prefix(text[:stop] + bare, text, where, k, "the conversation up to it",
+                                     "the whole conversation")
+            if stop + n_bare > start + len(end):
+                spans.append((start + len(end), stop + n_bare))
+        return spans
 
     def _prefix_spans(self, messages: list, text: str, where: str) -> list[tuple[int, int]]:
         """Each trained turn's span from two prefix renderings; a rendering two turns need (the turn

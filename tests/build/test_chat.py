@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.build.chat import ChatTemplate, TemplateRefused
+from packer.build.chat import ChatTemplate, RecordError, TemplateRefused
 from packer.build.readers import SkipLog
 from packer.build.records import RecordEncoder, spans_to_mask
 from packer.build.tokenize import encode_texts
@@ -496,3 +496,75 @@ def test_prefix_spans_equal_jinjas_own_renderings_of_each_prefix():
                 assert template.spans(messages, "chat.jsonl:1") == (text, expected)
                 n_spans += len(expected)
     assert n_spans > 1000
+
+
+# Templates of the shape packer/build/chat_turns.py cuts prefix renderings for, and some that are not.
+TURN_BY_TURN = {
+    "chatml": CHATML,
+    "llama3": LLAMA3,
+    "bos-first": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}",
+    "alternate": "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception("
+                 "'roles must alternate') }}{% endif %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+                 "{% if loop.first %}{% set role = role | upper %}{% endif %}[{{ role }}]{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}[model]{% endif %}",
+    "ending": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}"
+              "<assistant>{% else %}<end>{% endif %}",  # the ending breaks the prefix property: refused
+    "prompt": CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>ASSISTANT\\n'"),  # refused too
+}
+NOT_TURN_BY_TURN = [
+    LAST_DIFFERENT, GEMMA, CHATML_GENERATION,
+    "{% for m in messages %}{{ m.content }}{% if not loop.last %}|{% endif %}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{{ messages | length }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{{ loop.previtem }}{% endfor %}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{% if m.role == 'user' %}{% set x = m.content %}{% endif %}{{ x }}{% endfor %}",
+    "{% for m in messages %}{{ x }}{% set x = m.content %}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% if add_generation_prompt %}!{% endif %}{% endfor %}",
+    "{% for m in messages %}{{ strftime_now('%Y') }}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{% for c in m.content %}{{ c }}{% endfor %}{% endfor %}",
+    "{% for m in messages if m.role != 'system' %}{{ m.content }}{% endfor %}",
+    "{{ messages[0].content }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content.upper() }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% endfor %}{{ messages | length }}",
+]
+
+
+def test_which_templates_render_turn_by_turn():
+    from packer.build.chat_turns import renders_turn_by_turn
+
+    specials = {"bos_token", "eos_token"}
+    for name, source in TURN_BY_TURN.items():
+        assert renders_turn_by_turn(ChatTemplate(source, {}, ()).template.environment, source, specials), name
+    for source in NOT_TURN_BY_TURN:
+        assert not renders_turn_by_turn(ChatTemplate(source, {}, ()).template.environment, source, specials), source
+
+
+@pytest.mark.parametrize("family", list(TURN_BY_TURN))
+def test_prefixes_cut_from_one_rendering_equal_the_rendered_prefixes(family):
+    """The spans from one marked rendering (chat_turns) against those from rendering every prefix:
+    the same text and spans, or the same refusal or record error, word for word."""
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    rng = random.Random(3)
+    outcomes = set()
+    for roles in [("assistant",), ("assistant", "user"), ("user", "system")]:
+        cut, rendered = ChatTemplate(TURN_BY_TURN[family], specials, roles), ChatTemplate(TURN_BY_TURN[family], specials, roles)
+        assert cut._turn_by_turn
+        rendered._turn_by_turn = False
+        for _ in range(200):
+            messages = [{"role": rng.choice(["user", "assistant", "system"]), "content": rng.choice(["a", " b ", "", "cc\n"])}
+                        for _ in range(rng.randrange(1, 7))]
+
+            def spans(template):
+                try:
+                    return template.spans(messages, "chat.jsonl:1")
+                except (RecordError, TemplateRefused) as e:
+                    return type(e).__name__, str(e)
+
+            got = spans(cut)
+            assert got == spans(rendered)
+            outcomes.add(got[0] if isinstance(got[0], str) and got[0] in ("RecordError", "TemplateRefused") else "spans")
+    expected = {"ending": {"TemplateRefused", "spans"}, "prompt": {"TemplateRefused", "spans"},
+                "alternate": {"RecordError", "spans"}}.get(family, {"spans"})
+    assert expected <= outcomes
