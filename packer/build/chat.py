@@ -227,7 +227,11 @@ class ChatTemplate:
         turns < k rendered = text[:marks[k]] + the ending; None when the loop did not take every turn
         once or the text before it differs from that of no turns (not the shape: render them)."""
         if self._ends is None:
-            self._ends = self.render([], False), self.render([], True)
+            try:
+                self._ends = self.render([], False), self.render([], True)
+            except _template_errors():  # not expected of outputs of constants: then render the prefixes
+                self._turn_by_turn = False
+                return None
         before = marks[0]
         if len(marks) != len(messages) + 1 or not all(e.startswith(text[:before]) for e in self._ends):
             return None
