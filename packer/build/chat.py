@@ -155,7 +155,7 @@ class ChatTemplate:
         self._global_names = frozenset(self.template.globals)  # what Context keeps of `globals`: set(globals)
         self._render_func = self.template.root_render_func
         self._new_context = _context_class()
-        # packer/build/chat_turns.py: one rendering gives every prefix rendering (None: not yet rendered)
+        # packer/build/chat_turns.py: one rendering gives every prefix rendering
         self._turn_by_turn = not self.has_generation and _renders_turn_by_turn(
             source, frozenset({*self.specials, "tools", "documents"}))
         self._ends: tuple[str, str] | None = None  # no turns rendered, without and with the generation prompt
