@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 from packer.build.readers import file_errors, jsonl
 from packer.build.readers.columns import check_record_columns, column_records
 from packer.build.readers.common import UNBOUNDED, FileError, SkipLog, Unit, open_lines, where
@@ -62,15 +64,37 @@ def _jsonl_records(unit: Unit, place, skips: SkipLog, max_bytes: int):
             for line_no, line in enumerate(block.split(b"\n"), line_no):
                 where_pos, pos = pos, pos + len(line) + 1
                 if line and not line.isspace():
-                    record = _parse_line(line, where(unit, line_no, where_pos), skips, max_bytes)
+                    at = where(unit, line_no, where_pos)
+                    record = _parse_line(line, at, skips, max_bytes)
                     if record is not None:
-                        yield where(unit, line_no, where_pos), record
+                        yield at, record
 
 
-def _parse_line(line: bytes, at: str, skips: SkipLog, max_bytes: int):
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # translate table: each digit -> "0", else " "
+_MAX_NESTING = 256  # fewer brackets than this nest less deep than json's recursion limit refuses (orjson's differs)
+
+
+def _orjson_reads_as_json(line: bytes) -> bool:
+    """No 19 digits in a row (an integer past 64 bits, which orjson reads as a float, json as an
+    int) and few brackets: then orjson reads the line as json does, or refuses it (NaN, a lone
+    surrogate, bad UTF-8 or JSON). A pass over the line, 0.3 ms a MB (2026-12-01)."""
+    return line.count(b"[") + line.count(b"{") < _MAX_NESTING and b"0" * 19 not in line.translate(_DIGITS)
+
+
+def _parse_line(line: bytes, at: str, skips: SkipLog, max_bytes: int, fast: bool = True):
+    """The line's record (a dict), or None with the skip counted. Parsed by orjson where it reads as
+    json does (2x json's speed on chat records, 2026-12-01); what it refuses or reads as no object
+    goes to json, for json's record or json's reason and message (`fast` False: json only)."""
     if len(line) > max_bytes:
         skips.add("too_large", at)
         return None
+    if fast and _orjson_reads_as_json(line):
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            record = None  # json says why, or reads it (NaN, a lone surrogate)
+        if isinstance(record, dict):
+            return record
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:

@@ -148,25 +148,27 @@ class RecordEncoder:
             except RecordError as e:
                 skips.add(e.reason, f"{where}: {e.detail}"[:300])
                 continue
-            if not _encodable(text):
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError:
                 skips.add("invalid_utf8", where)
                 continue
-            rendered.append((where, text, spans))
+            rendered.append((where, text, spans, data))
         if not rendered:
             return self._empty()
-        texts = [text for _, text, _ in rendered]
-        spans = [s for _, _, s in rendered]
+        texts = [text for _, text, _, _ in rendered]
+        spans = [s for _, _, s, _ in rendered]
         got = None
         if self.offsets is not None:  # ids only, offsets from the ids (ByteOffsets): the same mask, 1.7x faster
             got = self.offsets.batch_masks(self.chat_tok.encode_batch_fast(texts, add_special_tokens=False), texts,
-                                           spans)
+                                           spans, [d for _, _, _, d in rendered])
         if got is None:
             got = batch_masks(self.chat_tok.encode_batch(texts, add_special_tokens=False), [len(t) for t in texts],
                               spans)
         ids, lengths, mask, bad = got
         for i in np.flatnonzero(bad).tolist():
             skips.add("span_inside_token", rendered[i][0])
-        wheres = [w for (w, _, _), b in zip(rendered, bad.tolist()) if not b]
+        wheres = [w for (w, _, _, _), b in zip(rendered, bad.tolist()) if not b]
         if bad.any():
             tokens = np.repeat(~bad, lengths)
             ids, lengths, mask = ids[tokens], lengths[~bad], mask[tokens]
@@ -262,10 +264,21 @@ def _bases(text_lengths) -> np.ndarray:
 
 def _sorted_masks(starts: np.ndarray, ends: np.ndarray, bases: np.ndarray, spans) -> tuple[np.ndarray, np.ndarray]:
     """The batch's token offsets (shifted by `bases`, in order) + each text's spans -> (mask, bad)."""
-    n_texts, total = len(bases), len(starts)
-    n_spans = np.fromiter(map(len, spans), np.int64, n_texts)
+    return _edge_masks(starts, ends, *_span_edges(bases, spans))
+
+
+def _span_edges(bases: np.ndarray, spans) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's spans, shifted by its base, as one flat array of edges [a0, b0, a1, b1, ...] (int64),
+    and the number of spans of each text."""
+    n_spans = np.fromiter(map(len, spans), np.int64, len(bases))
     edges = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(spans)), np.int64,
-                        2 * int(n_spans.sum())) + np.repeat(bases, 2 * n_spans)
+                        2 * int(n_spans.sum()))
+    return edges + np.repeat(bases, 2 * n_spans), n_spans
+
+
+def _edge_masks(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray, n_spans: np.ndarray):
+    """Sorted token offsets + the spans' edges in the same coordinates -> (mask, bad per text)."""
+    n_texts, total = len(n_spans), len(starts)
     inside = np.searchsorted(ends, edges, side="right")  # the first token ending after each edge
     hit = (inside < total) & (starts[np.minimum(inside, max(total - 1, 0))] < edges) if total else np.zeros(len(edges), bool)
     bad = np.zeros(n_texts, bool)
@@ -356,23 +369,31 @@ _SPLITTING = {"ByteLevel", "Split", "Digits", "Punctuation"}  # pre-tokenizers t
 
 
 class ByteOffsets:
-    """Token character offsets from the ids alone, for byte-level BPE tokenizers (GPT-2, Llama 3, the
-    sample's): each id stands for fixed bytes, so a text's tokens lay its bytes end to end and the
-    offsets are running sums, converted to characters and trimmed as the tokenizer does (its
-    ByteLevel post-processor moves a token's start past its leading spaces, its end before its
-    trailing ones). encode_batch_fast + this gives what encode_batch's offsets give, without the
-    per-text byte->char table the tokenizer builds (70% of a chat build's encode time).
+    """Token offsets from the ids alone, for byte-level BPE tokenizers (GPT-2, Llama 3, the sample's):
+    each id stands for fixed bytes, so a text's tokens lay its bytes end to end and the offsets are
+    running sums of byte lengths, trimmed as the tokenizer does (its ByteLevel post-processor moves a
+    token's start past its leading spaces, its end before its trailing ones). encode_batch_fast + this
+    gives what encode_batch's offsets give, without the per-text byte->char table the tokenizer
+    builds (70% of a chat build's encode time).
 
         text  "a  héllo"       bytes  a ␠ ␠ h é(2) l l o      ids  [a] [Ġ] [Ġh] [é] [llo]
         bytes (0,1) (1,2) (2,4) (4,6) (6,9)  ->  chars (0,1) (1,2) (2,4) (4,5) (5,8)  ->  trimmed (0,1) (2,2) (3,4) ...
 
-    `of` is None for a tokenizer outside that model (a normalizer, another model or pre-tokenizer,
-    added tokens that strip their neighbours' spaces); `batch_masks` is None for a batch a text of
-    which its ids do not lay out exactly (checked by byte count): the caller then asks the
-    tokenizer for offsets. tests/build/test_chat.py holds both ways equal on hostile texts."""
+    `offsets` gives them in characters, as encode_batch; `batch_masks` stays in bytes, the spans'
+    few edges moved to bytes instead of every token to characters (the same mask: an edge lies on a
+    character boundary, so a token starts at or after it, ends at or before it, or straddles it, the
+    same in both units). `of` is None for a tokenizer outside that model (a normalizer, another
+    model or pre-tokenizer, added tokens that strip their neighbours' spaces); `batch_masks` is
+    None for a batch a text of which its ids do not lay out exactly (checked by byte count): the
+    caller then asks the tokenizer for offsets. tests/build/test_chat.py holds both ways equal on
+    hostile texts."""
 
-    def __init__(self, byte_len: np.ndarray, lead: np.ndarray, trail: np.ndarray, trim: bool, prefix_space: bool):
-        self.byte_len, self.lead, self.trail, self.trim, self.prefix_space = byte_len, lead, trail, trim, prefix_space
+    def __init__(self, byte_len: np.ndarray, lead: np.ndarray, trail: np.ndarray, one_lead: np.ndarray, trim: bool,
+                 prefix_space: bool):
+        """Per id: its bytes, the bytes of its leading and trailing spaces (what trimming skips), and
+        whether its leading spaces are one character (add_prefix_space keeps that one)."""
+        self.byte_len, self.lead, self.trail, self.one_lead = byte_len, lead, trail, one_lead
+        self.trim, self.prefix_space = trim, prefix_space
 
     @classmethod
     def of(cls, tok) -> ByteOffsets | None:
@@ -399,31 +420,54 @@ class ByteOffsets:
         for i, s in strings.items():
             if all(c in byte_of for c in s):
                 byte_len[i] = len(s)
+        texts = {}  # added tokens: their text (a vocabulary string is one character a byte)
         for a in added:
             content = a["content"].encode("utf-8")
             if a["id"] in strings and bytes(byte_of.get(c, 0) for c in strings[a["id"]]) != content:
                 return None  # one id, two byte strings: not a layout
-            strings[a["id"]] = a["content"]
+            strings[a["id"]] = texts[a["id"]] = a["content"]
             byte_len[a["id"]] = len(content)
-        lead, trail = np.zeros(size, np.int64), np.zeros(size, np.int64)
+        lead, trail, one_lead = np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, bool)
         if trim:
+            spaces = "".join(_RUST_WHITESPACE) + "\u0120"
             for i, s in strings.items():
-                lead[i] = len(s) - len(s.lstrip("".join(_RUST_WHITESPACE) + "\u0120"))
-                trail[i] = len(s) - len(s.rstrip("".join(_RUST_WHITESPACE) + "\u0120"))
-        return cls(byte_len, lead, trail, trim, bool(level and level.get("add_prefix_space", True)))
+                stripped = s.lstrip(spaces)
+                lead[i], trail[i] = len(s) - len(stripped), len(s) - len(s.rstrip(spaces))
+                one_lead[i] = lead[i] == 1
+                if i in texts:  # an added token's text: its spaces' bytes, not characters
+                    lead[i], trail[i] = (len(s.encode("utf-8")) - len(t.encode("utf-8"))
+                                         for t in (stripped, s.rstrip(spaces)))
+        return cls(byte_len, lead, trail, one_lead, trim, bool(level and level.get("add_prefix_space", True)))
 
-    def batch_masks(self, encodings, texts: list[str], spans):
-        """As records.batch_masks with the offsets computed here; None when a text's ids do not lay
-        out its bytes exactly."""
-        got = self.offsets(encodings, texts)
+    def batch_masks(self, encodings, texts: list[str], spans, data: list[bytes] | None = None):
+        """As records.batch_masks, in bytes (class docstring); `data`: the texts in UTF-8, when the
+        caller has them. None when a text's ids do not lay out its bytes exactly."""
+        got = self._layout(encodings, texts, data)
         if got is None:
             return None
-        ids, lengths, starts, ends, bases = got
-        return (ids, lengths, *_sorted_masks(starts, ends, bases, spans))
+        ids, lengths, starts, ends, _, bases, owner = got
+        edges, n_spans = _span_edges(bases, spans)  # in characters of the joined texts
+        if owner is not None:  # ... and in bytes: + the continuation bytes of the characters before each
+            edges += np.searchsorted(owner, edges, side="left")
+        return (ids, lengths, *_edge_masks(starts, ends, edges, n_spans))
 
     def offsets(self, encodings, texts: list[str]):
-        """(flat ids, lengths, token starts, ends, text bases): the offsets as encode_batch gives
-        them, shifted as in records.batch_masks; None when a text's ids do not lay out its bytes."""
+        """(flat ids, lengths, token starts, ends, text bases): the offsets in characters as
+        encode_batch gives them, shifted as in records.batch_masks; None when a text's ids do not
+        lay out its bytes."""
+        got = self._layout(encodings, texts)
+        if got is None:
+            return None
+        ids, lengths, starts, ends, _, bases, owner = got
+        if owner is not None:  # a token's characters: those its first and last bytes belong to
+            tail = owner + np.arange(1, len(owner) + 1)
+            starts, ends = starts - _count_upto(tail, starts), ends - _count_upto(tail, ends - 1)
+        return ids, lengths, starts, ends, bases
+
+    def _layout(self, encodings, texts: list[str], data: list[bytes] | None = None):
+        """(flat ids, lengths, token starts, ends, text bases, all in bytes of the texts joined one
+        "\\0" apart; the texts' bases in characters; `owner`: the character each continuation byte
+        belongs to, None for ASCII), or None when a text's ids do not lay out its bytes."""
         n_texts = len(encodings)
         lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
         total = int(lengths.sum())
@@ -431,29 +475,25 @@ class ByteOffsets:
         if total and (ids.max() >= len(self.byte_len) or ids.min() < 0):
             return None
         n_bytes = self.byte_len[ids]
-        joined = "\0".join(texts)
-        bases = _bases([len(t) for t in texts])  # characters; texts one character ("\0", one byte) apart
-        if joined.isascii():
-            byte_bases, n_all, tail = bases, len(joined), None
+        bases = _bases([len(t) for t in texts])  # characters; texts one character ("\\0", one byte) apart
+        raw = b"\0".join(data if data is not None else [t.encode("utf-8") for t in texts])
+        if len(raw) == sum(map(len, texts)) + max(n_texts - 1, 0):  # all ASCII: bytes are characters
+            byte_bases, owner = bases, None
         else:  # the UTF-8 continuation bytes, and the character each belongs to
-            raw = np.frombuffer(joined.encode("utf-8"), np.uint8)
-            tail = np.flatnonzero((raw & 0xC0) == 0x80)
+            tail = np.flatnonzero((np.frombuffer(raw, np.uint8) & 0xC0) == 0x80)
             owner = tail - np.arange(1, len(tail) + 1)
-            byte_bases, n_all = bases + np.searchsorted(owner, bases, side="left"), len(raw)
-        text_bytes = np.append(byte_bases[1:] - 1, n_all) - byte_bases
-        cum = np.concatenate([[0], np.cumsum(n_bytes)])
+            byte_bases = bases + np.searchsorted(owner, bases, side="left")
+        text_bytes = np.append(byte_bases[1:] - 1, len(raw)) - byte_bases
+        cum = np.zeros(total + 1, np.int64)
+        np.cumsum(n_bytes, out=cum[1:])
         first = np.cumsum(lengths) - lengths
         if np.any(n_bytes < 0) or not np.array_equal(cum[first + lengths] - cum[first], text_bytes):
             return None
-        b_start = cum[:-1] + np.repeat(byte_bases - cum[first], lengths)
-        b_end = b_start + n_bytes
-        if tail is None:
-            starts, ends = b_start, b_end
-        else:  # a token's characters: those its first and last bytes belong to
-            starts, ends = b_start - _count_upto(tail, b_start), b_end - _count_upto(tail, b_end - 1)
+        starts = cum[:-1] + np.repeat(byte_bases - cum[first], lengths)
+        ends = starts + n_bytes
         if self.trim:
-            starts, ends = self._trimmed(ids, starts, ends, np.repeat(bases, lengths), first)
-        return ids, lengths, starts, ends, bases
+            starts, ends = self._trimmed(ids, starts, ends, np.repeat(byte_bases, lengths), first)
+        return ids, lengths, starts, ends, byte_bases, bases, owner
 
     def _trimmed(self, ids, starts, ends, base, first):
         """tokenizers' ByteLevel process_offsets: start past the leading spaces (not the one space of a
@@ -462,7 +502,7 @@ class ByteOffsets:
         if self.prefix_space:
             is_first = np.zeros(len(ids), bool)
             is_first[first[first < len(ids)]] = True
-            lead = np.where((is_first | (starts == base)) & (lead == 1), 0, lead)
+            lead = np.where((is_first | (starts == base)) & self.one_lead[ids], 0, lead)
         starts = np.where(lead > 0, np.minimum(starts + lead, ends), starts)
         ends = np.where((trail > 0) & (ends - base >= trail), np.maximum(ends - trail, starts), ends)
         return starts, ends

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.build.chat import ChatTemplate, TemplateRefused
+from packer.build.chat import ChatTemplate, RecordError, TemplateRefused
 from packer.build.readers import SkipLog
 from packer.build.records import RecordEncoder, spans_to_mask
 from packer.build.tokenize import encode_texts
@@ -417,3 +417,154 @@ def test_the_fast_path_builds_what_the_tokenizers_offsets_build(tmp_path, family
     assert got.ids.tolist() == want.ids.tolist() and got.lengths.tolist() == want.lengths.tolist()
     assert got.mask.tolist() == want.mask.tolist() and fast_skips.counts == skips.counts
     assert 50 < len(want.lengths) <= len(records) and 0 < int(want.mask.sum()) < len(want.mask)
+
+
+@pytest.mark.parametrize("variant", ["sample", "llama3", "trim", "trim-prefix-space"])
+def test_byte_offsets_masks_equal_the_tokenizers_offsets_masks(tmp_path, variant):
+    """ByteOffsets.batch_masks (in bytes, the spans' edges moved there) against batch_masks over
+    encode_batch's character offsets: the same ids, mask and bad texts for spans that start and end
+    anywhere (inside multi-byte characters' tokens, on spaces trimming moves past), added tokens
+    holding multi-byte spaces included."""
+    from tokenizers import AddedToken
+
+    from packer.build.records import ByteOffsets, batch_masks
+
+    tok = _tokenizer_variant(tmp_path, variant)
+    tok.add_special_tokens([AddedToken("\u3000<x>\u2003 ", special=True, normalized=False)])
+    offsets = ByteOffsets.of(tok)
+    assert offsets is not None
+    rng = random.Random(11)
+    texts = [t + rng.choice(["", "\u3000<x>\u2003 ", " \u3000<x>\u2003 é"]) for t in _hostile_texts(1500, seed=12)]
+    n_bad = n_trained = 0
+    for at in range(0, len(texts), 256):
+        batch = texts[at:at + 256]
+        spans = []
+        for t in batch:
+            edges = sorted(rng.sample(range(len(t) + 1), min(len(t) + 1, 2 * rng.randrange(0, 4))))
+            spans.append(list(zip(edges[0::2], edges[1::2])))
+        got = offsets.batch_masks(tok.encode_batch_fast(batch, add_special_tokens=False), batch, spans,
+                                  [t.encode("utf-8") for t in batch] if at % 512 else None)
+        want = batch_masks(tok.encode_batch(batch, add_special_tokens=False), [len(t) for t in batch], spans)
+        for g, w in zip(got, want):
+            assert g.tolist() == w.tolist()
+        n_bad += int(want[3].sum())
+        n_trained += int(want[2].sum())
+    assert 100 < n_bad < len(texts) - 100 and n_trained > 1000  # both outcomes exercised
+
+
+def test_prefix_spans_equal_jinjas_own_renderings_of_each_prefix():
+    """ChatTemplate.spans (its own contexts, renderings shared between turns) against the rule written
+    plainly with jinja2's Template.render: for each trained turn k, the text of turns < k (+ the
+    generation prompt for an assistant turn) to the text of turns <= k; templates that print something
+    for no turns, read messages[0], or trim; every role trained or not, first turns included."""
+    templates = [
+        CHATML,
+        "{% if not messages %}DEFAULT{% endif %}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>"
+        "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+        "{{ messages[0]['content'] }}|{% for m in messages[1:] %}<{{ m['role'] }}>{{ m['content'] | trim }}{% endfor %}"
+        "{% if add_generation_prompt %}<a>{% endif %}",
+    ]
+    rng = random.Random(2)
+    n_spans = 0
+    for source in templates:
+        for roles in [("assistant",), ("assistant", "user"), ("user", "system", "tool")]:
+            template = ChatTemplate(source, {}, roles)
+            plain = template.template  # compile_template's jinja2 Template
+            for _ in range(150):
+                messages = [{"role": rng.choice(["user", "assistant", "system", "tool"]),
+                             "content": rng.choice(["a", " bb ", "", "ccc"])} for _ in range(rng.randrange(1, 7))]
+
+                def prefix(n: int, generation_prompt: bool) -> str:
+                    try:
+                        return plain.render(messages=messages[:n], add_generation_prompt=generation_prompt)
+                    except Exception:
+                        return "" if n == 0 and not generation_prompt else None
+
+                text = plain.render(messages=messages, add_generation_prompt=False)
+                expected = []
+                for k, m in enumerate(messages):
+                    if m["role"] in roles:
+                        head, turn = prefix(k, m["role"] == "assistant"), prefix(k + 1, False)
+                        if head is None or not turn.startswith(head) or not text.startswith(turn):
+                            expected = None
+                            break
+                        expected += [(len(head), len(turn))] if len(turn) > len(head) else []
+                if expected is None:
+                    with pytest.raises(TemplateRefused):
+                        template.spans(messages, "chat.jsonl:1")
+                    continue
+                assert template.spans(messages, "chat.jsonl:1") == (text, expected)
+                n_spans += len(expected)
+    assert n_spans > 1000
+
+
+# Templates of the shape packer/build/chat_turns.py cuts prefix renderings for, and some that are not.
+TURN_BY_TURN = {
+    "chatml": CHATML,
+    "llama3": LLAMA3,
+    "bos-first": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}",
+    "alternate": "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception("
+                 "'roles must alternate') }}{% endif %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+                 "{% if loop.first %}{% set role = role | upper %}{% endif %}[{{ role }}]{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}[model]{% endif %}",
+    "ending": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}"
+              "<assistant>{% else %}<end>{% endif %}",  # the ending breaks the prefix property: refused
+    "prompt": CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>ASSISTANT\\n'"),  # refused too
+}
+NOT_TURN_BY_TURN = [
+    LAST_DIFFERENT, GEMMA, CHATML_GENERATION,
+    "{% for m in messages %}{{ m.content }}{% if not loop.last %}|{% endif %}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{{ messages | length }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{{ loop.previtem }}{% endfor %}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{% if m.role == 'user' %}{% set x = m.content %}{% endif %}{{ x }}{% endfor %}",
+    "{% for m in messages %}{{ x }}{% set x = m.content %}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% if add_generation_prompt %}!{% endif %}{% endfor %}",
+    "{% for m in messages %}{{ strftime_now('%Y') }}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{% for c in m.content %}{{ c }}{% endfor %}{% endfor %}",
+    "{% for m in messages if m.role != 'system' %}{{ m.content }}{% endfor %}",
+    "{{ messages[0].content }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content.upper() }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% endfor %}{{ messages | length }}",
+]
+
+
+def test_which_templates_render_turn_by_turn():
+    from packer.build.chat_turns import renders_turn_by_turn
+
+    specials = {"bos_token", "eos_token"}
+    for name, source in TURN_BY_TURN.items():
+        assert renders_turn_by_turn(ChatTemplate(source, {}, ()).template.environment, source, specials), name
+    for source in NOT_TURN_BY_TURN:
+        assert not renders_turn_by_turn(ChatTemplate(source, {}, ()).template.environment, source, specials), source
+
+
+@pytest.mark.parametrize("family", list(TURN_BY_TURN))
+def test_prefixes_cut_from_one_rendering_equal_the_rendered_prefixes(family):
+    """The spans from one marked rendering (chat_turns) against those from rendering every prefix:
+    the same text and spans, or the same refusal or record error, word for word."""
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    rng = random.Random(3)
+    outcomes = set()
+    for roles in [("assistant",), ("assistant", "user"), ("user", "system")]:
+        cut, rendered = ChatTemplate(TURN_BY_TURN[family], specials, roles), ChatTemplate(TURN_BY_TURN[family], specials, roles)
+        assert cut._turn_by_turn
+        rendered._turn_by_turn = False
+        for _ in range(200):
+            messages = [{"role": rng.choice(["user", "assistant", "system"]), "content": rng.choice(["a", " b ", "", "cc\n"])}
+                        for _ in range(rng.randrange(1, 7))]
+
+            def spans(template):
+                try:
+                    return template.spans(messages, "chat.jsonl:1")
+                except (RecordError, TemplateRefused) as e:
+                    return type(e).__name__, str(e)
+
+            got = spans(cut)
+            assert got == spans(rendered)
+            outcomes.add(got[0] if isinstance(got[0], str) and got[0] in ("RecordError", "TemplateRefused") else "spans")
+    expected = {"ending": {"TemplateRefused", "spans"}, "prompt": {"TemplateRefused", "spans"},
+                "alternate": {"RecordError", "spans"}}.get(family, {"spans"})
+    assert expected <= outcomes
