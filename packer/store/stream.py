@@ -249,8 +249,10 @@ class StreamDataset:
         free += [False] * len(self._reading)  # a fetch in flight, or a block being read: not yet to be let go
         soon = self._plan.next_uses(candidates, now)
         later = soon if use is None else self._plan.next_uses(candidates, max(use, now))
-        call = set(self._call)
-        keys = [-1 if x in call and use is None and x > b else int(u) for x, u in zip(candidates, later)]
+        call = {x: k for k, x in enumerate(self._call)}  # in the order the call reads them
+        after = call.get(b, -1)
+        keys = [call[x] - len(call) if use is None and call.get(x, -1) > after else int(u)  # the call's last read last
+                for x, u in zip(candidates, later)]
         before = [x in call or (use is not None and int(u) < use) for x, u in zip(candidates, soon)]
         order = sorted(range(len(candidates)), key=lambda i: -keys[i])  # stable: the least recently read first
         victims, freed = [], 0
@@ -320,13 +322,17 @@ class StreamDataset:
             self._plan.extend(self._blocks_of(idx), reset, calls)
             self._pump()
 
-    def _start_call(self, blocks: np.ndarray, wanted: list[int]):
+    def _start_call(self, blocks: np.ndarray, wanted: list[int]) -> list[int]:
         """A call reads rows of `blocks` (one per row), from blocks `wanted` (ascending): the plan's
-        cursor moves onto them when they are its next rows, and their fetches start."""
+        cursor moves onto them when they are its next rows, and their fetches start. The order to
+        read them in: the plan's (stream_plan.py), else ascending."""
         with self._lock:
-            self._plan.follow(blocks)
+            if self._plan.follow(blocks):
+                planned = [b for b in dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist())]
+                wanted = [b for b in planned if b in set(wanted)] + sorted(set(wanted) - set(planned))
             self._call, self._in_call = list(wanted), True
             self._pump()
+            return list(wanted)
 
     def _done_with(self, b: int):
         """The call in progress has read what it needed of block b: room for its other blocks."""
@@ -409,18 +415,20 @@ class StreamDataset:
         order = np.argsort(block, kind="stable")
         firsts = np.flatnonzero(np.diff(block[order], prepend=-1))
         wanted = block[order][firsts]
-        self._start_call(block, wanted.tolist())
+        read_order = self._start_call(block, wanted.tolist())
         try:
-            return self._copy_rows(idx, block, order, firsts, wanted, fields)
+            return self._copy_rows(idx, block, order, firsts, wanted, read_order, fields)
         finally:
             self._end_call()
 
-    def _copy_rows(self, idx, block, order, firsts, wanted, fields) -> dict[str, list]:
-        """The rows' fields copied out of their blocks (`wanted`, ascending), each block read once."""
+    def _copy_rows(self, idx, block, order, firsts, wanted, read_order, fields) -> dict[str, list]:
+        """The rows' fields copied out of their blocks (`wanted`, ascending; read in `read_order`),
+        each block read once."""
         out = {field: [None] * len(idx) for field in fields}
         local = (idx - self._block_starts[block]).tolist()
         ends = [*firsts[1:].tolist(), len(order)]
-        for g, b in enumerate(wanted.tolist()):
+        for b in read_order:
+            g = int(wanted.searchsorted(b))
             rows, _ = self._block(b)
             ts, ost = rows.token_starts, rows.offset_starts
             for p in order[firsts[g] : ends[g]].tolist():

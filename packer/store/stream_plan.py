@@ -41,8 +41,10 @@ def runs_of(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def call_runs(blocks: np.ndarray, calls) -> tuple[np.ndarray, np.ndarray]:
-    """runs_of for rows read in calls: each call's blocks ascending, with their rows in the call.
-    blocks [3 1 3 | 0 2], calls [3 2] -> ([1 3 0 2], [1 2 1 1])."""
+    """runs_of for rows read in calls (`calls`: rows per call): each call's blocks once, with their rows
+    in the call, in the order the call reads them: the block next used last (in a later call) first,
+    so those it has read are the first to go (ties: ascending). blocks [3 1 3 | 1 2], calls [3 2]:
+    block 3 is not used again, 1 is -> ([3 1 1 2], [2 1 1 1])."""
     blocks, calls = np.asarray(blocks, np.int64), np.asarray(calls, np.int64)
     if not blocks.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -50,7 +52,13 @@ def call_runs(blocks: np.ndarray, calls) -> tuple[np.ndarray, np.ndarray]:
     order = np.lexsort((blocks, call))
     b, c = blocks[order], call[order]
     firsts = np.flatnonzero(np.concatenate([[True], (b[1:] != b[:-1]) | (c[1:] != c[:-1])]))
-    return b[firsts], np.diff(np.append(firsts, b.size))
+    b, c, n = b[firsts], c[firsts], np.diff(np.append(firsts, b.size))
+    by_block = np.lexsort((c, b))  # each block's calls in turn
+    same = b[by_block][1:] == b[by_block][:-1]
+    next_call = np.full(len(b), NEVER, np.int64)
+    next_call[by_block[:-1][same]] = c[by_block[1:][same]]
+    read = np.lexsort((b, -next_call, c))  # NEVER (-NEVER) first; it does not wrap
+    return b[read], n[read]
 
 
 def _same_blocks(a: np.ndarray, b: np.ndarray) -> bool:
