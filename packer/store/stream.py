@@ -6,17 +6,20 @@
                memmap/Megatron ~block_bytes (1 MiB) of .bin; Arrow one record batch (ROWS_PER_BATCH rows)
     a read     ds[i], views, get_many: each block the rows fall in, from memory, the cache directory
                or one ranged read of the store (retried, packer/io/retry.py); rows come back as copies
-    read-ahead ds.prefetch(indices): the rows the loader will read next, in order; background
-               threads (read_ahead of them) fetch their blocks in that order while memory allows
+    read-ahead ds.prefetch(indices, calls=...): the rows the loader will read next, in order (and
+               how many each read call takes); background threads (read_ahead of them) fetch their
+               blocks in that order while memory allows without letting go a block reading on
+               demand would keep, so read-ahead never reads more bytes (stream_plan.py)
 
 Memory: blocks held (read, or fetched ahead and not yet read) stay under `memory_bytes`; one block
-asked for on demand may pass it. So what this reader holds is at most
+asked for on demand may pass it. Told a plan, memory keeps the blocks it uses soonest (Belady's
+rule), else the most recently read. So what this reader holds is at most
 
     index bytes  +  memory_bytes + largest block  +  the rows of the call in progress
 
 where index bytes are O(rows + segments), never O(tokens): memmap 16 B a row + 12 B a segment,
 Megatron 20 B a row + 20 B a segment (its offsets are rebuilt), Arrow 40 B a record batch; and a
-prefetch plan costs 8 B a row asked for. `ds.held_bytes` is the block part, `ds.max_held_bytes`
+prefetch plan costs 24 B a run of rows in one block (a row at most). `ds.held_bytes` is the block part, `ds.max_held_bytes`
 its peak (tests/store/test_stream.py holds both to the bound on a dataset 10x larger than it).
 
 Cache: with `cache_dir`, every block and index read is also kept in a local directory shared by
@@ -202,9 +205,9 @@ class StreamDataset:
 
     # -- memory: held blocks, read-ahead -------------------------------------------------
     #
-    # A call reads its blocks in ascending order; read-ahead (threads) fetches first the call's
-    # blocks, then the plan's next ones, each only when the blocks it evicts are those reading on
-    # demand would evict at the time it is read (stream_plan.py): so it never reads more.
+    # A call reads its blocks in the plan's order (else ascending); read-ahead (threads) fetches
+    # first the call's blocks, then the plan's next ones, each only when the blocks it evicts are
+    # those reading on demand would evict when it is read (stream_plan.py): so it never reads more.
 
     def _reset_threads(self):
         """Fresh locks, pool, held blocks and plan: at open, and in a forked child (whose copies of the
@@ -214,7 +217,7 @@ class StreamDataset:
         self._pool = None
         self._held = collections.OrderedDict()  # block -> (Rows, doc_ids), least recently read first
         self._ahead: dict[int, object] = {}  # block -> Future: fetched ahead, not read yet
-        self._call: list[int] = []  # blocks the call in progress has still to read, ascending
+        self._call: list[int] = []  # blocks the call in progress has still to read, in its order
         self._in_call = False
         self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
         self._plan = ReadPlan()  # blocks the loader will read, in order, and where it is (stream_plan.py)
@@ -242,11 +245,14 @@ class StreamDataset:
         over = self.held_bytes + nbytes - int(self.options["memory_bytes"])
         if over <= 0:
             return True
+        if use is not None and sum(self._nbytes[x] for x in self._held if x not in self._call) < over:
+            return False  # a walk ahead lets go only blocks read and done with: too few (a quick no)
         now = self._now()
-        ok = {x for x, f in self._ahead.items() if not f.done() or f.exception() is None}  # a failed fetch holds nothing
-        candidates = [x for x in self._held if x not in self._reading] + sorted(ok) + sorted(self._reading)
-        free = [x in self._held or self._ahead[x].done() for x in candidates[: len(candidates) - len(self._reading)]]
-        free += [False] * len(self._reading)  # a fetch in flight, or a block being read: not yet to be let go
+        held = [x for x in self._held if x not in self._reading]
+        ahead = sorted(x for x, f in self._ahead.items() if not f.done() or f.exception() is None)  # failed: holds nothing
+        candidates = held + ahead + sorted(self._reading)
+        # a fetch in flight, or a block being read, counts where it ranks but cannot go yet
+        free = [True] * len(held) + [self._ahead[x].done() for x in ahead] + [False] * len(self._reading)
         soon = self._plan.next_uses(candidates, now)
         later = soon if use is None else self._plan.next_uses(candidates, max(use, now))
         call = {x: k for k, x in enumerate(self._call)}  # in the order the call reads them
@@ -309,10 +315,11 @@ class StreamDataset:
     def prefetch(self, indices, reset: bool = False, calls=None):
         """Rows `indices` will be read next, in this order (after those given before; `reset`
         forgets those); `calls`: how many of them each read call (views, get_many, ...) takes, in
-        turn (a call reads its blocks in ascending order, so the plan follows that order). Their
-        blocks are fetched ahead in that order by up to read_ahead threads, as far as memory
-        allows without evicting a block needed sooner, and memory keeps the blocks used soonest
-        (stream_plan.py). Without it, a read still fetches the blocks of one call together."""
+        turn (the plan then orders each call's blocks, and the call reads them in that order).
+        Their blocks are fetched ahead in order by up to read_ahead threads, as far as memory
+        allows without letting go a block reading on demand would keep, and memory keeps the
+        blocks used soonest (stream_plan.py). Without it, a read still fetches the blocks of one
+        call together."""
         self._check_pid()
         idx = self._indices(indices)
         if calls is not None and (np.any(np.asarray(calls) < 0) or int(np.sum(calls)) != len(idx)):
@@ -328,7 +335,7 @@ class StreamDataset:
         read them in: the plan's (stream_plan.py), else ascending."""
         with self._lock:
             if self._plan.follow(blocks):
-                planned = [b for b in dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist())]
+                planned = list(dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist()))
                 wanted = [b for b in planned if b in set(wanted)] + sorted(set(wanted) - set(planned))
             self._call, self._in_call = list(wanted), True
             self._pump()
@@ -357,15 +364,14 @@ class StreamDataset:
                 if not self._room(self._nbytes[b], b):
                     return  # read on demand, or fetched once memory frees
                 self._submit(b, n_threads)
-        while sum(not f.done() for f in self._ahead.values()) < n_threads:
-            step = self._plan.ahead(self._now())
-            if step is None:
-                return
+        in_flight = sum(not f.done() for f in self._ahead.values())
+        while in_flight < n_threads and (step := self._plan.ahead(self._now())) is not None:
             run, b, use = step
             if b not in self._held and b not in self._ahead and b not in self._reading:
                 if not self._room(self._nbytes[b], b, use):
                     return  # memory holds only blocks needed sooner: wait for the loader to read some
                 self._submit(b, n_threads)
+                in_flight += 1
             self._plan.at = run + 1
 
     def _submit(self, b: int, n_threads: int):

@@ -1,7 +1,7 @@
 """A streaming reader's read plan: the blocks the loader will read, in order, and where it is in them, so
-memory keeps the blocks used soonest and read-ahead never evicts a block needed before the one it fetches.
+memory keeps the blocks used soonest and read-ahead never evicts a block reading on demand would keep.
 
-The plan is told rows (StreamDataset.prefetch) and keeps the block of each as runs; each read that
+The plan is told rows (StreamDataset.prefetch) and keeps their blocks as runs; each read call that
 follows the plan moves the cursor. Rows 0-5 of blocks 3 3 1 3 0 0, a first call reading rows 0-2:
 
     runs    block  3 1 3 0      ends  2 3 4 6      (rows [0, 2) in block 3, row 2 in block 1, ...)
@@ -9,19 +9,22 @@ follows the plan moves the cursor. Rows 0-5 of blocks 3 3 1 3 0 0, a first call 
     next use of block 3: row 0; block 0: row 4; block 7: never (NEVER)
 
 The call after it (rows 3-5) sets read 3, next 6: block 3 is next used at row 3, block 1 never. A
-call that reads what the plan does not say (ds[i], or a second pass over the same rows, as a loss
-mask read) leaves the cursor where it is.
+call that reads what the plan does not say (ds[i]) leaves the cursor where it is; one that reads
+the same rows again (data.py's loss masks) too. Told the rows of each call (`calls`), the plan
+holds each call's blocks once, in the order the call reads them: the block the plan uses last
+first, so that the blocks a call has done with are the first to go (call_runs).
 
-Memory evicts the block next used last (Belady's rule; least recently read first among ties). Read-
-ahead walks the plan's blocks in order and fetches the next one missing, used at row p, only when the
-block Belady's rule would evict at row p is not needed before p; else it waits for the loader. So
-it makes the very choices reading on demand would make at p, earlier: never a block more read.
-(Merely never evicting a block needed before p, Cao et al.'s "do no harm", is not enough: a block
-needed at p-1 and then not for long would have been the one to go.)
+Memory evicts the block next used last (Belady's rule; least recently read first among ties).
+Read-ahead walks the plan's blocks in order and fetches the next one missing, used at row p, only
+when every block Belady's rule would evict at p is free now and not needed before p; else it
+waits for the loader. Nothing is read between now and p that is not held, so at p reading on
+demand would evict those very blocks: read-ahead reads each block as often, earlier. (Never
+evicting a block needed before p, Cao et al.'s "do no harm", is not enough: a block needed at
+p - 1 and then not for long would have been the one to go at p.)
 
-Cost: 16 B a run of rows in one block (at most a row; a block in stored order); a next-use query
-looks at most HORIZON runs past the cursor (beyond it a block counts as NEVER, and the walk ahead
-stops there, so the rule still holds).
+Cost: 24 B a run (a row at most; a block in stored order); a next-use query is one binary search
+and looks at most HORIZON runs past the cursor (beyond, a block counts as NEVER and the walk ahead
+stops, so the rule holds).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class ReadPlan:
     """Runs of the rows told and not yet read past (module docstring); `at` is the walk ahead's next run."""
 
     def __init__(self):
-        self.blocks = self.ends = np.zeros(0, np.int64)
+        self.blocks = self.ends = self._keys = np.zeros(0, np.int64)
         self.read = self.next = self.at = 0
 
     def __len__(self) -> int:
@@ -88,6 +91,7 @@ class ReadPlan:
         self.read, self.next, self.at = self.read - base, self.next - base, max(0, self.at - first)
         self.blocks = np.concatenate([self.blocks[first:], new_blocks])
         self.ends = np.concatenate([kept, (kept[-1] if kept.size else 0) + np.cumsum(counts)])
+        self._keys = np.sort(self.blocks * (len(self.blocks) + 1) + np.arange(len(self.blocks)))  # (block, run)
 
     def first_run(self) -> int:
         """The run holding row `read` (the first still to be used)."""
@@ -111,19 +115,19 @@ class ReadPlan:
 
     def next_uses(self, blocks, since: int | None = None) -> np.ndarray:
         """Row of each block's next use at or after row `since` (default: `read`); NEVER when it is
-        not within HORIZON runs of there."""
+        not within HORIZON runs of there. One search in the runs sorted by (block, run)."""
         since = self.read if since is None else max(since, self.read)
         query = np.asarray(blocks, np.int64)
         out = np.full(len(query), NEVER, np.int64)
-        r0 = int(self.ends.searchsorted(since, side="right"))
-        rest = self.blocks[r0 : r0 + HORIZON]
-        hits = np.flatnonzero(np.isin(rest, query))
-        if not hits.size:
+        if not self._keys.size or not query.size:
             return out
-        found, first = np.unique(rest[hits], return_index=True)
-        place = np.minimum(found.searchsorted(query), len(found) - 1)
-        seen = found[place] == query
-        runs = r0 + hits[first[place[seen]]]
+        width = len(self.blocks) + 1
+        r0 = int(self.ends.searchsorted(since, side="right"))
+        at = np.minimum(self._keys.searchsorted(query * width + r0), len(self._keys) - 1)
+        key = self._keys[at]
+        runs = key % width
+        seen = (key // width == query) & (runs >= r0) & (runs < r0 + HORIZON)
+        runs = runs[seen]
         out[seen] = np.maximum(np.where(runs > 0, self.ends[runs - 1], 0), since)
         return out
 

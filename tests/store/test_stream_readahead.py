@@ -48,6 +48,29 @@ def test_extend_drops_what_was_read_and_rewind_goes_back():
     assert plan.blocks.tolist() == [9] and (plan.read, plan.next, plan.at) == (0, 0, 0)
 
 
+def test_next_uses_equal_a_scan_of_the_rows():
+    """next_uses (one binary search) against the obvious scan, over random plans told in random calls."""
+    rng = np.random.default_rng(3)
+    checked = 0
+    for _ in range(200):
+        plan = ReadPlan()
+        n = int(rng.integers(1, 60))
+        rows = rng.integers(0, 8, size=n)
+        cuts = np.sort(rng.choice(np.arange(1, n), size=min(n - 1, int(rng.integers(0, 6))), replace=False))
+        calls = np.diff(np.concatenate([[0], cuts, [n]])) if rng.random() < 0.5 else None
+        plan.extend(rows, calls=calls)
+        if rng.random() < 0.5:
+            plan.follow(plan.rows_blocks(0, min(n, 3)))
+        since = int(rng.integers(0, n + 1))
+        want = []
+        for b in range(9):
+            hits = [r for r in range(max(since, plan.read), len(plan)) if plan.rows_blocks(r, r + 1)[0] == b]
+            want.append(hits[0] if hits else NEVER)
+        assert plan.next_uses(np.arange(9), since).tolist() == want
+        checked += sum(w != NEVER for w in want)
+    assert checked > 200
+
+
 def test_a_call_reads_the_block_used_last_first():
     # calls [3 1 3] [1 2] [0]: block 3 is not used after the first call, 1 is (in the second)
     blocks, rows = call_runs(np.array([3, 1, 3, 1, 2, 0]), [3, 2, 1])
