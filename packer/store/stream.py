@@ -217,6 +217,7 @@ class StreamDataset:
         self._pool = None
         self._held = collections.OrderedDict()  # block -> (Rows, doc_ids), least recently read first
         self._ahead: dict[int, object] = {}  # block -> Future: fetched ahead, not read yet
+        self._in_flight: set[int] = set()  # blocks whose fetch ahead has not finished
         self._call: list[int] = []  # blocks the call in progress has still to read, in its order
         self._in_call = False
         self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
@@ -364,7 +365,7 @@ class StreamDataset:
                 if not self._room(self._nbytes[b], b):
                     return  # read on demand, or fetched once memory frees
                 self._submit(b, n_threads)
-        in_flight = sum(not f.done() for f in self._ahead.values())
+        in_flight = len(self._in_flight)
         while in_flight < n_threads and (step := self._plan.ahead(self._now())) is not None:
             run, b, use = step
             if b not in self._held and b not in self._ahead and b not in self._reading:
@@ -378,11 +379,14 @@ class StreamDataset:
         self._count(self._nbytes[b])
         if self._pool is None:
             self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
+        self._in_flight.add(b)
         future = self._pool.submit(self._fetch_or_release, b)
-        future.add_done_callback(lambda _: self._pump_later())
+        future.add_done_callback(lambda _: self._landed(b))
         self._ahead[b] = future
 
-    def _pump_later(self):
+    def _landed(self, b: int):
+        """A fetch ahead finished (in its thread): one thread free, maybe room to fetch more."""
+        self._in_flight.discard(b)  # one set operation: atomic, no lock needed
         if self._lock.acquire(blocking=False):  # else the holder pumps when it is done
             try:
                 self._pump()
