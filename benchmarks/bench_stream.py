@@ -47,8 +47,9 @@ whose read call needs more blocks than memory holds (a 64-row call touches ~28 o
 16 fit) now waits rather than evict one the call still needs: slower than that, at 40% fewer bytes.
 With --memory-mb 32 (memmap; a call's blocks fit): full shuffle 10.6 Mtok/s at 17.5x the data
 with read-ahead, 3.7 at 17.5x without, against 9.5 at 71.8x and 0.7 at 67.9x before; block order
-86 at 1.44x against 58 at 2.74x; stored order 172 against 210 (the new bookkeeping, ~25% of a
-2-CPU loader's time at 10 ms a request; 10% slower or faster at 0 or 30 ms).
+86 at 1.44x against 58 at 2.74x; stored order 172 against 210 (the plan's bookkeeping runs in the
+loader's thread: at 16 MiB, stored order took 18% longer than before at 0 ms a request, 10% less
+at 30 ms).
 """
 
 from __future__ import annotations
