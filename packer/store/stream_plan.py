@@ -81,7 +81,7 @@ class ReadPlan:
 
     def extend(self, blocks: np.ndarray, reset: bool = False, calls=None):
         """Rows whose blocks are `blocks` come after those told (`reset`: instead of them); `calls`: the
-        rows of each read call in turn, whose blocks the reader reads in ascending order, once each."""
+        rows of each read call in turn, whose blocks the reader then reads once each, in call_runs' order."""
         new_blocks, counts = runs_of(np.asarray(blocks, np.int64)) if calls is None else call_runs(blocks, calls)
         if reset:
             self.__init__()
