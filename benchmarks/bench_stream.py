@@ -18,23 +18,38 @@ iterated in this process (DataLoader(batch_size=None, num_workers=0) does the sa
     local memory maps         the baseline (ratio 1)
     no read-ahead             read_ahead=0: each block read on demand, in the loader's thread
     read-ahead (epoch order)  PackedDataset tells the stream each next chunk of its epoch's rows
-                              (ds.prefetch, packer/train/data.py): blocks fetched in the order the
-                              epoch reads them, by 16 threads, as far as memory allows
+                              and read calls (ds.prefetch, packer/train/data.py): blocks fetched in
+                              the order the epoch reads them, by 16 threads, as far as memory
+                              allows without letting go a block reading on demand would keep
     + warm cache              the same with a local cache directory a previous epoch filled
 
 `store MB` is what the case read from the store, `x data` that over the bytes of the rows it
 delivered (read amplification: a full shuffle over data larger than memory reads each block again
-for nearly every row it takes).
+for nearly every row it takes). Read-ahead's bytes past no read-ahead's are blocks it fetched for
+rows after the last timed batch (at most memory_bytes); over whole epochs it reads no more
+(tests/store/test_stream_readahead.py).
 
-2026-12-01, 2 shared CPUs at load ~20 (noisy: ratios above 1 are noise), 50 MB of shards, memory a
-third of it, tokens/s after the first batch as a share of local memory maps:
-    stored order, read-ahead in the epoch's order      memmap 1.19x   arrow 0.49x
-    stored order, + warm cache                          memmap 1.36x   arrow 0.54x
-    stored order, no read-ahead / per call only         memmap 0.34 / 0.28x   arrow 0.32 / 0.31x
-    full shuffle, any read-ahead or cache               0.04-0.05x (each row reads a block: 74-89x the data)
-    full shuffle, memory twice the data                 memmap 0.65x   arrow 0.59x
-First batch (open + first blocks) 0.07-0.12 s with read-ahead. Arrow blocks are whole record batches
-(here one ~2 MB batch per shard), so fewer fit in the read-ahead half of memory than 1 MiB memmap blocks.
+2026-12-01, 2 shared CPUs (noisy), 50 MB of shards, memory a third of it; Mtok/s after the first
+batch (first 500 batches; full shuffle from the store: 100), and x data; local memory maps
+285-405 Mtok/s in the same run:
+                                     no read-ahead        read-ahead (epoch order)   + warm cache
+    stored order      memmap          40 Mtok/s  1.07x     188 Mtok/s  1.38x           203
+                      arrow           56         1.06x     201         1.35x           214
+    block order       memmap          25         1.76x      61         1.81x           104
+                      arrow           27         2.62x      61         2.62x           150
+    full shuffle      memmap         1.2        43.8x      2.2        43.8x             24
+                      arrow          1.4        59.4x      2.0        59.6x             21
+    memory twice the data            memmap 198 / 226 Mtok/s (stored / full shuffle), arrow 220 / 253
+Before the read plan (82cc364, same hour), read-ahead evicted blocks the epoch's window still
+needed: block order 32 / 14 Mtok/s at 5.07x / 12.08x the data (memmap / arrow) against 17 / 14
+at 2.56x / 4.27x without read-ahead; full shuffle 5.6 / 4.9 Mtok/s at 74x / 89x. A full shuffle
+whose read call needs more blocks than memory holds (a 64-row call touches ~28 of the 48 blocks;
+16 fit) now waits rather than evict one the call still needs: slower than that, at 40% fewer bytes.
+With --memory-mb 32 (memmap; a call's blocks fit): full shuffle 10.6 Mtok/s at 17.5x the data
+with read-ahead, 3.7 at 17.5x without, against 9.5 at 71.8x and 0.7 at 67.9x before; block order
+86 at 1.44x against 58 at 2.74x; stored order 172 against 210 (the plan's bookkeeping runs in the
+loader's thread: at 16 MiB, stored order took 18% longer than before at 0 ms a request, 10% less
+at 30 ms).
 """
 
 from __future__ import annotations
@@ -177,8 +192,8 @@ def main():
                           f"{rate / base:>8.2f}x {read_mb:>9.1f} {read_mb / (n_tokens * 2 / 1e6):>7.2f}")
 
 
-BLOCK_WINDOW = 4  # blocks of 64 rows per shuffle window: 256 rows of 4096 tokens = 2 MiB, within the read-ahead's
-# half of --memory-mb 16 (the default window of 16 blocks, 8 MiB, is for the default 256 MiB of stream memory)
+BLOCK_WINDOW = 4  # blocks of 64 rows per shuffle window: 256 rows of 4096 tokens = 2 MiB, well within --memory-mb 16
+# (the default window of 16 blocks, 8 MiB, is for the default 256 MiB of stream memory)
 
 
 def _order_options(shuffle) -> dict:

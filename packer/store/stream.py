@@ -6,17 +6,20 @@
                memmap/Megatron ~block_bytes (1 MiB) of .bin; Arrow one record batch (ROWS_PER_BATCH rows)
     a read     ds[i], views, get_many: each block the rows fall in, from memory, the cache directory
                or one ranged read of the store (retried, packer/io/retry.py); rows come back as copies
-    read-ahead ds.prefetch(indices): the rows the loader will read next, in order; background
-               threads (read_ahead of them) fetch their blocks in that order while memory allows
+    read-ahead ds.prefetch(indices, calls=...): the rows the loader will read next, in order (and
+               how many each read call takes); background threads (read_ahead of them) fetch their
+               blocks in that order while memory allows without letting go a block reading on
+               demand would keep, so read-ahead never reads more bytes (stream_plan.py)
 
 Memory: blocks held (read, or fetched ahead and not yet read) stay under `memory_bytes`; one block
-asked for on demand may pass it. So what this reader holds is at most
+asked for on demand may pass it. Told a plan, memory keeps the blocks it uses soonest (Belady's
+rule), else the most recently read. So what this reader holds is at most
 
     index bytes  +  memory_bytes + largest block  +  the rows of the call in progress
 
 where index bytes are O(rows + segments), never O(tokens): memmap 16 B a row + 12 B a segment,
 Megatron 20 B a row + 20 B a segment (its offsets are rebuilt), Arrow 40 B a record batch; and a
-prefetch plan costs 8 B a row asked for. `ds.held_bytes` is the block part, `ds.max_held_bytes`
+prefetch plan costs 24 B a run of rows in one block (a row at most). `ds.held_bytes` is the block part, `ds.max_held_bytes`
 its peak (tests/store/test_stream.py holds both to the bound on a dataset 10x larger than it).
 
 Cache: with `cache_dir`, every block and index read is also kept in a local directory shared by
@@ -49,6 +52,7 @@ from packer.io.cache import BlockCache
 from packer.store import checks, formats
 from packer.store.manifest import read_manifest
 from packer.store.rows import Rows
+from packer.store.stream_plan import ReadPlan
 
 MEMORY_BYTES = 256 << 20
 READ_AHEAD = 16  # blocks fetched at once (threads); 0: every read on demand, in the caller's thread
@@ -200,33 +204,82 @@ class StreamDataset:
         return rows, doc_ids
 
     # -- memory: held blocks, read-ahead -------------------------------------------------
+    #
+    # A call reads its blocks in the plan's order (else ascending); read-ahead (threads) fetches
+    # first the call's blocks, then the plan's next ones, each only when the blocks it evicts are
+    # those reading on demand would evict when it is read (stream_plan.py): so it never reads more.
 
     def _reset_threads(self):
-        """Fresh locks, pool and held blocks: at open, and in a forked child (whose copies of the
+        """Fresh locks, pool, held blocks and plan: at open, and in a forked child (whose copies of the
         parent's threads and futures would never run)."""
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._pool = None
         self._held = collections.OrderedDict()  # block -> (Rows, doc_ids), least recently read first
         self._ahead: dict[int, object] = {}  # block -> Future: fetched ahead, not read yet
-        self._ahead_bytes = 0
-        self._urgent: list[int] = []  # blocks the call in progress reads, not fetched yet
+        self._in_flight: set[int] = set()  # blocks whose fetch ahead has not finished
+        self._call: list[int] = []  # blocks the call in progress has still to read, in its order
+        self._in_call = False
         self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
-        self._plan, self._plan_at = np.zeros(0, np.int64), 0  # blocks the loader will read, in order
+        self._plan = ReadPlan()  # blocks the loader will read, in order, and where it is (stream_plan.py)
         self.held_bytes = self.max_held_bytes = 0
 
     def _check_pid(self):
         if self._pid != os.getpid():
             self._reset_threads()
 
-    def _hold(self, nbytes: int):
-        """Count `nbytes` more held, evicting the least recently read blocks to stay in budget."""
-        budget = int(self.options["memory_bytes"])
-        while self._held and self.held_bytes + nbytes > budget:
-            b, _ = self._held.popitem(last=False)
-            self.held_bytes -= self._nbytes[b]
+    def _count(self, nbytes: int):
         self.held_bytes += nbytes
         self.max_held_bytes = max(self.max_held_bytes, self.held_bytes)
+
+    def _now(self) -> int:
+        """The plan's first row still to be read: after the call in progress or the last one (but
+        before the last one between calls of a dataset with loss masks: data.py reads them again)."""
+        return self._plan.read if self.has_loss_mask and not self._in_call else self._plan.next
+
+    def _room(self, nbytes: int, b: int, use: int | None = None, must: bool = False) -> bool:
+        """Make room (lock held) for block b: `nbytes` more held, read by the call in progress (`use`
+        None) or by the plan at row `use`, by evicting read blocks and blocks fetched ahead, the one
+        the plan uses last first (least recently read first among ties). False, evicting nothing,
+        when a block to go would be read before b; `must` (b read now, on demand): it goes anyway,
+        the call's later blocks last, past memory_bytes when nothing is left to evict."""
+        over = self.held_bytes + nbytes - int(self.options["memory_bytes"])
+        if over <= 0:
+            return True
+        if use is not None and sum(self._nbytes[x] for x in self._held if x not in self._call) < over:
+            return False  # a walk ahead lets go only blocks read and done with: too few (a quick no)
+        now = self._now()
+        held = [x for x in self._held if x not in self._reading]
+        ahead = sorted(x for x, f in self._ahead.items() if not f.done() or f.exception() is None)  # failed: holds nothing
+        candidates = held + ahead + sorted(self._reading)
+        # a fetch in flight, or a block being read, counts where it ranks but cannot go yet
+        free = [True] * len(held) + [self._ahead[x].done() for x in ahead] + [False] * len(self._reading)
+        soon = self._plan.next_uses(candidates, now)
+        later = soon if use is None else self._plan.next_uses(candidates, max(use, now))
+        call = {x: k for k, x in enumerate(self._call)}  # in the order the call reads them
+        after = call.get(b, -1)
+        keys = [call[x] - len(call) if use is None and call.get(x, -1) > after else int(u)  # the call's last read last
+                for x, u in zip(candidates, later)]
+        before = [x in call or (use is not None and int(u) < use) for x, u in zip(candidates, soon)]
+        order = sorted(range(len(candidates)), key=lambda i: -keys[i])  # stable: the least recently read first
+        victims, freed = [], 0
+        for i in order:  # the blocks reading on demand would let go, in turn, until b fits
+            if freed >= over:
+                break
+            if (before[i] or not free[i]) and not must:
+                return False  # one of them is read before b, or still in flight: b is fetched later
+            if free[i]:
+                victims.append(i)
+                freed += self._nbytes[candidates[i]]
+        if freed < over and not must:
+            return False
+        for i in victims:
+            x = candidates[i]
+            if self._held.pop(x, None) is None:
+                del self._ahead[x]
+            self.held_bytes -= self._nbytes[x]
+            self._plan.rewind(int(soon[i]))
+        return True
 
     def _block(self, b: int):
         """Block b's (Rows, doc_ids), held as most recently read: from memory, from a fetch ahead, or read now."""
@@ -236,9 +289,8 @@ class StreamDataset:
                 return self._held[b]
             future = self._ahead.pop(b, None)
             if future is None:
-                self._hold(self._nbytes[b])
-            else:
-                self._ahead_bytes -= self._nbytes[b]
+                self._room(self._nbytes[b], b, must=True)
+                self._count(self._nbytes[b])
             self._reading.add(b)  # read (or waited for) here, now: not fetched ahead again
         try:
             block = future.result() if future is not None else self._fetch_or_release(b)
@@ -247,8 +299,6 @@ class StreamDataset:
                 self._reading.discard(b)
         with self._lock:
             self._held[b] = block
-            if self._urgent and self._urgent[0] == b:
-                self._urgent.pop(0)
             self._pump()
         return block
 
@@ -260,57 +310,83 @@ class StreamDataset:
                 self.held_bytes -= self._nbytes[b]
             raise
 
-    def prefetch(self, indices, reset: bool = False):
+    def _blocks_of(self, idx: np.ndarray) -> np.ndarray:
+        return self._block_starts.searchsorted(idx, side="right") - 1
+
+    def prefetch(self, indices, reset: bool = False, calls=None):
         """Rows `indices` will be read next, in this order (after those given before; `reset`
-        forgets those): their blocks are fetched ahead in that order by up to read_ahead threads,
-        as far as memory_bytes allows. Without it, a read still fetches the blocks of one call
-        together."""
+        forgets those); `calls`: how many of them each read call (views, get_many, ...) takes, in
+        turn (the plan then orders each call's blocks, and the call reads them in that order).
+        Their blocks are fetched ahead in order by up to read_ahead threads, as far as memory
+        allows without letting go a block reading on demand would keep, and memory keeps the
+        blocks used soonest (stream_plan.py). Without it, a read still fetches the blocks of one
+        call together."""
         self._check_pid()
         idx = self._indices(indices)
-        blocks = self._block_starts.searchsorted(idx, side="right") - 1
-        if blocks.size:
-            blocks = blocks[np.concatenate([[True], blocks[1:] != blocks[:-1]])]  # runs of one block: once
+        if calls is not None and (np.any(np.asarray(calls) < 0) or int(np.sum(calls)) != len(idx)):
+            raise ValueError(f"prefetch: calls add up to {int(np.sum(calls))} rows, not the {len(idx)} indices given; "
+                             "give each call's row count, or no calls")
         with self._lock:
-            rest = np.zeros(0, np.int64) if reset else self._plan[self._plan_at:]
-            self._plan, self._plan_at = np.concatenate([rest, blocks]), 0
+            self._plan.extend(self._blocks_of(idx), reset, calls)
             self._pump()
 
+    def _start_call(self, blocks: np.ndarray, wanted: list[int]) -> list[int]:
+        """A call reads rows of `blocks` (one per row), from blocks `wanted` (ascending): the plan's
+        cursor moves onto them when they are its next rows, and their fetches start. The order to
+        read them in: the plan's (stream_plan.py), else ascending."""
+        with self._lock:
+            if self._plan.follow(blocks):
+                planned = list(dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist()))
+                wanted = [b for b in planned if b in set(wanted)] + sorted(set(wanted) - set(planned))
+            self._call, self._in_call = list(wanted), True
+            self._pump()
+            return list(wanted)
+
+    def _done_with(self, b: int):
+        """The call in progress has read what it needed of block b: room for its other blocks."""
+        with self._lock:
+            if b in self._call:
+                self._call.remove(b)
+            self._pump()
+
+    def _end_call(self):
+        with self._lock:
+            self._call, self._in_call = [], False
+
     def _pump(self):
-        """Start fetches (lock held): first the blocks the call in progress reads (`_urgent`)
-        while all of memory_bytes allows, then the plan's next blocks while read_ahead
-        threads are free and half of memory_bytes allows (the other half keeps blocks being read)."""
+        """Start fetches (lock held): the blocks the call in progress reads, in its order, then the
+        plan's next blocks while read_ahead threads are free, each while _room allows; a block that
+        must wait stops those after it."""
         n_threads = int(self.options["read_ahead"])
         if not n_threads:
             return
-        budget = int(self.options["memory_bytes"])
-        for b in self._urgent:
-            if b in self._held:
-                self._held.move_to_end(b)  # read by this call: not evicted for its other blocks
-        for b in self._urgent:
+        for b in self._call:
             if b not in self._held and b not in self._ahead and b not in self._reading:
-                if self._ahead and self._ahead_bytes + self._nbytes[b] > budget:
-                    break  # the rest on demand, as the call frees memory
+                if not self._room(self._nbytes[b], b):
+                    return  # read on demand, or fetched once memory frees
                 self._submit(b, n_threads)
-        while self._plan_at < len(self._plan) and sum(not f.done() for f in self._ahead.values()) < n_threads:
-            b = int(self._plan[self._plan_at])
-            if b in self._held:
-                self._held.move_to_end(b)  # wanted soon: evicted last
-            elif b not in self._ahead and b not in self._reading:
-                if self._ahead and self._ahead_bytes + self._nbytes[b] > budget // 2:
-                    return  # half the memory holds blocks not read yet: wait for the loader to read some
+        in_flight = len(self._in_flight)
+        while in_flight < n_threads and (step := self._plan.ahead(self._now())) is not None:
+            run, b, use = step
+            if b not in self._held and b not in self._ahead and b not in self._reading:
+                if not self._room(self._nbytes[b], b, use):
+                    return  # memory holds only blocks needed sooner: wait for the loader to read some
                 self._submit(b, n_threads)
-            self._plan_at += 1
+                in_flight += 1
+            self._plan.at = run + 1
 
     def _submit(self, b: int, n_threads: int):
-        self._hold(self._nbytes[b])
+        self._count(self._nbytes[b])
         if self._pool is None:
             self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
+        self._in_flight.add(b)
         future = self._pool.submit(self._fetch_or_release, b)
-        future.add_done_callback(lambda _: self._pump_later())
+        future.add_done_callback(lambda _: self._landed(b))
         self._ahead[b] = future
-        self._ahead_bytes += self._nbytes[b]
 
-    def _pump_later(self):
+    def _landed(self, b: int):
+        """A fetch ahead finished (in its thread): one thread free, maybe room to fetch more."""
+        self._in_flight.discard(b)  # one set operation: atomic, no lock needed
         if self._lock.acquire(blocking=False):  # else the holder pumps when it is done
             try:
                 self._pump()
@@ -345,17 +421,24 @@ class StreamDataset:
         source_ids: the call's blocks fetched together (read_ahead threads), then read in turn."""
         self._check_pid()
         idx = self._indices(indices)
-        block = self._block_starts.searchsorted(idx, side="right") - 1
+        block = self._blocks_of(idx)
         order = np.argsort(block, kind="stable")
         firsts = np.flatnonzero(np.diff(block[order], prepend=-1))
         wanted = block[order][firsts]
-        with self._lock:  # this call's blocks first, then the plan's
-            self._urgent = wanted.tolist() if len(wanted) > 1 else []
-            self._pump()
+        read_order = self._start_call(block, wanted.tolist())
+        try:
+            return self._copy_rows(idx, block, order, firsts, wanted, read_order, fields)
+        finally:
+            self._end_call()
+
+    def _copy_rows(self, idx, block, order, firsts, wanted, read_order, fields) -> dict[str, list]:
+        """The rows' fields copied out of their blocks (`wanted`, ascending; read in `read_order`),
+        each block read once."""
         out = {field: [None] * len(idx) for field in fields}
         local = (idx - self._block_starts[block]).tolist()
         ends = [*firsts[1:].tolist(), len(order)]
-        for g, b in enumerate(wanted.tolist()):
+        for b in read_order:
+            g = int(wanted.searchsorted(b))
             rows, _ = self._block(b)
             ts, ost = rows.token_starts, rows.offset_starts
             for p in order[firsts[g] : ends[g]].tolist():
@@ -368,6 +451,7 @@ class StreamDataset:
                     else:  # a row's segments: its offsets less one, counted from the block's first row
                         a = ost[r] - r - ost[0]
                         out[field][p] = rows.source_ids[a : a + ost[r + 1] - ost[r] - 1].copy()
+            self._done_with(b)
         return out
 
     def views(self, indices) -> tuple[list, list]:
@@ -396,6 +480,11 @@ class StreamDataset:
         return Rows(_joined(tokens, self.dtype), token_starts, _joined(offsets, np.int32), offset_starts,
                     loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16))
 
+    def _block_in_order(self, b: int):
+        """Block b read whole, as the plan of a pass over every row in stored order says (then _done_with)."""
+        self._start_call(np.full(int(self._block_starts[b + 1] - self._block_starts[b]), b, np.int64), [b])
+        return self._block(b)
+
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order: from the
         indexes (memmap, Megatron), or every block in turn (Arrow: a pass over the dataset)."""
@@ -403,16 +492,22 @@ class StreamDataset:
             parts = [state.doc_ids for _, state, _ in self._shards]
         else:
             self.prefetch(np.arange(self._n), reset=True)
-            parts = [self._block(b)[1].copy() for b in range(len(self._blocks))]
+            parts = []
+            for b in range(len(self._blocks)):
+                parts.append(self._block_in_order(b)[1].copy())
+                self._end_call()
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
     def __iter__(self):
         self.prefetch(np.arange(self._n), reset=True)
         for b in range(len(self._blocks)):
-            rows, _ = self._block(b)
-            for r in range(len(rows)):
-                t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
-                yield rows.tokens[t0:t1].copy(), rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]].copy()
+            rows, _ = self._block_in_order(b)
+            try:
+                for r in range(len(rows)):
+                    t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
+                    yield rows.tokens[t0:t1].copy(), rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]].copy()
+            finally:
+                self._end_call()
 
 
 def _joined(parts, dtype):

@@ -368,13 +368,17 @@ class PackedDataset(IterableDataset):
                     masks[k] = m
         return tokens, offsets, masks
 
-    def _will_read(self, datasets: np.ndarray, rows: np.ndarray, first: bool):
+    def _will_read(self, datasets: np.ndarray, rows: np.ndarray, sizes, units_per_block: int, first: bool):
         """Tell readers that read ahead (a streamed store: ds.prefetch, packer/store/stream.py) the rows
-        coming next, in order, after those told before (`first`: forget those)."""
+        coming next, in order, after those told before (`first`: forget those), and how many of them
+        each read takes (a read is `units_per_block` units of `sizes` rows, each dataset's part of it)."""
+        starts = np.concatenate([[0], np.cumsum(sizes)])[:-1][::units_per_block]
         for d, ds in enumerate(self._open()):
             hint = getattr(ds, "prefetch", None)
             if hint is not None:
-                hint(rows[datasets == d] if len(self._dss) > 1 else rows, reset=first)
+                mine = datasets == d if len(self._dss) > 1 else np.ones(len(rows), bool)
+                calls = np.add.reduceat(mine.astype(np.int64), starts) if len(rows) else np.zeros(0, np.int64)
+                hint(rows[mine], reset=first, calls=calls[calls > 0])
 
     def __iter__(self):
         split = {**self.split(), "unit": self.unit}
@@ -399,12 +403,12 @@ class PackedDataset(IterableDataset):
 
         ahead = chunk_rows(0) if len(chunks) else None
         if ahead is not None:
-            self._will_read(*ahead[:2], first=True)
+            self._will_read(ahead[0], ahead[1], ahead[3], units_per_block, first=True)
         for c in chunks:
             datasets, rows, sources, sizes = ahead
             if c + units_per_chunk < len(units):  # the next chunk's rows, told to the reader before this one is read
                 ahead = chunk_rows(c + units_per_chunk)
-                self._will_read(*ahead[:2], first=False)
+                self._will_read(ahead[0], ahead[1], ahead[3], units_per_block, first=False)
             bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
             for b in range(0, len(sizes), units_per_block):
                 lo, hi = bounds[b], bounds[min(b + units_per_block, len(sizes))]
