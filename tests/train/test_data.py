@@ -446,7 +446,7 @@ def test_block_shuffle_loads_and_hints_reads(sample_dataset):
     keys = _all_keys(sample_dataset)
     ds = PackedDataset(sample_dataset, shuffle="block", shuffle_block=8, shuffle_window=4, seed=1)
     hints = []
-    ds._open()[0].prefetch = lambda rows, reset: hints.append((np.asarray(rows).copy(), reset))
+    ds._open()[0].prefetch = lambda rows, reset, calls=None: hints.append((np.asarray(rows).copy(), reset))
     got = _keys_of(ds)
     assert sorted(got) == sorted(keys) and got != keys
     assert np.concatenate([rows for rows, _ in hints]).tolist() == ds.epoch_rows(ds.split()).tolist()  # in order
