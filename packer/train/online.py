@@ -186,8 +186,24 @@ class OnlinePackedDataset(IterableDataset):
     as they are, no bos or eos added, as `packer build --input-kind tokens` takes them; their items'
     labels are -100 on untrained tokens (packer/train/items.py draws it). Long examples split as
     texts do, each piece keeping its part of the mask.
+
+    Fine-tuning records, input_kind="prompt-completion" | "chat" | "tokens" (default "text": all of the
+    above): dicts as `packer build --input-kind KIND` reads them, encoded RECORD_BATCH at a time by the
+    build's own RecordEncoder (packer/build/records.py), so each accepted example has exactly the ids
+    and loss mask the build stores for it. The record settings (prompt_field ... long_prompts) are
+    BuildConfig's, names and defaults; the chat template is the one beside a tokenizer.json path
+    (tokenizer_config.json, chat_template.jinja), or chat_template=FILE, which a tokenizers.Tokenizer
+    object needs. input_kind="auto" reads each record's fields as the build's auto reads a file's first
+    record: messages_field -> chat, ids_field -> tokens (labels or loss mask required), prompt_field and
+    completion_field -> prompt-completion, text_field -> text; what is not a dict (a text, token ids, a
+    pair) is taken as "text" takes it. Bad records are skipped, never raised: counted by the build's
+    reasons in `skipped`, the first named in one warning (a dict with no kind's field, or a non-dict
+    under a record kind: missing_field). A template that cannot give exact spans raises TemplateRefused.
+    In a buffer the texts and plain ids come first, then each record kind's examples, in source order.
+
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
-    dataset is indexed directly), so the source must give the same documents in the same order.
+    dataset is indexed directly), so the source must give the same documents in the same order; the
+    state holds the skip counts, so a resumed run counts what an uninterrupted one counts.
     """
 
     def __init__(self, source, *, tokenizer=None, context_length: int, buffer_docs: int = 10_000,
@@ -200,7 +216,7 @@ class OnlinePackedDataset(IterableDataset):
                  input_kind: str = _BUILD.input_kind, prompt_field: str = _BUILD.prompt_field,
                  completion_field: str = _BUILD.completion_field, messages_field: str = _BUILD.messages_field,
                  ids_field: str = _BUILD.ids_field, labels_field: str = _BUILD.labels_field,
-                 loss_mask_field: str = _BUILD.loss_mask_field, train_roles: str = _BUILD.train_roles,
+                 loss_mask_field: str = _BUILD.loss_mask_field, train_roles: str | tuple = _BUILD.train_roles,
                  chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts):
         _check_args(context_length, buffer_docs, long_docs)
         if algorithm not in ALGORITHMS:
@@ -226,7 +242,7 @@ class OnlinePackedDataset(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.policy = CarryPolicy(min_fill=min_fill, max_carry_bins=max_carry_bins)
         # the build's own config type: it checks the record settings, and the build's RecordEncoder reads it
-        self.records = BuildConfig(
+        self.build_config = BuildConfig(
             context_length=context_length, long_docs=long_docs, eos=eos, bos=bos, text_field=text_field,
             shard_size=max(_BUILD.shard_size, context_length), input_kind=input_kind, prompt_field=prompt_field,
             completion_field=completion_field, messages_field=messages_field, ids_field=ids_field,
@@ -260,10 +276,11 @@ class OnlinePackedDataset(IterableDataset):
 
     # -- resume ---------------------------------------------------------------------------------
     def _config(self) -> dict:
-        records = self.records.to_dict()  # the record settings, only when records are read (as a build's manifest)
+        records = self.build_config.to_dict()  # the record settings only when records are read, as a manifest has them
         return {"context_length": self.context_length, "buffer_docs": self.buffer_docs,
                 "algorithm": self.algorithm, "seed": self.seed, "long_docs": self.long_docs,
                 "eos_id": self.eos_id, "bos_id": self.bos_id, **asdict(self.policy),
+                "input_kind": self.build_config.input_kind,
                 **{key: records[key] for key in RECORD_FIELDS if key in records}}
 
     def _fresh_state(self, partition: int, n_partitions: int) -> dict:
@@ -325,7 +342,7 @@ class OnlinePackedDataset(IterableDataset):
             elif kind is None:  # not a record, or a dict holding no kind's fields (auto)
                 skips.add("missing_field", f"source document {pos - 1}")
             else:
-                records[kind].append((f"source document {pos - 1}", _plain_record(doc, kind, self.records)))
+                records[kind].append((f"source document {pos - 1}", _plain_record(doc, kind, self.build_config)))
         out = self._tokenize(plain)
         for kind in RECORD_KINDS:
             for start in range(0, len(records[kind]), RECORD_BATCH):
@@ -340,7 +357,7 @@ class OnlinePackedDataset(IterableDataset):
         fields as the build's auto reads a file's first record (packer/build/record_reader.detect_kind):
         messages -> chat, ids -> tokens, prompt and completion -> prompt-completion, the text field ->
         text; anything not a dict (a text, token ids, an (ids, mask) pair) is taken as the text kind takes it."""
-        kind, c = self.records.input_kind, self.records
+        kind, c = self.build_config.input_kind, self.build_config
         if kind == "text":
             return "text"
         if kind != "auto":
@@ -362,11 +379,11 @@ class OnlinePackedDataset(IterableDataset):
                              "vocabulary) but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
         if kind != "chat":
             return
-        if self._tokenizer_path is None and self.records.chat_template is None:
+        if self._tokenizer_path is None and self.build_config.chat_template is None:
             raise ValueError("chat records need a chat template, and a tokenizers.Tokenizer object carries none; "
                              "pass chat_template=FILE (a .jinja file or a tokenizer_config.json), or "
                              "tokenizer=PATH to a tokenizer.json with its tokenizer_config.json beside it")
-        chat_template_of(self._tokenizer_path or "tokenizer object", self.records.chat_template)
+        chat_template_of(self._tokenizer_path or "tokenizer object", self.build_config.chat_template)
 
     def _encoder(self, kind: str) -> RecordEncoder:
         """The build's encoder for `kind`, made once per process: its TokenizerInfo is this dataset's
@@ -374,12 +391,12 @@ class OnlinePackedDataset(IterableDataset):
         if kind not in self._encoders:
             self._check_records_can_encode(kind)
             path = self._tokenizer_path or _saved_tokenizer(self.tokenizer)
-            info = tokenizer_info(path, dataclasses.replace(self.records, eos=False, bos=False, eos_token=None,
+            info = tokenizer_info(path, dataclasses.replace(self.build_config, eos=False, bos=False, eos_token=None,
                                                             bos_token=None))
             token = lambda i: None if i is None else self.tokenizer.id_to_token(i)  # noqa: E731
             info = dataclasses.replace(info, eos_id=self.eos_id, bos_id=self.bos_id, eos_token=token(self.eos_id),
                                        bos_token=token(self.bos_id))
-            self._encoders[kind] = RecordEncoder(kind, info, self.records, encode_texts)
+            self._encoders[kind] = RecordEncoder(kind, info, self.build_config, encode_texts)
         return self._encoders[kind]
 
     def _count(self, skips: _Skips):
@@ -569,7 +586,7 @@ def _plain_record(record: dict, kind: str, config: BuildConfig) -> dict:
 def _saved_tokenizer(tok) -> str:
     """A tokenizers.Tokenizer object as a tokenizer.json file (the build's encoder reads a path), once per
     content: <tmp>/packer-online-<sha256>/tokenizer.json, written atomically, nothing beside it.
-    TODO(online-records): gone once RecordEncoder takes a tokenizer object (the report's hook)."""
+    TODO(online-records): drop once RecordEncoder can take a tokenizer object beside its TokenizerInfo."""
     data = tok.to_str().encode("utf-8")
     path = os.path.join(tempfile.gettempdir(), f"packer-online-{hashlib.sha256(data).hexdigest()[:16]}",
                         "tokenizer.json")
