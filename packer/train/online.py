@@ -306,10 +306,12 @@ class OnlinePackedDataset(IterableDataset):
                                  f"{key}={now!r}; construct the dataset with the saved value")
         self.epoch = state["epoch"]
         self._resume = _copy_carry(state)
+        self._skipped = collections.Counter(self._resume["skipped"])
 
     def set_epoch(self, epoch: int):
         """Change the shuffle of the bins (not the order documents are read); restart from the top."""
         self.epoch, self._resume, self._state = epoch, None, None
+        self._skipped = collections.Counter()
 
     # -- iteration ------------------------------------------------------------------------------
     def _partition(self) -> tuple[int, int]:

@@ -144,6 +144,7 @@ def _bad_records() -> list:
         {"messages": []},  # empty_messages
         {"messages": [user]},  # no_trained_tokens
         {"messages": [user, {"role": "assistant", "content": "a <|endoftext|> b"}]},  # special_token_in_content
+        {"conversation": [user]},  # missing_field
     ]
     bad_pc = [
         {"prompt": "p", "completion": ""},  # empty_completion
@@ -167,7 +168,24 @@ def test_bad_records_are_counted_as_the_build_counts_them(tmp_path):
             assert ds.skipped == expected, as_kind
             assert online == _stored(out)
     assert set(json.loads((tmp_path / "chat" / "built" / "manifest.json").read_text())["totals"]["docs_skipped"]) \
-        == {"missing_role", "non_string_content", "empty_messages", "no_trained_tokens", "special_token_in_content"}
+        == {"missing_role", "non_string_content", "empty_messages", "no_trained_tokens", "special_token_in_content",
+            "missing_field"}
+
+
+def test_ids_as_arrays_or_tensors_are_the_ids_as_lists():
+    """An HF dataset in numpy or torch format hands over arrays: read as the lists the build reads."""
+    records = _token_records()[:60]
+    arrays = [{k: np.asarray(v) for k, v in r.items()} for r in records]
+    tensors = [{k: torch.tensor(v) for k, v in r.items()} for r in records]
+    kwargs = dict(tokenizer=TOKENIZER, context_length=64, input_kind="tokens")
+    expected = _emitted(OnlinePackedDataset(records, **kwargs))
+    assert _emitted(OnlinePackedDataset(arrays, **kwargs)) == expected == _emitted(OnlinePackedDataset(tensors, **kwargs))
+    floats = [{"input_ids": np.asarray(r["input_ids"], float), **{k: v for k, v in r.items() if k != "input_ids"}}
+              for r in records[:3]]
+    ds = OnlinePackedDataset(floats, **kwargs)
+    with pytest.warns(UserWarning, match="bad_ids"):
+        assert list(ds) == []
+    assert ds.skipped == {"bad_ids": 3}
 
 
 def test_records_of_another_shape_are_skipped_not_raised():
@@ -221,7 +239,7 @@ def test_resume_with_skipped_records_gives_the_uninterrupted_stream():
                                        input_kind="auto", seed=3)
     whole = make()
     full = _rows(whole)
-    assert whole.skipped and sum(whole.skipped.values()) == 8
+    assert whole.skipped and sum(whole.skipped.values()) == 9
     recounted = 0
     for stop in sorted({*np.linspace(0, len(full), 7).astype(int).tolist(), 3, 4, 5}):
         first = make()
@@ -246,7 +264,7 @@ def test_dataloader_workers_give_the_same_examples_as_one_process():
     ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, buffer_docs=16, input_kind="auto")
     one = _emitted(ds)
     two = _emitted(DataLoader(ds, batch_size=None, num_workers=2))
-    assert one == two and sum(one.values()) > len(records) - 8
+    assert one == two and sum(one.values()) > len(records) - 9
 
 
 def test_a_tokenizer_object_needs_a_chat_template_for_chat(tmp_path):
