@@ -258,7 +258,10 @@ def test_resume_with_skipped_records_gives_the_uninterrupted_stream():
 
 
 @pytest.mark.filterwarnings("ignore:OnlinePackedDataset skips bad records")
-def test_dataloader_workers_give_the_same_examples_as_one_process():
+def test_dataloader_workers_give_the_same_examples_as_one_process(monkeypatch):
+    # A worker forked after this process encoded, with TOKENIZERS_PARALLELISM=true (which an unclosed
+    # InlineExecutor of an earlier test leaves set), waits forever on the tokenizers pool it lost at the fork.
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     chat, pc = _bad_records()
     records = [r for group in itertools_zip(chat, pc) for r in group]
     ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, buffer_docs=16, input_kind="auto")
