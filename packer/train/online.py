@@ -20,24 +20,35 @@ and together cover the stream. Each partition packs, shuffles and carries on its
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import hashlib
 import itertools
 import os
+import re
+import tempfile
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from packer.binpack import pack
 from packer.build.plan import split_documents
-from packer.build.tokenize import encode_stream
+from packer.build.records import RecordEncoder
+from packer.build.tokenize import RECORD_BATCH, encode_stream, encode_texts
 from packer.build.tokenizer import (
     BOS_CANDIDATES,
     EOS_CANDIDATES,
+    chat_template_of,
     configure,
     configured_copy,
     load_tokenizer,
+    resolve_tokenizer,
     special_id,
+    tokenizer_info,
 )
-from packer.config import ALGORITHMS, LONG_DOC_POLICIES
+from packer.config import ALGORITHMS, LONG_DOC_POLICIES, RECORD_FIELDS, BuildConfig
+from packer.io import atomic
 from packer.masks import IGNORE_INDEX
 
 try:  # the lengths-only part (online_fill_rate, for `packer stats`) must import without torch
@@ -54,6 +65,8 @@ except ImportError:  # pragma: no cover - exercised only on a box without torch
 # without any carry 0.024% (benchmarks/bench_online.py).
 MIN_FILL = 0.99
 MAX_CARRY_BINS = 32
+RECORD_KINDS = ("prompt-completion", "chat", "tokens")  # read by the build's RecordEncoder (packer/build/records.py)
+_BUILD = BuildConfig()  # the record settings' defaults: the same words mean the same in the build and online
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,8 +186,24 @@ class OnlinePackedDataset(IterableDataset):
     as they are, no bos or eos added, as `packer build --input-kind tokens` takes them; their items'
     labels are -100 on untrained tokens (packer/train/items.py draws it). Long examples split as
     texts do, each piece keeping its part of the mask.
+
+    Fine-tuning records, input_kind="prompt-completion" | "chat" | "tokens" (default "text": all of the
+    above): dicts as `packer build --input-kind KIND` reads them, encoded RECORD_BATCH at a time by the
+    build's own RecordEncoder (packer/build/records.py), so each accepted example has exactly the ids
+    and loss mask the build stores for it. The record settings (prompt_field ... long_prompts) are
+    BuildConfig's, names and defaults; the chat template is the one beside a tokenizer.json path
+    (tokenizer_config.json, chat_template.jinja), or chat_template=FILE, which a tokenizers.Tokenizer
+    object needs. input_kind="auto" reads each record's fields as the build's auto reads a file's first
+    record: messages_field -> chat, ids_field -> tokens (labels or loss mask required), prompt_field and
+    completion_field -> prompt-completion, text_field -> text; what is not a dict (a text, token ids, a
+    pair) is taken as "text" takes it. Bad records are skipped, never raised: counted by the build's
+    reasons in `skipped`, the first named in one warning (a dict with no kind's field, or a non-dict
+    under a record kind: missing_field). A template that cannot give exact spans raises TemplateRefused.
+    In a buffer the texts and plain ids come first, then each record kind's examples, in source order.
+
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
-    dataset is indexed directly), so the source must give the same documents in the same order.
+    dataset is indexed directly), so the source must give the same documents in the same order; the
+    state holds the skip counts, so a resumed run counts what an uninterrupted one counts.
     """
 
     def __init__(self, source, *, tokenizer=None, context_length: int, buffer_docs: int = 10_000,
@@ -183,7 +212,12 @@ class OnlinePackedDataset(IterableDataset):
                  pad_to: int | None = None, pad_id: int | None = None, text_field: str = "text",
                  return_attention_mask: bool = False, return_document_ids: bool = False,
                  rank: int | None = None, world_size: int | None = None,
-                 min_fill: float = MIN_FILL, max_carry_bins: int = MAX_CARRY_BINS):
+                 min_fill: float = MIN_FILL, max_carry_bins: int = MAX_CARRY_BINS,
+                 input_kind: str = _BUILD.input_kind, prompt_field: str = _BUILD.prompt_field,
+                 completion_field: str = _BUILD.completion_field, messages_field: str = _BUILD.messages_field,
+                 ids_field: str = _BUILD.ids_field, labels_field: str = _BUILD.labels_field,
+                 loss_mask_field: str = _BUILD.loss_mask_field, train_roles: str | tuple = _BUILD.train_roles,
+                 chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts):
         _check_args(context_length, buffer_docs, long_docs)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
@@ -192,8 +226,10 @@ class OnlinePackedDataset(IterableDataset):
                              "pad to at least the context length or leave pad_to=None")
         check_rank(rank, world_size)
         self.source, self.text_field = source, text_field
+        self._tokenizer_path = None  # the tokenizer.json the records' encoders read (beside it: the chat template)
         if isinstance(tokenizer, (str, os.PathLike)):
-            tokenizer = load_tokenizer(os.fspath(tokenizer))  # shared, configured on load, never changed
+            self._tokenizer_path = resolve_tokenizer(os.fspath(tokenizer))
+            tokenizer = load_tokenizer(self._tokenizer_path)  # shared, configured on load, never changed
         elif tokenizer is not None:
             tokenizer = configured_copy(tokenizer)  # the caller's object stays as it was
         self.tokenizer = tokenizer
@@ -205,9 +241,24 @@ class OnlinePackedDataset(IterableDataset):
         self.return_attention_mask, self.return_document_ids = return_attention_mask, return_document_ids
         self.rank, self.world_size = rank, world_size
         self.policy = CarryPolicy(min_fill=min_fill, max_carry_bins=max_carry_bins)
+        # the build's own config type: it checks the record settings, and the build's RecordEncoder reads it
+        self.build_config = BuildConfig(
+            context_length=context_length, long_docs=long_docs, eos=eos, bos=bos, text_field=text_field,
+            shard_size=max(_BUILD.shard_size, context_length), input_kind=input_kind, prompt_field=prompt_field,
+            completion_field=completion_field, messages_field=messages_field, ids_field=ids_field,
+            labels_field=labels_field, loss_mask_field=loss_mask_field, train_roles=train_roles,
+            chat_template=chat_template, long_prompts=long_prompts)
+        if input_kind in RECORD_KINDS:
+            self._check_records_can_encode(input_kind)
         self.epoch = 0
         self._resume: dict | None = None
         self._state: dict | None = None
+        self._encoders: dict = {}  # kind -> the build's RecordEncoder, made in the process that iterates
+        self._skipped: collections.Counter = collections.Counter()
+        self._warned = False
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_encoders": {}}  # a worker makes its own (compiled templates do not pickle)
 
     def __setstate__(self, state: dict):
         """A pickled copy (a spawned DataLoader worker) loses encode_special_tokens, which a
@@ -216,16 +267,26 @@ class OnlinePackedDataset(IterableDataset):
         if self.tokenizer is not None:
             configure(self.tokenizer)
 
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Bad records this object's iteration skipped so far, by reason (the build's SKIP_REASONS names),
+        a resumed state's included. Under DataLoader workers each worker counts its own (in its
+        state_dict's "skipped"); the main process's copy never iterates."""
+        return dict(sorted(self._skipped.items()))
+
     # -- resume ---------------------------------------------------------------------------------
     def _config(self) -> dict:
+        records = self.build_config.to_dict()  # the record settings only when records are read, as a manifest has them
         return {"context_length": self.context_length, "buffer_docs": self.buffer_docs,
                 "algorithm": self.algorithm, "seed": self.seed, "long_docs": self.long_docs,
-                "eos_id": self.eos_id, "bos_id": self.bos_id, **asdict(self.policy)}
+                "eos_id": self.eos_id, "bos_id": self.bos_id, **asdict(self.policy),
+                "input_kind": self.build_config.input_kind,
+                **{key: records[key] for key in RECORD_FIELDS if key in records}}
 
     def _fresh_state(self, partition: int, n_partitions: int) -> dict:
         return {"config": self._config(), "epoch": self.epoch, "partition": partition,
                 "n_partitions": n_partitions, "source_pos": 0, "buffer_index": 0, "n_yielded": 0, "carry": [],
-                "carry_masks": []}
+                "carry_masks": [], "skipped": {}}
 
     def state_dict(self) -> dict:
         """Where this object's iteration stands: after the last item it yielded. Plain ints and lists
@@ -245,10 +306,12 @@ class OnlinePackedDataset(IterableDataset):
                                  f"{key}={now!r}; construct the dataset with the saved value")
         self.epoch = state["epoch"]
         self._resume = _copy_carry(state)
+        self._skipped = collections.Counter(self._resume["skipped"])
 
     def set_epoch(self, epoch: int):
         """Change the shuffle of the bins (not the order documents are read); restart from the top."""
         self.epoch, self._resume, self._state = epoch, None, None
+        self._skipped = collections.Counter()
 
     # -- iteration ------------------------------------------------------------------------------
     def _partition(self) -> tuple[int, int]:
@@ -266,6 +329,85 @@ class OnlinePackedDataset(IterableDataset):
         for i, doc in enumerate(itertools.islice(source, start, None), start):
             if i % n_partitions == partition:
                 yield i + 1, doc
+
+    def _encode(self, docs: list[tuple[int, object]]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """(ids int64 [T], loss mask uint8 [T] or None for all trained) of each accepted document of a
+        buffer: the texts and plain ids first, in source order, then each record kind's examples, in
+        source order, encoded RECORD_BATCH at a time by the build's RecordEncoder. Bad records are
+        counted by reason (self._skipped), the first one warned about once."""
+        plain, records = [], collections.defaultdict(list)
+        skips = _Skips()
+        for pos, doc in docs:
+            kind = self._kind_of(doc)
+            if kind == "text":
+                plain.append((pos, doc))
+            elif kind is None:  # not a record, or a dict holding no kind's fields (auto)
+                skips.add("missing_field", f"source document {pos - 1}")
+            else:
+                records[kind].append((f"source document {pos - 1}", _plain_record(doc, kind, self.build_config)))
+        out = self._tokenize(plain)
+        for kind in RECORD_KINDS:
+            for start in range(0, len(records[kind]), RECORD_BATCH):
+                encoded = self._encoder(kind).encode(records[kind][start : start + RECORD_BATCH], skips)
+                bounds = np.cumsum(encoded.lengths)[:-1]
+                out += zip(np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds))
+        self._count(skips)
+        return out
+
+    def _kind_of(self, doc) -> str | None:
+        """The kind a source document is read as; None: skipped (missing_field). `auto` reads a dict's
+        fields as the build's auto reads a file's first record (packer/build/record_reader.detect_kind):
+        messages -> chat, ids -> tokens, prompt and completion -> prompt-completion, the text field ->
+        text; anything not a dict (a text, token ids, an (ids, mask) pair) is taken as the text kind takes it."""
+        kind, c = self.build_config.input_kind, self.build_config
+        if kind == "text":
+            return "text"
+        if kind != "auto":
+            return kind if isinstance(doc, dict) else None
+        if not isinstance(doc, dict):
+            return "text"
+        if c.messages_field in doc:
+            return "chat"
+        if c.ids_field in doc:
+            return "tokens"
+        if c.prompt_field in doc and c.completion_field in doc:
+            return "prompt-completion"
+        return "text" if self.text_field in doc else None
+
+    def _check_records_can_encode(self, kind: str):
+        """The errors a record kind would meet on its first record, raised when the dataset is made."""
+        if self.tokenizer is None:
+            raise ValueError(f"input_kind={kind!r} encodes records with a tokenizer (and checks ids against its "
+                             "vocabulary) but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
+        if kind != "chat":
+            return
+        if self._tokenizer_path is None and self.build_config.chat_template is None:
+            raise ValueError("chat records need a chat template, and a tokenizers.Tokenizer object carries none; "
+                             "pass chat_template=FILE (a .jinja file or a tokenizer_config.json), or "
+                             "tokenizer=PATH to a tokenizer.json with its tokenizer_config.json beside it")
+        chat_template_of(self._tokenizer_path or "tokenizer object", self.build_config.chat_template)
+
+    def _encoder(self, kind: str) -> RecordEncoder:
+        """The build's encoder for `kind`, made once per process: its TokenizerInfo is this dataset's
+        tokenizer with this dataset's eos and bos (as for texts)."""
+        if kind not in self._encoders:
+            self._check_records_can_encode(kind)
+            path = self._tokenizer_path or _saved_tokenizer(self.tokenizer)
+            info = tokenizer_info(path, dataclasses.replace(self.build_config, eos=False, bos=False, eos_token=None,
+                                                            bos_token=None))
+            token = lambda i: None if i is None else self.tokenizer.id_to_token(i)  # noqa: E731
+            info = dataclasses.replace(info, eos_id=self.eos_id, bos_id=self.bos_id, eos_token=token(self.eos_id),
+                                       bos_token=token(self.bos_id))
+            self._encoders[kind] = RecordEncoder(kind, info, self.build_config, encode_texts)
+        return self._encoders[kind]
+
+    def _count(self, skips: _Skips):
+        self._skipped.update(skips.counts)
+        if skips.first is not None and not self._warned:
+            self._warned = True
+            _, where, reason = skips.first
+            warnings.warn(f"OnlinePackedDataset skips bad records, counted by reason in .skipped (the build's "
+                          f"reasons); the first: {where}: {reason}", stacklevel=4)
 
     def _tokenize(self, docs: list[tuple[int, object]]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """(ids int64 [T], loss mask uint8 [T] or None for all trained) of each source document."""
@@ -336,6 +478,7 @@ class OnlinePackedDataset(IterableDataset):
                              f"{state['n_partitions']} but this iterator is partition {partition} of {n_partitions}; "
                              "resume with the same ranks and DataLoader workers")
         self._state = state
+        self._skipped = collections.Counter(state.get("skipped", {}))
         carry_masks = state.get("carry_masks") or [None] * len(state["carry"])  # older states: texts only
         carry = [(np.asarray(c, dtype=np.int64), None if m is None else np.asarray(m, dtype=np.uint8))
                  for c, m in zip(state["carry"], carry_masks)]
@@ -343,18 +486,18 @@ class OnlinePackedDataset(IterableDataset):
         docs = self._documents(source_pos, partition, n_partitions)
         while True:
             at_start = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": 0,
-                        **_carry_lists(carry)}  # resuming from here re-reads this buffer
+                        **_carry_lists(carry), "skipped": dict(self._skipped)}  # resuming here re-reads this buffer
             raw = list(itertools.islice(docs, self.buffer_docs))
             final = len(raw) < self.buffer_docs
             next_pos = raw[-1][0] if raw else source_pos
-            pieces = carry + self._pieces(self._tokenize(raw))
+            pieces = carry + self._pieces(self._encode(raw))
             lengths = np.fromiter((len(ids) for ids, _ in pieces), dtype=np.int64, count=len(pieces))
             emitted, carried = pack_buffer(lengths, self.context_length, self.algorithm, policy=self.policy,
                                            final=final)
             carry = [tuple(None if x is None else x.copy() for x in pieces[i])  # a copy: a view would pin
                      for i in _flat(carried)]  # its whole document
             after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
-                     **_carry_lists(carry)}
+                     **_carry_lists(carry), "skipped": dict(self._skipped)}
             order = np.random.default_rng([self.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))
             for j in range(skip, len(emitted)):
                 self._state = {**at_start, "n_yielded": j + 1} if j + 1 < len(emitted) else after
@@ -412,4 +555,44 @@ def _carry_lists(carry: list[tuple]) -> dict:
 def _copy_carry(state: dict) -> dict:
     masks = state.get("carry_masks") or [None] * len(state["carry"])
     return {**state, "carry": [list(c) for c in state["carry"]],
-            "carry_masks": [None if m is None else list(m) for m in masks]}
+            "carry_masks": [None if m is None else list(m) for m in masks], "skipped": dict(state.get("skipped", {}))}
+
+
+class _Skips:
+    """The skips of one buffer, as the build's SkipLog takes them (add(reason, where)): counts by reason and
+    the first bad record in source order (the encoder of each kind reports its own records in order)."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+        self.first: tuple[int, str, str] | None = None
+
+    def add(self, reason: str, where: str):
+        self.counts[reason] += 1
+        at = int(_WHERE.match(where).group(1))  # the encoders' `where` starts with ours: "source document N"
+        if self.first is None or at < self.first[0]:
+            self.first = (at, where, reason)
+
+
+_WHERE = re.compile(r"source document (\d+)")
+
+
+def _plain_record(record: dict, kind: str, config: BuildConfig) -> dict:
+    """A record as the build's readers hand it over: numpy arrays and tensors (an HF dataset in numpy or
+    torch format) become lists, so the encoder checks the same values it would read from JSON."""
+    fields = {"tokens": (config.ids_field, config.labels_field, config.loss_mask_field)}.get(kind, ())
+    arrays = [f for f in fields if isinstance(record.get(f), np.ndarray)
+              or (torch is not None and torch.is_tensor(record.get(f)))]
+    return {**record, **{f: record[f].tolist() for f in arrays}} if arrays else record
+
+
+def _saved_tokenizer(tok) -> str:
+    """A tokenizers.Tokenizer object as a tokenizer.json file (the build's encoder reads a path), once per
+    content: <tmp>/packer-online-<sha256>/tokenizer.json, written atomically, nothing beside it.
+    TODO(online-records): drop once RecordEncoder can take a tokenizer object beside its TokenizerInfo."""
+    data = tok.to_str().encode("utf-8")
+    path = os.path.join(tempfile.gettempdir(), f"packer-online-{hashlib.sha256(data).hexdigest()[:16]}",
+                        "tokenizer.json")
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic.write_bytes(path, data)
+    return path
