@@ -64,9 +64,10 @@ def test_local_worker_error_keeps_its_type_and_names_the_unit(tmp_path):
 
 
 def test_make_executor_from_workers_or_job(tmp_path):
-    assert isinstance(make_executor(1), InlineExecutor)
-    job = Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=1)
-    assert isinstance(make_executor(job), InlineExecutor)
+    for made in (1, Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=1)):
+        ex = make_executor(made)
+        assert isinstance(ex, InlineExecutor)
+        ex.close()  # puts RAYON_NUM_THREADS / TOKENIZERS_PARALLELISM back: a leaked "true" hangs forked DataLoader workers
     ex = make_executor(Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=2))
     try:
         assert isinstance(ex, LocalExecutor)
@@ -81,7 +82,9 @@ def test_the_executor_table_is_the_one_config_checks_names_against(monkeypatch, 
     built = []
     monkeypatch.setitem(EXECUTORS, "local", lambda job: built.append(job) or InlineExecutor())
     job = Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=3)
-    assert isinstance(make_executor(job), InlineExecutor) and built == [job]
+    ex = make_executor(job)
+    assert isinstance(ex, InlineExecutor) and built == [job]
+    ex.close()
 
 
 def test_job_checks_executor_keys():
