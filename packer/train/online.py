@@ -178,7 +178,10 @@ class OnlinePackedDataset(IterableDataset):
     `text_field` (an HF `datasets` dataset); it may also be a function returning a fresh iterable.
     Texts become exactly the ids `packer build` stores (the one encode path, encode_stream in
     packer/build/tokenize.py); `tokenizer` is a tokenizer.json path, or a tokenizers.Tokenizer, which
-    is copied and the copy configured (packer/build/tokenizer.py), never changed itself.
+    is copied and the copy configured (packer/build/tokenizer.py), never changed itself. eos and bos
+    are the build's too: for a path, the eos its tokenizer_config.json names and, with bos=None, a bos
+    where its add_bos_token says so (eos_id= / bos_id= / bos=True|False override); a Tokenizer object
+    has no config files beside it, so its eos is guessed by name and bos is off unless asked for.
 
     Fine-tuning examples, pre-tokenized, carry a loss mask: a dict {"input_ids": [...], "loss_mask":
     [0/1 ...]} or {"input_ids": [...], "labels": [... -100 ...]} (labels equal to input_ids except
@@ -208,7 +211,7 @@ class OnlinePackedDataset(IterableDataset):
 
     def __init__(self, source, *, tokenizer=None, context_length: int, buffer_docs: int = 10_000,
                  algorithm: str = "ffd", seed: int = 0, long_docs: str = "split", eos: bool = True,
-                 bos: bool = False, eos_id: int | None = None, bos_id: int | None = None,
+                 bos: bool | None = None, eos_id: int | None = None, bos_id: int | None = None,
                  pad_to: int | None = None, pad_id: int | None = None, text_field: str = "text",
                  return_attention_mask: bool = False, return_document_ids: bool = False,
                  rank: int | None = None, world_size: int | None = None,
@@ -233,8 +236,7 @@ class OnlinePackedDataset(IterableDataset):
         elif tokenizer is not None:
             tokenizer = configured_copy(tokenizer)  # the caller's object stays as it was
         self.tokenizer = tokenizer
-        self.eos_id = _special_id(self.tokenizer, eos_id, EOS_CANDIDATES, "eos") if eos else None
-        self.bos_id = _special_id(self.tokenizer, bos_id, BOS_CANDIDATES, "bos") if bos else None
+        self.eos_id, self.bos_id = self._specials(eos, bos, eos_id, bos_id)
         self.pad_id = pad_id if pad_id is not None else (self.eos_id if self.eos_id is not None else 0)
         self.context_length, self.buffer_docs, self.algorithm = context_length, buffer_docs, algorithm
         self.seed, self.long_docs, self.pad_to = seed, long_docs, pad_to
@@ -256,6 +258,18 @@ class OnlinePackedDataset(IterableDataset):
         self._encoders: dict = {}  # kind -> the build's RecordEncoder, made in the process that iterates
         self._skipped: collections.Counter = collections.Counter()
         self._warned = False
+
+    def _specials(self, eos: bool, bos: bool | None, eos_id: int | None, bos_id: int | None):
+        """(eos id, bos id) this dataset adds: ids given win; for a tokenizer path, the build's choice
+        (tokenizer_info: the eos its tokenizer_config.json names, bos as its add_bos_token says when bos
+        is None), so texts get the ids `packer build` stores; for a Tokenizer object, the guesses."""
+        if self._tokenizer_path is not None and ((eos and eos_id is None) or (bos is not False and bos_id is None)):
+            info = tokenizer_info(self._tokenizer_path, BuildConfig(eos=eos, bos=bos))
+            return (eos_id if eos_id is not None else info.eos_id) if eos else None, \
+                (bos_id if bos_id is not None else info.bos_id) if bos is not False else None
+        return (_special_id(self.tokenizer, eos_id, EOS_CANDIDATES, "eos") if eos else None,
+                _special_id(self.tokenizer, bos_id, BOS_CANDIDATES, "bos") if bos or (bos is None and bos_id is not None)
+                else None)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_encoders": {}}  # a worker makes its own (compiled templates do not pickle)

@@ -312,3 +312,21 @@ def test_the_two_files_in_transformers_order(tmp_path, modern):
     assert (info.eos_token, info.bos_token, info.pad_token) == (hf.eos_token, hf.bos_token, hf.pad_token)
     assert (info.eos_id, info.bos_id, info.pad_id) == (hf.eos_token_id, hf.bos_token_id, hf.pad_token_id)
     assert info.eos_source == ("tokenizer_config.json" if modern else "special_tokens_map.json")
+
+
+def test_online_packing_adds_the_builds_eos_and_bos(tmp_path):
+    """OnlinePackedDataset over a tokenizer path takes the eos and bos the build takes (the config
+    file's, add_bos_token), not the guesses: the same documents as `packer build` stores."""
+    from packer.train.online import OnlinePackedDataset
+
+    d = _tokenizer_dir(tmp_path / "deepseek", DEEPSEEK)
+    bos, eos = _ids(d, BOS, EOS)
+    built, _ = _built_docs(tmp_path, d, bos=None)
+    items = OnlinePackedDataset(TEXTS, tokenizer=str(d), context_length=512, buffer_docs=len(TEXTS))
+    online = sorted(item["input_ids"][a:b].tolist() for item in items
+                    for a, b in zip(item["cu_seqlens"][:-1].tolist(), item["cu_seqlens"][1:].tolist()))
+    assert online == built and all(doc[0] == bos and doc[-1] == eos for doc in online)
+    off = OnlinePackedDataset(TEXTS, tokenizer=str(d), context_length=512, bos=False, eos_id=7)
+    assert (off.eos_id, off.bos_id) == (7, None)
+    obj = OnlinePackedDataset(TEXTS, tokenizer=Tokenizer.from_file(str(d / "tokenizer.json")), context_length=512)
+    assert obj.bos_id is None  # an object carries no add_bos_token
