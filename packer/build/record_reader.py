@@ -165,6 +165,13 @@ def detect_kind(unit: Unit, config) -> str:
         names = set(_schema_names(unit))
     else:
         return "text"
+    return kind_of_fields(names, config)
+
+
+def kind_of_fields(names, config) -> str:
+    """The kind a record with these field names is read as under --input-kind auto (the file's first
+    record in a build, every record online): messages -> chat, ids -> tokens, prompt and completion ->
+    prompt-completion, else text."""
     if config.messages_field in names:
         return "chat"
     if config.ids_field in names:

@@ -34,6 +34,7 @@ import numpy as np
 
 from packer.binpack import pack
 from packer.build.plan import split_documents
+from packer.build.record_reader import kind_of_fields
 from packer.build.records import RecordEncoder
 from packer.build.tokenize import RECORD_BATCH, encode_stream, encode_texts
 from packer.build.tokenizer import (
@@ -370,7 +371,7 @@ class OnlinePackedDataset(IterableDataset):
 
     def _kind_of(self, doc) -> str | None:
         """The kind a source document is read as; None: skipped (missing_field). `auto` reads a dict's
-        fields as the build's auto reads a file's first record (packer/build/record_reader.detect_kind):
+        fields as the build's auto reads a file's first record (packer/build/record_reader.kind_of_fields):
         messages -> chat, ids -> tokens, prompt and completion -> prompt-completion, the text field ->
         text; anything not a dict (a text, token ids, an (ids, mask) pair) is taken as the text kind takes it."""
         kind, c = self.build_config.input_kind, self.build_config
@@ -380,13 +381,8 @@ class OnlinePackedDataset(IterableDataset):
             return kind if isinstance(doc, dict) else None
         if not isinstance(doc, dict):
             return "text"
-        if c.messages_field in doc:
-            return "chat"
-        if c.ids_field in doc:
-            return "tokens"
-        if c.prompt_field in doc and c.completion_field in doc:
-            return "prompt-completion"
-        return "text" if self.text_field in doc else None
+        kind = kind_of_fields(doc, c)
+        return kind if kind != "text" or self.text_field in doc else None
 
     def _check_records_can_encode(self, kind: str):
         """The errors a record kind would meet on its first record, raised when the dataset is made."""
