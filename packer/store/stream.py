@@ -42,6 +42,7 @@ import collections
 import os
 import struct
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -105,6 +106,7 @@ class StreamDataset:
                        if self.options["cache_dir"] else None)
         self.stats = collections.Counter()  # store reads, bytes read, cache hits, blocks fetched
         self._sha: dict[str, str] = {}
+        self._warned_call = False  # _warn_if_call_too_big: once
         self._reset_threads()
         self._open_shards()
 
@@ -339,8 +341,20 @@ class StreamDataset:
                 planned = list(dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist()))
                 wanted = [b for b in planned if b in set(wanted)] + sorted(set(wanted) - set(planned))
             self._call, self._in_call = list(wanted), True
+            self._warn_if_call_too_big(wanted)
             self._pump()
             return list(wanted)
+
+    def _warn_if_call_too_big(self, wanted: list[int]):
+        """Once: a read call whose blocks do not fit in memory_bytes reads the rest one by one
+        (docs/remote.md, Orders): say what to raise."""
+        need, memory = sum(self._nbytes[b] for b in wanted), int(self.options["memory_bytes"])
+        if need > memory and not self._warned_call:
+            self._warned_call = True
+            warnings.warn(f"streaming {fs.redact(str(self.path))}: one read of {len(wanted)} blocks needs "
+                          f"{need / 2**20:.1f} MiB but memory_bytes is {memory / 2**20:.1f} MiB, so its blocks are "
+                          f"read one at a time; raise memory_bytes (PACKER_STREAM_MEMORY_BYTES) above "
+                          f"{need / 2**20:.0f} MiB, or read in an order of whole blocks", stacklevel=5)
 
     def _done_with(self, b: int):
         """The call in progress has read what it needed of block b: room for its other blocks."""

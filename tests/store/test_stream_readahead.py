@@ -178,3 +178,21 @@ def test_prefetch_calls_must_add_up(datasets):
     ds = open_dataset(datasets["memmap"][1], read_ahead=0)
     with pytest.raises(ValueError, match="calls add up to 5 rows, not the 4 indices given"):
         ds.prefetch([0, 1, 2, 3], calls=[2, 3])
+
+
+def test_a_read_bigger_than_memory_warns_once_and_still_reads_its_rows(datasets):
+    """A call whose blocks exceed memory_bytes reads them one at a time: one warning says what to raise."""
+    import warnings
+
+    path, uri = datasets["memmap"]
+    ref = open_dataset(path)
+    ds = open_dataset(uri, block_bytes=BLOCK_BYTES, memory_bytes=2 * BLOCK_BYTES, read_ahead=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds.views([0])  # one block: fits
+        assert not seen
+        rows = np.arange(0, len(ref), max(1, len(ref) // 12))  # a dozen blocks apart
+        for _ in range(2):
+            got, want = ds.views(rows), ref.views(rows)
+            assert all(np.array_equal(t, u) for t, u in zip(got[0], want[0]))
+    assert len(seen) == 1 and "raise memory_bytes (PACKER_STREAM_MEMORY_BYTES)" in str(seen[0].message)
