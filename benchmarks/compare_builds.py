@@ -77,6 +77,12 @@ def _files(out: Path) -> dict[str, bytes]:
                 for k in VOLATILE:
                     m.pop(k, None)
                 data = json.dumps(m, sort_keys=True).encode()
+            elif p.name == ".packer-owned.json":  # without what differs run to run: modification times,
+                m = json.loads(data)  # and the manifest's hash (its volatile keys; compared above without them)
+                m.get("files", {}).pop("manifest.json", None)
+                for entry in m.get("files", {}).values():
+                    entry.pop("mtime_ns", None)
+                data = json.dumps(m, sort_keys=True).encode()
             found[str(p.relative_to(out))] = data
     return found
 
