@@ -41,6 +41,19 @@ def build_sample(output, *, workers=1, **config):
     return build(job, keep_work=False)
 
 
+def build_stream_sample(path, fmt: str):
+    """The sample corpus at context 1024 in shards of 200k tokens, Arrow record batches of 20 rows
+    (several blocks a shard for the streaming tests in either format)."""
+    from packer.store import rows as rows_module
+
+    saved = rows_module.ROWS_PER_BATCH
+    rows_module.ROWS_PER_BATCH = 20 if fmt == "arrow" else saved
+    try:
+        build_sample(path, shard_size=200_000, format=fmt)
+    finally:
+        rows_module.ROWS_PER_BATCH = saved
+
+
 @pytest.fixture(scope="session")
 def sample_dataset(tmp_path_factory):
     """The sample corpus built once, context 1024, small shards so there are several."""

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ROOT, build_sample
+from conftest import ROOT, build_stream_sample
 from pyarrow import fs as pafs
 
 from packer.io import fs, retry
-from packer.store import rows as rows_module
 from packer.store.dataset import ShardDataset, open_dataset
 from packer.store.stream import StreamDataset
 
@@ -34,12 +33,7 @@ def local(tmp_path_factory):
     out = {}
     for fmt in ("arrow", "memmap"):
         path = tmp_path_factory.mktemp(fmt) / "ds"
-        saved = rows_module.ROWS_PER_BATCH
-        rows_module.ROWS_PER_BATCH = 20 if fmt == "arrow" else saved
-        try:
-            build_sample(path, shard_size=200_000, format=fmt)
-        finally:
-            rows_module.ROWS_PER_BATCH = saved
+        build_stream_sample(path, fmt)
         out[fmt] = path
     return out
 

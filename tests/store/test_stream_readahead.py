@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import build_sample
+from conftest import build_stream_sample
 
 from packer.io import fs
-from packer.store import rows as rows_module
 from packer.store.dataset import open_dataset
 from packer.store.stream import StreamDataset
 from packer.store.stream_plan import NEVER, ReadPlan, call_runs, runs_of
@@ -90,12 +89,7 @@ def datasets(tmp_path_factory):
     out = {}
     for fmt in ("arrow", "memmap"):
         path = tmp_path_factory.mktemp(fmt) / "ds"
-        saved = rows_module.ROWS_PER_BATCH
-        rows_module.ROWS_PER_BATCH = 20 if fmt == "arrow" else saved
-        try:
-            build_sample(path, shard_size=200_000, format=fmt)
-        finally:
-            rows_module.ROWS_PER_BATCH = saved
+        build_stream_sample(path, fmt)
         uri = f"memory://packer-readahead/{fmt}"
         for file in sorted(path.iterdir()):
             fs.upload(file, fs.location(uri) / file.name)
