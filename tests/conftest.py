@@ -41,6 +41,52 @@ def build_sample(output, *, workers=1, **config):
     return build(job, keep_work=False)
 
 
+def sample_heads(d: Path, max_bytes: int) -> list[str]:
+    """The first lines of each sample input, just over `max_bytes` of them (long code documents
+    included), written into d: small inputs that still make several units and shards."""
+    paths = []
+    for src in SAMPLE_INPUTS:
+        kept, size = [], 0
+        for line in Path(src).read_text(encoding="utf-8").splitlines(keepends=True):
+            if size > max_bytes:
+                break
+            kept.append(line)
+            size += len(line)
+        (d / Path(src).name).write_text("".join(kept), encoding="utf-8")
+        paths.append(str(d / Path(src).name))
+    return paths
+
+
+def run_packer(args, *, failpoints: str | None = None, timeout: float = 120) -> tuple[int, str]:
+    """`python -m packer ARGS` as a process in its own group, with PACKER_FAILPOINTS = `failpoints`
+    (a point may SIGKILL it); (exit code, output). The group is killed once it ends, as a batch
+    scheduler ending the job would (workers end with their driver anyway), so nothing outlives a test."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from packer.io import failpoints as points
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(points.ENV, None)
+    if failpoints:
+        env[points.ENV] = failpoints
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "packer", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.seek(0)
+        return code, log.read()
+
+
 def build_stream_sample(path, fmt: str):
     """The sample corpus at context 1024 in shards of 200k tokens, Arrow record batches of 20 rows
     (several blocks a shard for the streaming tests in either format)."""

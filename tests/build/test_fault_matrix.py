@@ -16,19 +16,14 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE_INPUTS, TOKENIZER
-
-from packer.io import failpoints
+from conftest import TOKENIZER, run_packer, sample_heads
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMESTAMPS = ("created_unix", "build_seconds")
 DRIVER_POINTS = ("tokenize:1", "plan:0", "write:2", "finalize:0")
 WORKER_POINTS = ("unit:1", "shard:2", "write-shard:2")
@@ -38,42 +33,18 @@ RUNS = (("local", 1), ("local", 2), ("ray", 2))
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    """About 60 kB of each sample file: two units, several shards; plus a neighbour file beside the output."""
-    d = tmp_path_factory.mktemp("inputs")
-    paths = []
-    for src in SAMPLE_INPUTS:
-        lines, size = [], 0
-        for line in Path(src).read_text(encoding="utf-8").splitlines(keepends=True):
-            if size > 60_000:
-                break
-            lines.append(line)
-            size += len(line)
-        (d / Path(src).name).write_text("".join(lines), encoding="utf-8")
-        paths.append(str(d / Path(src).name))
-    return paths
+    """About 60 kB of each sample file: two units, several shards."""
+    return sample_heads(tmp_path_factory.mktemp("inputs"), 60_000)
 
 
 def _run(inputs, out: Path, fmt: str, executor: str, workers: int, fail: str | None = None):
     """(exit code, output, whether the failpoint fired) of one `packer build` process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop(failpoints.ENV, None)
     once = tempfile.mkdtemp(prefix="packer-once-")  # each point fires once (its marker file): retried Ray tasks go on
-    if fail:
-        env[failpoints.ENV] = f"once={once},{fail}"
-    cmd = [sys.executable, "-m", "packer", "build", *inputs, "--tokenizer", TOKENIZER, "--output", str(out),
-           "--context-length", "256", "--shard-size", "6000", "--workers", str(workers), "--format", fmt,
-           "--executor", executor, "--unit-bytes", "40000"]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            code = proc.wait(timeout=300)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # nothing outlives a case (a batch scheduler would do the same)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        return code, log.read(), bool(os.listdir(once))
+    code, output = run_packer(["build", *inputs, "--tokenizer", TOKENIZER, "--output", str(out), "--context-length",
+                               "256", "--shard-size", "6000", "--workers", str(workers), "--format", fmt,
+                               "--executor", executor, "--unit-bytes", "40000"],
+                              failpoints=f"once={once},{fail}" if fail else None, timeout=300)
+    return code, output, bool(os.listdir(once))
 
 
 def _snapshot(out: Path) -> dict:

@@ -5,28 +5,22 @@ keeps the old dataset whole until the new one is complete, through kills and a f
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLE_INPUTS, TOKENIZER
+from conftest import SAMPLE_INPUTS, TOKENIZER, run_packer
 
 from packer.build import owned, resume
 from packer.build.pipeline import build
 from packer.cli import main
 from packer.config import BuildConfig, Job
-from packer.io import failpoints
 from packer.store import formats
 from packer.store.formats import FORMATS
 from packer.store.verify import verify_dataset
 
-ROOT = Path(__file__).resolve().parents[2]
 REFUSED = "holds files packer did not write"
 
 
@@ -59,23 +53,8 @@ def _dataset(out: Path) -> dict[str, bytes]:
 
 def _cli_build(src, out, *extra, fail_at=None):
     """`packer build` as a process (so a failpoint can SIGKILL it); (returncode, output)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop(failpoints.ENV, None)
-    if fail_at:
-        env[failpoints.ENV] = fail_at
-    cmd = [sys.executable, "-m", "packer", "build", src, "--tokenizer", TOKENIZER, "--output", str(out),
-           "--context-length", "256", "--shard-size", "4000", "--unit-bytes", "65536", "--workers", "1", *extra]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            code = proc.wait(timeout=120)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        return code, log.read()
+    return run_packer(["build", src, "--tokenizer", TOKENIZER, "--output", str(out), "--context-length", "256",
+                       "--shard-size", "4000", "--unit-bytes", "65536", "--workers", "1", *extra], failpoints=fail_at)
 
 
 def _refused(run, *names):

@@ -8,16 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE_INPUTS, TOKENIZER
+from conftest import TOKENIZER, run_packer, sample_heads
 
 from packer.build import owned
 from packer.build.pipeline import build
 from packer.config import BuildConfig, Job
-from packer.io import failpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMESTAMPS = ("created_unix", "build_seconds")
@@ -27,40 +25,14 @@ TIMESTAMPS = ("created_unix", "build_seconds")
 def small_inputs(tmp_path_factory):
     """About 100 kB of each sample file (long code documents included): two units, a dozen
     shards, quick to build."""
-    d = tmp_path_factory.mktemp("inputs")
-    paths = []
-    for src in SAMPLE_INPUTS:
-        kept, size = [], 0
-        for line in Path(src).read_text(encoding="utf-8").splitlines(keepends=True):
-            if size > 100_000:
-                break
-            kept.append(line)
-            size += len(line)
-        (d / Path(src).name).write_text("".join(kept), encoding="utf-8")
-        paths.append(str(d / Path(src).name))
-    return paths
+    return sample_heads(tmp_path_factory.mktemp("inputs"), 100_000)
 
 
 def _run(inputs, out, workers, fmt="arrow", kill_at=None):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop(failpoints.ENV, None)
-    if kill_at:
-        env[failpoints.ENV] = f"{kill_at}=kill"
-    cmd = [sys.executable, "-m", "packer", "build", *inputs, "--tokenizer", TOKENIZER, "--output", str(out),
-           "--context-length", "256", "--shard-size", "8000", "--workers", str(workers), "--format", fmt]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=120)
-        finally:
-            # Workers end with their driver (executors._exit_with_driver); the process group is
-            # killed anyway, as a batch scheduler ending the job would, so nothing outlives a test.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        return subprocess.CompletedProcess(cmd, returncode, log.read())
+    args = ["build", *inputs, "--tokenizer", TOKENIZER, "--output", str(out), "--context-length", "256",
+            "--shard-size", "8000", "--workers", str(workers), "--format", fmt]
+    code, output = run_packer(args, failpoints=f"{kill_at}=kill" if kill_at else None)
+    return subprocess.CompletedProcess(args, code, output)
 
 
 def _snapshot(out: Path) -> dict:
