@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.build.chat import ChatTemplate, RecordError
+from packer.build.readers.common import encodable
 from packer.build.tokenizer import TokenizerInfo, chat_template_of, load_tokenizer, template_specials
 
 SKIP_REASONS = {
@@ -118,7 +119,7 @@ class RecordEncoder:
                 skips.add("non_string_text", where)
             elif not completion.strip():
                 skips.add("empty_completion", where)
-            elif not (_encodable(prompt) and _encodable(completion)):
+            elif not (encodable(prompt) and encodable(completion)):
                 skips.add("invalid_utf8", where)
             else:
                 good.append((where, prompt, completion))
@@ -331,14 +332,6 @@ def _int_array(value) -> np.ndarray | None:
         return np.asarray(value, dtype=np.int64)
     except OverflowError:
         return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 @functools.lru_cache(maxsize=4)

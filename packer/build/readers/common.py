@@ -247,6 +247,15 @@ def valid_utf8(data) -> bool:
     return True
 
 
+def encodable(text: str) -> bool:
+    """Whether a str is valid UTF-8 when written (no lone surrogate, which JSON's \\ud800 escapes allow)."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def is_blank(text) -> bool:
     """Empty or only whitespace (str.isspace: Unicode's too): such a document is empty_text in every reader."""
     if isinstance(text, Utf8Text):

@@ -27,6 +27,7 @@ from packer.build.readers.common import (
     Unit,
     Utf8Text,
     byte_ranges,
+    encodable,
     is_blank,
     open_lines,
     valid_utf8,
@@ -196,17 +197,9 @@ def _record_text(record, field: str, may_hold_surrogates: bool = True) -> tuple[
         return None, "non_string_text"
     if is_blank(text):
         return None, "empty_text"
-    if may_hold_surrogates and not _encodable(text):
+    if may_hold_surrogates and not encodable(text):
         return None, "invalid_utf8"
     return text, None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _is_array(path: str, head: bytes) -> bool:
