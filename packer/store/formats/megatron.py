@@ -113,15 +113,7 @@ def read_index(path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _read_doc_ids(path, n_sequences: int) -> np.ndarray:
-    try:
-        doc_ids = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
-                          allow_pickle=False)
-    except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
-        raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
-    if doc_ids.dtype != np.dtype("<i8") or doc_ids.shape != (n_sequences,):
-        raise ValueError(f"{fs.redact(path)}: doc_ids {doc_ids.dtype} {doc_ids.shape}, expected int64 ({n_sequences},), "
-                         "one per Megatron sequence")
-    return doc_ids.view(np.ndarray)
+    return sidecars.load_npy(path, "doc_ids", "<i8", n_sequences, "Megatron sequence")
 
 
 def blocks(paths, extras=()):

@@ -32,14 +32,21 @@ def read_loss_mask(path, n_tokens: int) -> np.ndarray:
 
 
 def read_source_ids(path, n_segments: int) -> np.ndarray:
+    return load_npy(path, "source_ids", "<u2", n_segments, "segment")
+
+
+def load_npy(path, name: str, dtype: str, n: int, per: str) -> np.ndarray:
+    """A 1-D .npy sidecar of exactly `dtype` and n values (memory-mapped when local); ValueError
+    naming the file for a damaged header, another dtype or another length."""
     try:
-        ids = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r", allow_pickle=False)
+        values = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
+                         allow_pickle=False)
     except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
         raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
-    if ids.dtype != np.dtype("<u2") or ids.shape != (n_segments,):
-        raise ValueError(f"{fs.redact(path)}: source_ids {ids.dtype} {ids.shape}, expected uint16 ({n_segments},), "
-                         "one per segment")
-    return ids.view(np.ndarray)
+    if values.dtype != np.dtype(dtype) or values.shape != (n,):
+        raise ValueError(f"{fs.redact(path)}: {name} {values.dtype} {values.shape}, expected {np.dtype(dtype).name} "
+                         f"({n},), one per {per}")
+    return values.view(np.ndarray)
 
 
 def read(paths: dict, n_tokens: int, n_segments: int) -> dict:
