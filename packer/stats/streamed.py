@@ -224,10 +224,7 @@ def _correlation(n: int, sy: int, syy: int, sxy: int):
 def streamed_plan_stats(lengths: Histogram, plan, sequences: SequenceSums, context_length: int, *, algorithm: str,
                         seed: int, batch_size: int = 8, inputs=()) -> dict:
     """figures.plan_stats from the lengths' histogram and the sequences' sums."""
-    if lengths.n == 0:
-        raise ValueError("no documents to measure: the input holds no accepted documents")
-    if int(lengths.values[0]) < 1:
-        raise ValueError(f"document lengths must be >= 1, found {int(lengths.values[0])}")
+    figures._check_lengths(lengths.values)  # the distinct lengths: none, or one below 1, as the arrays' check says
     out = figures._header("corpus", context_length, batch_size, seed, inputs=[fs.redact(str(i)) for i in inputs],
                           documents_from="tokenized", sample=None)
     out["lengths"] = histogram_length_figures(lengths, context_length)
