@@ -25,8 +25,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer.binpack import lower_bound, pack  # noqa: E402
-from packer.build.plan import pack_groups, split_documents  # noqa: E402
+from packer.binpack import (  # noqa: E402
+    lower_bound,
+    pack,
+    split_documents,  # noqa: E402
+)
+from packer.preprocess.plan import pack_groups  # noqa: E402
 
 SEED = 0
 N = 10_000_000  # pieces (documents split at the capacity), int64

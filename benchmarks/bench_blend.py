@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from packer import __version__  # noqa: E402
-from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.data import PackedDataset  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.train import blend as blend_module  # noqa: E402
 
 CONTEXT = 4096

@@ -1,4 +1,4 @@
-"""Is the default thread policy (packer/build/executors.py: cores // workers tokenizer threads each)
+"""Is the default thread policy (packer/preprocess/executors.py: cores // workers tokenizer threads each)
 ever slower than a hand-picked RAYON_NUM_THREADS? Whole `packer build` runs, in one run of this script.
 
     python benchmarks/bench_cores.py                 # the sample corpus (3.3 MB), 5 rounds, ~10 minutes

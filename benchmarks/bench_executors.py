@@ -30,9 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from packer.build.executors import LocalExecutor, RayExecutor  # noqa: E402
-from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
+from packer.preprocess.executors import LocalExecutor, RayExecutor  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 
 SEED = 0
 WORKERS = 2

@@ -64,7 +64,7 @@ def _make(d: Path, n_docs: int):
                  seq_split=split.astype(np.int32))
         seqs.append(n)
         tokens_out += int(t.sum())
-    from packer.build.plan_stream import PlanIndex
+    from packer.preprocess.plan_groups import PlanIndex
 
     k = np.arange(n_units, dtype=np.int64)
     PlanIndex(shard_bucket=k, shard_local=np.zeros(n_units, np.int64), shard_sequences=np.array(seqs, np.int64),
@@ -76,7 +76,7 @@ def _make(d: Path, n_docs: int):
 
 def _child(d: Path, path: str, n_docs: int):
     """One finalize_stats in this process; prints {"seconds", "peak_mb", "start_mb"} and writes the stats."""
-    from packer.build.plan_stream import PlanIndex
+    from packer.preprocess.plan_groups import PlanIndex
     from packer.stats import streamed
 
     plan = PlanIndex.load(d / "plan.npz")

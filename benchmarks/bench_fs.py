@@ -39,11 +39,11 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
-from packer.build import writer  # noqa: E402
-from packer.build.pipeline import build  # noqa: E402
-from packer.build.plan import Plan  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.io import ranged  # noqa: E402
+from packer.preprocess import writer  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
+from packer.preprocess.plan import Plan  # noqa: E402
 
 SAMPLE = [ROOT / "sample_data" / "prose.jsonl", ROOT / "sample_data" / "code.jsonl"]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")

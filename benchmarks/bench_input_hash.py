@@ -6,7 +6,7 @@
 Rows, timed in this process, one core (inline executor, RAYON_NUM_THREADS=1), rounds interleaved
 (off, on, off, on, ...) and each row's best kept, so a busy machine moves both rows alike:
 
-    tokenize, hashing off   the pipeline's tokenize stage with packer.build.changed.ENABLED = False
+    tokenize, hashing off   the pipeline's tokenize stage with packer.preprocess.changed.ENABLED = False
     tokenize, hashing on    the same stage, each unit hashing what it reads (the default)
     re-check                changed.refuse_changed over the finished units (what a build does before
                             resuming and before its manifest): every input read again and hashed
@@ -53,11 +53,11 @@ TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
 
 
 def _stage(files, enabled: bool, keep: Path | None = None) -> dict:
-    from packer.build import changed, readers
-    from packer.build.executors import make_executor
-    from packer.build.pipeline import _tokenize_stage
-    from packer.build.tokenizer import tokenizer_info
     from packer.config import BuildConfig
+    from packer.encode.tokenizer import tokenizer_info
+    from packer.preprocess import changed, readers
+    from packer.preprocess.executors import make_executor
+    from packer.preprocess.pipeline import _tokenize_stage
 
     config = BuildConfig(unit_bytes=4 << 20)
     info = tokenizer_info(TOKENIZER, config)
@@ -79,9 +79,9 @@ def _stage(files, enabled: bool, keep: Path | None = None) -> dict:
 
 
 def _recheck(units, work: Path) -> dict:
-    from packer.build import changed
-    from packer.build.executors import make_executor
-    from packer.build.tokenize import unit_paths
+    from packer.preprocess import changed
+    from packer.preprocess.executors import make_executor
+    from packer.preprocess.tokenize import unit_paths
 
     executor = make_executor(1)
     t, c = time.perf_counter(), time.process_time()

@@ -59,9 +59,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from packer import __version__  # noqa: E402
-from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.data import PackedDataset, collate_padded, collate_varlen, make_item  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.data import permute  # noqa: E402
 

@@ -6,11 +6,11 @@
 Part 1, from lengths alone (no tokens): web-like lengths (lognormal, median 300, mean 600) and
 short documents (lognormal, median 60, mean 120), split at the context. Padding share of offline
 FFD over the whole corpus, of online packing with 1k / 10k / 100k-document buffers
-(packer.train.online.online_fill_rate: the dataset's own buffer/pack/carry steps), of length-bucketed
+(packer.online_pack.online_fill_rate: the dataset's own buffer/pack/carry steps), of length-bucketed
 batches under a token budget of BATCH_ROWS * CONTEXT, and of one document per row padded to the context.
 
 Part 2, loader throughput on the bundled sample corpus: packer.data.PackedDataset over a dataset
-built by packer.build.pipeline.build (the real offline loader), against OnlinePackedDataset from texts
+built by packer.preprocess.pipeline.build (the real offline loader), against OnlinePackedDataset from texts
 (tokenizing on the fly) and from pre-tokenized ids, and bucketed batches through collate_documents.
 
 2026-11-29, 2 shared cores (provisional), 300k docs, padding share:
@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TQDM_DISABLE", "1")  # the build's progress bars would garble the tables
 
-from packer.binpack import pack  # noqa: E402
-from packer.build.plan import split_documents  # noqa: E402
+from packer.binpack import pack, split_documents  # noqa: E402
+from packer.online_pack import online_fill_rate  # noqa: E402
 from packer.train.bucketing import BucketedBatchSampler, collate_documents  # noqa: E402
-from packer.train.online import OnlinePackedDataset, online_fill_rate  # noqa: E402
+from packer.train.online import OnlinePackedDataset  # noqa: E402
 
 SEED = 0
 CONTEXT = 2048
@@ -122,10 +122,10 @@ def drain(iterable) -> tuple[int, int]:
 
 
 def throughput_table():
-    from packer.build.pipeline import build
-    from packer.build.tokenizer import load_tokenizer
     from packer.config import BuildConfig, Job
     from packer.data import PackedDataset
+    from packer.encode.tokenizer import load_tokenizer
+    from packer.preprocess.pipeline import build
 
     tokenizer = str(ROOT / "sample_data/tokenizer.json")
     texts = sample_texts()

@@ -51,7 +51,7 @@ GROUPS = (10, 1_000, 10_000)
 
 READER = textwrap.dedent("""
     import json, sys, time
-    from packer.build.readers import SkipLog, plan_units, read_unit
+    from packer.preprocess.readers import SkipLog, plan_units, read_unit
     t = time.perf_counter()
     units = plan_units([sys.argv[1]], 64 * 2**20)
     skips = SkipLog.empty()

@@ -5,7 +5,7 @@
 
 Unit files of web-like document lengths (lognormal, median ~400 tokens, 1% over the context of
 4096), 1M documents a unit; their token files are sparse (a .npy header, then a hole: zero cost,
-zeros when read). The plan stage (packer/build/plan_stream.py: group tasks, bucket tasks, one plan
+zeros when read). The plan stage (packer/preprocess/plan_groups.py: group tasks, bucket tasks, one plan
 file per shard) runs on them with --pack-group, then the write stage writes the first
 --write-shards shards (memmap). Printed: driver peak RSS (this process: with --workers 1 the tasks
 run in it, so that is a group task's peak; with more, the workers' peak is printed too), bytes per
@@ -36,12 +36,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
 
 from packer import __version__
-from packer.binpack import lower_bound, pack
-from packer.build import writer
-from packer.build.executors import make_executor
-from packer.build.plan import split_documents
-from packer.build.plan_stream import GROUP_BYTES_PER_DOC, PLAN_DIR, plan_streamed
+from packer.binpack import lower_bound, pack, split_documents
 from packer.config import BuildConfig
+from packer.preprocess import writer
+from packer.preprocess.executors import make_executor
+from packer.preprocess.plan_groups import GROUP_BYTES_PER_DOC, PLAN_DIR, plan_streamed
 
 SEED = 0
 CONTEXT_LENGTH = 4096

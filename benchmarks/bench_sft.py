@@ -12,10 +12,10 @@ shuffled and numbers varied, as JSONL) with the sample tokenizer and its ChatML-
     encode_batch        the same with offsets (what finding trained tokens needs)
     render only         the template: each conversation and its trained spans, as the stage finds them
     stage               tokenize_unit on the JSONL: read (orjson), render, encode once
-                        (encode_batch_fast; the offsets from the ids, packer/build/records.py
+                        (encode_batch_fast; the offsets from the ids, packer/encode/records.py
                         ByteOffsets), map spans to tokens, write unit files (tokens, lengths, loss
                         mask); trained spans by the prefix rule, the prefix texts cut from one marked
-                        rendering (packer/build/chat_turns.py: this template renders each turn alone)
+                        rendering (packer/encode/chat_turns.py: this template renders each turn alone)
     stage, generation   the same with the template's {% generation %} variant (one render per
                         conversation; the same text and mask)
     stage, rendered     the same template behind `{% if messages %}{% endif %}`, which chat_turns does
@@ -67,7 +67,7 @@ GENERATION_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-BATCH = 256  # records per encode call, as the stage (packer/build/tokenize.py RECORD_BATCH)
+BATCH = 256  # records per encode call, as the stage (packer/preprocess/tokenize.py RECORD_BATCH)
 
 
 def make_corpus(path: Path, n_chats: int, long_turns: bool = False) -> list[list[dict]]:
@@ -104,12 +104,13 @@ def main():
     import numpy
     import tokenizers
 
-    from packer.build.chat import ChatTemplate
-    from packer.build.readers import plan_units
-    from packer.build.records import _chat_tokenizer
-    from packer.build.tokenize import tokenize_unit
-    from packer.build.tokenizer import chat_template_of, template_specials, tokenizer_info
     from packer.config import BuildConfig
+    from packer.encode.chat import ChatTemplate
+    from packer.encode.chat_source import chat_template_of, template_specials
+    from packer.encode.records import _chat_tokenizer
+    from packer.encode.tokenizer import tokenizer_info
+    from packer.preprocess.readers import plan_units
+    from packer.preprocess.tokenize import tokenize_unit
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, numpy {numpy.__version__}, "

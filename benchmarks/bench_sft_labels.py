@@ -45,8 +45,8 @@ from bench_loader import SAMPLE  # noqa: E402
 from masked_data import add_prompt_masks  # noqa: E402
 
 from packer import __version__  # noqa: E402
-from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.data import BLOCK_TOKENS, permute  # noqa: E402
 from packer.train.items import _block_batch, _make_block  # noqa: E402

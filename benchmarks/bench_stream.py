@@ -75,8 +75,8 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 from bench_fs import SlowLocal  # noqa: E402
 
-from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store import stream  # noqa: E402
 from packer.train.data import PackedDataset  # noqa: E402
 from packer.train.order import spread  # noqa: E402

@@ -92,11 +92,11 @@ CEILING = textwrap.dedent("""
 STAGE = textwrap.dedent("""
     import json, os, resource, shutil, sys, tempfile, time
     from pathlib import Path
-    from packer.build import readers
+    from packer.preprocess import readers
     from packer.config import BuildConfig
-    from packer.build.executors import make_executor
-    from packer.build.pipeline import _tokenize_stage
-    from packer.build.tokenizer import tokenizer_info
+    from packer.preprocess.executors import make_executor
+    from packer.preprocess.pipeline import _tokenize_stage
+    from packer.encode.tokenizer import tokenizer_info
     files, workers, mode = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
     config = BuildConfig(unit_bytes=int(sys.argv[5]))
     def cpu():

@@ -42,11 +42,11 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packer, not an installed one
 
 from packer import __version__
-from packer.build import writer
-from packer.build.plan import plan_bins
 from packer.io import atomic
 from packer.io import hashed as hashed_module
 from packer.io.hashed import HashedFile
+from packer.preprocess import writer
+from packer.preprocess.plan import plan_bins
 from packer.store.dataset import open_dataset
 from packer.store.formats import FORMATS, memmap
 from packer.store.rows import Rows, little_endian, row_chunks

@@ -4,7 +4,7 @@ and with this checkout, then compares every output file; manifest.json minus its
     python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
 
 Against revisions before the streamed planner (2026-12-01), the `jsonl-drop` cases (the ones with
---pack-group) differ by design: grouped plans shuffle bins by buckets (packer/build/plan_stream.py).
+--pack-group) differ by design: grouped plans shuffle bins by buckets (packer/preprocess/plan_groups.py).
 
 Cases: the sample job (context 2048) and the test corpora (sample JSONL, the same as Parquet,
 gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
@@ -28,7 +28,7 @@ VOLATILE = ("created_unix", "build_seconds")
 # Files a newer build writes that REV did not (they are listed, not compared): report.html is written
 # by `packer build` too since the restructure (before, only `packer run` wrote it); an arrow build writes
 # state.json and dataset_info.json for datasets.load_from_disk since its shards became IPC streams.
-# .packer-owned.json is packer's record of the files it wrote (packer/build/owned.py), since 2026-12.
+# .packer-owned.json is packer's record of the files it wrote (packer/preprocess/owned.py), since 2026-12.
 ADDED = {"report.html", "state.json", "dataset_info.json", ".packer-owned.json"}
 
 

@@ -32,9 +32,9 @@ from click.testing import CliRunner
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from packer.build.pipeline import build  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.stats.report import check_report  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.store.verify import verify_dataset  # noqa: E402
@@ -43,7 +43,7 @@ SAMPLE = ROOT / "sample_data"
 # Files a dataset may lack (datasets of packer before 2026-12 have none of them; state.json and
 # dataset_info.json are only for datasets.load_from_disk): deleting one leaves a valid dataset.
 OPTIONAL = {"report.html", "state.json", "dataset_info.json"}
-# .packer-owned.json (packer/build/owned.py) says which files of the directory packer wrote; any damage to
+# .packer-owned.json (packer/preprocess/owned.py) says which files of the directory packer wrote; any damage to
 # it leaves the dataset valid (verify passes) and the next build in the directory refuses or re-adopts.
 
 
@@ -178,7 +178,7 @@ def run(formats) -> list[dict]:
                 row = {"format": fmt, "file": file.replace("00000", "N").replace("00001", "N"), "damage": damage_name,
                        "verify": _verify(d), "loader": _loader(d, context, vocab), "cli": _cli_clean(d)}
                 # verify passes: nothing is wrong with the data (the record is the output directory's, not the
-                # dataset's: a damaged one makes the next build refuse, tests/build/test_ownership.py)
+                # dataset's: a damaged one makes the next build refuse, tests/preprocess/test_ownership.py)
                 optional = (damage_name == "delete" and file in OPTIONAL) or file == ".packer-owned.json"
                 row["caught"] = ((row["verify"] == "caught" or (optional and row["verify"] == "PASSED"))
                                  and row["loader"] in ("refused", "valid rows") and row["cli"] == "one line")

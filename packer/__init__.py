@@ -8,7 +8,7 @@ and load them with exact per-document attention.
 The names below load on first use, so `import packer` stays cheap and never imports torch.
 """
 
-__version__ = "0.1.0"
+from packer._version import __version__
 
 _LAZY = {
     "BuildConfig": "packer.config",
@@ -24,6 +24,13 @@ __all__ = ["BuildConfig", "Job", "build", "load_job", "lower_bound", "open_datas
            "__version__"]
 
 
+def build(job, **kwargs):
+    """Run a whole build (packer/preprocess/pipeline.py): tokenize -> plan -> write -> finalize -> publish."""
+    from packer.preprocess.pipeline import build as run
+
+    return run(job, **kwargs)
+
+
 def __getattr__(name):
     if name in _LAZY:
         import importlib
@@ -31,8 +38,4 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if name == "build":  # the subpackage packer/build/, callable as packer.build(job)
-        import importlib
-
-        return importlib.import_module("packer.build")
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -4,5 +4,7 @@
 """
 
 from packer.train.attention import PackedSelfAttention, available_backends, pick_backend, varlen_attention
+from packer.train.attention.flex import batch_flex_block_mask, flex_block_mask
 
-__all__ = ["PackedSelfAttention", "available_backends", "pick_backend", "varlen_attention"]
+__all__ = ["PackedSelfAttention", "available_backends", "batch_flex_block_mask", "flex_block_mask", "pick_backend",
+           "varlen_attention"]

@@ -175,3 +175,19 @@ def lower_bound(lengths, capacity: int) -> int:
     """ceil(sum / capacity): no packing can use fewer bins."""
     total = int(np.asarray(lengths, dtype=np.int64).sum())
     return -(-total // capacity)
+
+
+def split_documents(doc_lengths: np.ndarray, context_length: int):
+    """Cut every document longer than the context into context-sized pieces plus a remainder.
+
+    doc_lengths [3, 10], context 4  ->  piece_doc [0, 1, 1, 1], piece_offset [0, 0, 4, 8],
+                                        piece_len [3, 4, 4, 2]
+    """
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    n_pieces = np.maximum(-(-doc_lengths // context_length), 1)
+    piece_doc = np.repeat(np.arange(len(doc_lengths)), n_pieces)
+    first = np.cumsum(n_pieces) - n_pieces
+    k = np.arange(len(piece_doc)) - np.repeat(first, n_pieces)  # piece number within its doc
+    piece_offset = k * context_length
+    piece_len = np.minimum(doc_lengths[piece_doc] - piece_offset, context_length)
+    return piece_doc, piece_offset, piece_len

@@ -13,12 +13,12 @@ import warnings
 
 import click
 
-from packer import __version__
-from packer.build.executors import WorkerDied
-from packer.build.tokenizer import describe_specials
+from packer._version import __version__
 from packer.config import CHOICES, RECORD_FIELDS, BuildConfig, Job, load_job, sources_from_options
+from packer.encode.tokenizer import describe_specials
 from packer.io import fs
 from packer.io.fs import redact, redact_text
+from packer.preprocess.executors import WorkerDied
 from packer.store.manifest import REPORT
 
 EXPECTED_ERRORS = (ValueError, OSError, WorkerDied)  # OSError: FileNotFoundError, PermissionError, disk full, ...
@@ -171,7 +171,7 @@ def _options(*names, **kwargs):
 
 
 def _run_job(job: Job, keep_work: bool, overwrite: bool, quiet: bool):
-    from packer.build.pipeline import build
+    from packer.preprocess.pipeline import build
 
     ctx = click.get_current_context()
     ctx.meta["output"] = fs.redact(job.output)  # an OSError without a file name happened writing there
@@ -314,8 +314,8 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_
         return _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, json_path, plot_path, html_path)
     if not inputs:
         raise click.UsageError("give INPUT... (a raw corpus) or one built DATASET, or --mix NAME=PATH:WEIGHT")
+    from packer.preprocess.corpus import measure
     from packer.stats import report
-    from packer.stats.measure import measure
 
     config = BuildConfig(context_length=context_length, **corpus) if context_length else None
     figures = measure(inputs, tokenizer=tokenizer, config=config, batch_size=batch_size, sample=sample, online=online,
@@ -380,7 +380,7 @@ def inspect(dataset, seq, raw):
                    "the rest trained")
     tok = None
     if not raw:
-        from packer.build.tokenizer import load_tokenizer
+        from packer.encode.tokenizer import load_tokenizer
         from packer.store.manifest import tokenizer_file
 
         tok = load_tokenizer(str(tokenizer_file(ds.path, ds.manifest) or ds.path / "tokenizer.json"))

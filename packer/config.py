@@ -196,7 +196,7 @@ class Job:
     @property
     def n_workers(self) -> int:
         """--workers, else one per THREADS_PER_WORKER usable cores (taskset and cpusets counted); each
-        worker then runs cores // workers tokenizer threads (packer/build/executors.py)."""
+        worker then runs cores // workers tokenizer threads (packer/preprocess/executors.py)."""
         if self.workers:
             return self.workers
         try:

@@ -21,8 +21,9 @@ Padded to L = 8 the padding is one more segment (offsets [0, 3, 5, 6, 8]): posit
 row of the mask is empty.
 
 Every function is vectorized (no Python loop over tokens) and follows its input: numpy in,
-numpy out; torch tensor in, torch tensor out on the same device (torch is imported lazily, so
-this module works without it). Lists are treated as numpy.
+numpy out; torch tensor in, torch tensor out on the same device (this module never imports torch:
+a tensor's own library is taken from the tensor, so it works, and stays cheap, without it). The
+FlexAttention block masks built from these are packer/train/attention/flex.py's. Lists are treated as numpy.
 
 Batch versions (`batch_*`) take a list of per-row offsets and a common length L and return
 [B, L] arrays (`mask_BLL` for the dense mask): the padded layout. A varlen batch (rows
@@ -31,6 +32,8 @@ single-row functions apply to those.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -44,18 +47,21 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def _torch():
+    """torch, already loaded by whoever made the tensor we were given (never imported here)."""
+    return sys.modules["torch"]
+
+
 def _as_int64(x):
     if _is_torch(x):
-        import torch
-
+        torch = _torch()
         return x.to(torch.int64)
     return np.asarray(x, dtype=np.int64)
 
 
 def _arange(n: int, like):
     if _is_torch(like):
-        import torch
-
+        torch = _torch()
         return torch.arange(n, dtype=torch.int64, device=like.device)
     return np.arange(n, dtype=np.int64)
 
@@ -64,16 +70,14 @@ def _segment_of_tokens(offsets):
     """int64 [offsets[-1]]: the index of the segment each token is in."""
     n = int(offsets[-1])
     if _is_torch(offsets):  # searchsorted, not repeat_interleave: that one stalls in torch's thread
-        import torch  # pool on a busy machine (15 ms for 8 tokens, torch 2.13, 2 loaded cores)
-
+        torch = _torch()  # pool on a busy machine (15 ms for 8 tokens, torch 2.13, 2 loaded cores)
         return torch.searchsorted(offsets[1:], _arange(n, offsets), right=True)
     return np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
 
 
 def _concat(parts):
     if _is_torch(parts[0]):
-        import torch
-
+        torch = _torch()
         return torch.cat(parts)
     return np.concatenate(parts)
 
@@ -108,8 +112,7 @@ def cu_seqlens(offsets, length: int | None = None):
     """int32 [n_segments + 1]: flash-attn `cu_seqlens`; with `length`, padding is the last segment."""
     offsets = _padded(offsets, length)
     if _is_torch(offsets):
-        import torch
-
+        torch = _torch()
         return offsets.to(torch.int32)
     return offsets.astype(np.int32)
 
@@ -136,8 +139,7 @@ def _mask_untrained(out, loss_mask, n: int):
     if len(loss_mask) != n:
         raise ValueError(f"a loss mask of {len(loss_mask)} values for a row of {n} tokens; give one value per token")
     if _is_torch(out):
-        import torch
-
+        torch = _torch()
         out[:n][torch.as_tensor(loss_mask, device=out.device) == 0] = IGNORE_INDEX
     else:
         out[:n][np.asarray(loss_mask) == 0] = IGNORE_INDEX
@@ -202,49 +204,3 @@ def batch_block_causal_mask(offsets_list, length: int):
     doc_BL = batch_document_ids(offsets_list, length)
     t = _arange(length, doc_BL)
     return (doc_BL[:, :, None] == doc_BL[:, None, :]) & (t[None, None, :] <= t[None, :, None])
-
-
-# -- FlexAttention -------------------------------------------------------------------------
-
-
-def flex_block_mask(offsets, length: int | None = None, *, device=None, block_size: int = 128):
-    """A FlexAttention `BlockMask` [1, 1, L, L] for one row (or a varlen batch: pass its cu_seqlens).
-
-    The mask_mod is document-causal, the same predicate as `block_causal_mask`:
-
-        mask_mod(b, h, q, kv) = (doc[q] == doc[kv]) & (kv <= q)
-
-    with doc = document_ids(offsets, length), so padding (when `length` > offsets[-1]) is a
-    segment of its own. Use it as `flex_attention(q, k, v, block_mask=flex_block_mask(cu))`
-    with q, k, v of shape [1, H, L, D]. Built by
-    `torch.nn.attention.flex_attention.create_block_mask`; `device` defaults to the offsets' own
-    (cpu for numpy), `block_size` is FlexAttention's BLOCK_SIZE.
-    """
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    device = device if device is not None else (offsets.device if _is_torch(offsets) else "cpu")
-    doc = torch.as_tensor(document_ids(offsets, length)).to(device)
-
-    def document_causal(b, h, q, kv):
-        return (doc[q] == doc[kv]) & (kv <= q)
-
-    n = len(doc)
-    return create_block_mask(document_causal, None, None, n, n, device=device, BLOCK_SIZE=block_size)
-
-
-def batch_flex_block_mask(offsets_list, length: int, *, device=None, block_size: int = 128):
-    """A FlexAttention `BlockMask` [B, 1, L, L] for a padded batch (q, k, v of shape [B, H, L, D]):
-    `flex_block_mask` per row, the mask_mod reading doc[b, q] == doc[b, kv] & kv <= q."""
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    first = offsets_list[0]
-    device = device if device is not None else (first.device if _is_torch(first) else "cpu")
-    doc_BL = torch.as_tensor(batch_document_ids(offsets_list, length)).to(device)
-
-    def document_causal(b, h, q, kv):
-        return (doc_BL[b, q] == doc_BL[b, kv]) & (kv <= q)
-
-    return create_block_mask(document_causal, len(offsets_list), None, length, length, device=device,
-                             BLOCK_SIZE=block_size)

@@ -33,8 +33,8 @@ def sample_texts() -> list[str]:
 
 
 def build_sample(output, *, workers=1, **config):
-    from packer.build.pipeline import build
     from packer.config import BuildConfig, Job
+    from packer.preprocess.pipeline import build
 
     job = Job(inputs=SAMPLE_INPUTS, tokenizer=TOKENIZER, output=str(output), workers=workers,
               config=BuildConfig(**{"context_length": 1024, **config}))
@@ -136,3 +136,10 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def reference_ids(tok, texts, bos=None, eos=None):
+    out = []
+    for e in tok.encode_batch(texts, add_special_tokens=False):
+        out.append(([bos] if bos is not None else []) + e.ids + ([eos] if eos is not None else []))
+    return out

@@ -24,8 +24,8 @@ def prompt_mask(lengths) -> np.ndarray:
 
 def build_masked(out, *, fmt="arrow", context_length=128, n_docs=60):
     """Build `n_docs` sample documents at `context_length` into `out` with prompt masks; returns `out`."""
-    from packer.build.pipeline import build
     from packer.config import BuildConfig, Job
+    from packer.preprocess.pipeline import build
 
     with open(SAMPLE / "prose.jsonl", encoding="utf-8") as f:
         lines = [next(f) for _ in range(n_docs)]
@@ -40,8 +40,8 @@ def build_masked(out, *, fmt="arrow", context_length=128, n_docs=60):
 def add_prompt_masks(out):
     """Give a dataset built with keep_work=True prompt masks: unit mask files, then every shard written
     again with loss_mask=True and the manifest's entries replaced. Returns `out`."""
-    from packer.build.plan_stream import INDEX, PLAN_DIR, PlanIndex
-    from packer.build.writer import write_shard
+    from packer.preprocess.plan_groups import INDEX, PLAN_DIR, PlanIndex
+    from packer.preprocess.writer import write_shard
 
     units, work = out / "_work" / "units", out / "_work"
     for lengths_file in sorted(units.glob("unit-*.lengths.npy")):

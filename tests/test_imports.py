@@ -1,7 +1,14 @@
 """The package's imports, read from its source: no cycle, and the layers point one way.
 
-    io  <-  store  <-  build, train        stats reads store (and build's readers for raw corpora)
-    config, binpack, masks: leaves          cli, the faces (data, attention): on top
+The table is DESIGN.md's, exactly:
+
+    io         ->  (nothing of packer)
+    store      ->  io
+    encode     ->  io
+    stats      ->  io, store
+    preprocess ->  io, store, encode, stats
+    train      ->  io, store, encode
+    cli        ->  anything          leaves (config, binpack, online_pack, masks, _version) -> config, leaves
 
 Every import counts, also one inside a function: a lazy import still ties two modules together.
 """
@@ -15,7 +22,7 @@ import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "packer"
-LEAVES = {"packer.config", "packer.binpack", "packer.masks"}
+LEAVES = {"packer.config", "packer.binpack", "packer.online_pack", "packer.masks", "packer._version"}
 
 
 def _module_name(path: Path) -> str:
@@ -29,9 +36,16 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path, modules: dict) -> set[str]:
     """Every module (packer's, or a third-party top-level name) this file imports, anywhere in it."""
+    name = _module_name(path)
+    return _imports_of(path.read_text(encoding="utf-8"), name if path.name == "__init__.py" else name.rpartition(".")[0],
+                       modules, package_given=True)
+
+
+def _imports_of(source: str, name: str, modules: dict, package_given: bool = False) -> set[str]:
+    """The imports of `source`, the module `name` (or, with package_given, a module of package `name`)."""
     found = set()
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    package = name if package_given else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -81,8 +95,8 @@ def _layer(name: str) -> str:
 
 def test_the_walk_sees_the_package():
     graph = _graph()
-    assert {"packer.build.pipeline", "packer.store.dataset", "packer.train.data", "packer.io.fs"} <= set(graph)
-    assert "packer.io.fs" in graph["packer.build.pipeline"] and "torch" in graph["packer.train.data"]
+    assert {"packer.preprocess.pipeline", "packer.store.dataset", "packer.train.data", "packer.io.fs"} <= set(graph)
+    assert "packer.io.fs" in graph["packer.preprocess.pipeline"] and "torch" in graph["packer.train.data"]
 
 
 def test_no_import_cycle():
@@ -95,37 +109,70 @@ def test_a_cycle_is_found():
     assert _cycle({"packer.a": {"packer.b", "numpy"}, "packer.b": set()}) is None
 
 
-LEAF_LAYERS = {"config", "binpack", "masks"}
-ALLOWED = {  # layer -> the packer layers its modules may import (besides the leaves)
-    "io": {"io"},
-    "store": {"io", "store"},
-    "build": {"io", "store", "build", "stats", "packer"},  # stats: the build writes stats.json; packer: __version__
-    "stats": {"io", "store", "build", "stats", "train"},  # build: raw-corpus lengths; train: online_fill_rate
-    "train": {"io", "store", "build", "train"},  # build: the one encode path (online packing)
+LEAF_LAYERS = {name.split(".")[1] for name in LEAVES}
+ALLOWED = {  # layer -> the other packer layers its modules may import (besides the leaves); DESIGN.md's list
+    "io": set(),
+    "store": {"io"},
+    "encode": {"io"},
+    "stats": {"io", "store"},
+    "preprocess": {"io", "store", "encode", "stats"},
+    "train": {"io", "store", "encode"},
 }
+FACES = {"packer", "packer.cli", "packer.__main__", "packer.data", "packer.attention", "packer.hf"}  # on top: anything
 
 
-@pytest.mark.parametrize("layer", sorted(ALLOWED))
-def test_layers_point_one_way(layer):
-    graph = _graph()
-    for name, deps in graph.items():
-        if _layer(name) != layer or name == f"packer.{layer}":
+def test_every_module_has_a_layer():
+    """A new folder or top-level module is placed in the table, or named a leaf or a face, before it lands."""
+    for name in _graph():
+        assert name in FACES or name in LEAVES or _layer(name) in ALLOWED, f"{name}: in no layer of DESIGN.md's table"
+
+
+def _violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a packer module that DESIGN.md's table does not allow."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        if name in FACES:
             continue
-        allowed = ALLOWED[layer] | (LEAF_LAYERS if layer != "io" else set())
-        bad = sorted(d for d in deps if d.startswith("packer") and _layer(d) not in allowed)
-        assert not bad, f"{name} imports {bad}; {layer}/ may import only {sorted(allowed)}"
+        if name in LEAVES:
+            allowed_names = LEAVES if name != "packer.config" else set()
+            found += [f"{name} -> {d}" for d in sorted(deps) if d.startswith("packer.") and d not in allowed_names]
+            continue
+        layer = _layer(name)
+        allowed = {layer} | ALLOWED.get(layer, set())
+        found += [f"{name} -> {d}" for d in sorted(deps)
+                  if d.startswith("packer") and d not in LEAVES and _layer(d) not in allowed]
+    return found
 
 
-@pytest.mark.parametrize("layer", ["io", "store", "build", "stats"])
+def test_layers_point_one_way():
+    assert not _violations(_graph()), "imports outside DESIGN.md's table:\n" + "\n".join(_violations(_graph()))
+
+
+def test_an_arrow_outside_the_table_is_caught(tmp_path):
+    """A lazy (function-level) import of train/ from stats/ is read and refused; io importing store too."""
+    source = tmp_path / "x.py"
+    source.write_text("def f():\n    from packer.train.online import OnlinePackedDataset\n")
+    modules = _modules()
+    deps = {d for d in _imports_of(source.read_text(), "packer.stats.x", modules) if d.startswith("packer")}
+    assert deps == {"packer.train.online"}
+    assert _violations({"packer.stats.x": deps}) == ["packer.stats.x -> packer.train.online"]
+    assert _violations({"packer.io.y": {"packer.store.manifest", "packer.config"}}) == ["packer.io.y -> packer.store.manifest"]
+    assert _violations({"packer.binpack": {"packer.config"}, "packer.config": {"packer.binpack"}}) == [
+        "packer.config -> packer.binpack"]
+    assert _violations({"packer.train.z": {"packer.encode.text", "packer.masks"}}) == []
+
+
+@pytest.mark.parametrize("layer", ["io", "store", "encode", "stats", "preprocess"])
 def test_no_torch_outside_train(layer):
     for name, deps in _graph().items():
-        if _layer(name) == layer:
+        if _layer(name) == layer or (layer == "io" and name in LEAVES):
             assert "torch" not in deps, f"{name} imports torch; only packer/train/ may"
 
 
 def test_leaves_import_no_packer_module():
-    """Leaves import nothing of packer but config, the one home of the choice lists (config itself nothing)."""
+    """Leaves import nothing of packer but config (the one home of the choice lists) and other leaves
+    (online_pack packs with binpack); config itself nothing."""
     graph = _graph()
     for leaf in LEAVES:
-        inner = [d for d in graph[leaf] if d.startswith("packer") and (leaf == "packer.config" or d != "packer.config")]
+        inner = [d for d in graph[leaf] if d.startswith("packer") and (leaf == "packer.config" or d not in LEAVES)]
         assert not inner, f"{leaf} must stay a leaf, but imports {inner}"

@@ -126,36 +126,6 @@ def test_merge_offsets_concatenates_rows():
         assert merged.tolist() == boundaries + [len(doc_of_token)]
 
 
-def test_flex_block_mask_matches_dense_mask():
-    torch = pytest.importorskip("torch")
-    flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    rng = np.random.default_rng(3)
-    for length_extra in (0, 5):
-        offsets = _random_offsets(rng, max_docs=6, max_len=40)
-        length = int(offsets[-1]) + length_extra
-        block = masks.flex_block_mask(offsets, length, block_size=16)
-        assert block.shape == (1, 1, length, length)
-        dense = flex.create_mask(block.mask_mod, 1, 1, length, length, device="cpu")[0, 0]
-        assert torch.equal(dense, torch.as_tensor(masks.block_causal_mask(offsets, length)))
-    rows = [_random_offsets(rng, max_len=20) for _ in range(3)]
-    length = max(int(o[-1]) for o in rows) + 3
-    block = masks.batch_flex_block_mask(rows, length, block_size=16)
-    dense = flex.create_mask(block.mask_mod, 3, 1, length, length, device="cpu")[:, 0]
-    assert torch.equal(dense, torch.as_tensor(masks.batch_block_causal_mask(rows, length)))
-
-
-def test_flex_attention_with_the_block_mask_equals_masked_sdpa():
-    torch = pytest.importorskip("torch")
-    flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    offsets = np.array([0, 5, 17, 18, 30])
-    q, k, v = torch.randn(3, 1, 2, 32, 8, generator=torch.Generator().manual_seed(0)).unbind(0)
-    out = flex.flex_attention(q, k, v, block_mask=masks.flex_block_mask(offsets, 32, block_size=16))
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=torch.as_tensor(masks.block_causal_mask(offsets, 32))
-    )
-    assert torch.allclose(out, ref, atol=1e-5)
-
-
 def test_masks_module_does_not_import_torch():
     code = "import sys, packer.masks as m; m.position_ids([0, 2]); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})

@@ -13,13 +13,13 @@ Points (n is the unit, shard or count):
     tokenize:N     driver, after N units are done        write:N        driver, after N shards are done
     plan:0         driver, after the plan is saved       finalize:0     driver, before the manifest
     planned:N      driver, after N plan groups are done
-    group:K        the process planning group K, as it starts (packer/build/plan_stream.py)
+    group:K        the process planning group K, as it starts (packer/preprocess/plan_groups.py)
     bucket:K       the process shuffling bucket K into shard plans, as it starts
     unit:K         the process tokenizing unit K, as it starts
     shard:K        the process writing shard K, as it starts
     write-shard:K  the process writing shard K, after its temporary files, before the renames
     publish:N      driver, before moving the N-th file of the new dataset into OUTPUT (manifest last;
-                   packer/build/owned.py)
+                   packer/preprocess/owned.py)
     file:N         the process's N-th local file write (0, 1, ...: every atomic write, packer/io/atomic.py),
                    its bytes in the temporary file, before the rename: with enospc, a full disk there
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.binpack import lower_bound, pack
-from packer.build.plan import split_documents
+from packer.binpack import lower_bound, pack, split_documents
 from packer.io import fs
 from packer.store.dataset import read_rows
 
@@ -259,7 +258,7 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
     out["attention"] = None
     if algorithm in bins:
         b, n = bins[algorithm], n_bins[algorithm]
-        position = np.random.default_rng(seed).permutation(n)  # as packer.build.plan shuffles bins
+        position = np.random.default_rng(seed).permutation(n)  # as packer.preprocess.plan shuffles bins
         split = lengths[piece_doc] > context_length
         seq_of_piece = position[b]
         seq_docs = np.bincount(seq_of_piece, minlength=n)
@@ -276,7 +275,7 @@ def corpus_stats(doc_lengths, context_length: int, *, batch_size: int = 8, seed:
 
 def plan_stats(doc_lengths, plan, sequences: dict, context_length: int, *, algorithm: str, seed: int,
                batch_size: int = 8, inputs=()) -> dict:
-    """Figures of a build from its plan's summaries, never its pieces: `plan` (a packer.build.plan_stream
+    """Figures of a build from its plan's summaries, never its pieces: `plan` (a packer.preprocess.plan_groups
     PlanIndex: n_sequences, n_tokens, piece_sq_sum), `sequences` (per sequence in output order:
     seq_tokens, seq_docs = pieces, seq_split = pieces of documents longer than the context), and the
     lengths of all accepted documents. Nothing is packed again, so only the build's own algorithm
@@ -393,7 +392,7 @@ def counted_source_figures(names, documents, tokens, rows, context_length: int, 
 
 
 def plan_source_figures(summary: dict, names, counters, unit_sources, context_length: int) -> list[dict]:
-    """source_figures of a build from its per-source summary (packer/build/sources.py summary), the
+    """source_figures of a build from its per-source summary (packer/preprocess/sources.py summary), the
     source of each unit and the units' counters (in unit order)."""
     skipped = [{} for _ in names]
     for c, s in zip(counters, unit_sources):

@@ -236,7 +236,7 @@ def streamed_plan_stats(lengths: Histogram, plan, sequences: SequenceSums, conte
 def finalize_stats(unit_lengths, plan, plan_dir, context_length: int, *, algorithm: str, seed: int, n_documents: int,
                    inputs=()) -> dict:
     """stats.json of a build: `unit_lengths()` iterates the accepted documents' lengths unit by
-    unit, `plan` is its plan index (packer/build/plan_stream.py PlanIndex: sequence_stats and
+    unit, `plan` is its plan index (packer/preprocess/plan_groups.py PlanIndex: sequence_stats and
     bucket_stats read the per-sequence summaries under `plan_dir`). Up to STREAM_ABOVE documents
     and sequences from whole arrays (figures.plan_stats), above that from summaries."""
     kw = {"algorithm": algorithm, "seed": seed, "inputs": inputs}

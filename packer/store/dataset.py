@@ -5,7 +5,7 @@ packer/store/rows.py) by their format (packer/store/formats/: Arrow IPC, memmap,
 `ds[i]` finds row i's block and slices it. Locally every block is a view of a memory map, so
 opening reads only indexes and footers; `open_dataset` of a remote URI (packer/io/fs.py) streams
 it instead (packer/store/stream.py: indexes at open, blocks of rows by ranged reads, read ahead,
-bounded memory, an optional cache directory). Writing is packer/build/writer.py; checking,
+bounded memory, an optional cache directory). Writing is packer/preprocess/writer.py; checking,
 packer/store/verify.py.
 
 Nothing in the manifest is taken on trust (packer/store/checks.py). Opening refuses, in one line:

@@ -9,7 +9,7 @@
     read-ahead ds.prefetch(indices, calls=...): the rows the loader will read next, in order (and
                how many each read call takes); background threads (read_ahead of them) fetch their
                blocks in that order while memory allows without letting go a block reading on
-               demand would keep, so read-ahead never reads more bytes (stream_plan.py)
+               demand would keep, so read-ahead never reads more bytes (read_plan.py)
 
 Memory: blocks held (read, or fetched ahead and not yet read) stay under `memory_bytes`; one block
 asked for on demand may pass it. Told a plan, memory keeps the blocks it uses soonest (Belady's
@@ -52,8 +52,8 @@ from packer.io import fs, ranged, retry
 from packer.io.cache import BlockCache
 from packer.store import checks, formats
 from packer.store.manifest import read_manifest
+from packer.store.read_plan import ReadPlan
 from packer.store.rows import Rows
-from packer.store.stream_plan import ReadPlan
 
 MEMORY_BYTES = 256 << 20
 READ_AHEAD = 16  # blocks fetched at once (threads); 0: every read on demand, in the caller's thread
@@ -209,7 +209,7 @@ class StreamDataset:
     #
     # A call reads its blocks in the plan's order (else ascending); read-ahead (threads) fetches
     # first the call's blocks, then the plan's next ones, each only when the blocks it evicts are
-    # those reading on demand would evict when it is read (stream_plan.py): so it never reads more.
+    # those reading on demand would evict when it is read (read_plan.py): so it never reads more.
 
     def _reset_threads(self):
         """Fresh locks, pool, held blocks and plan: at open, and in a forked child (whose copies of the
@@ -223,7 +223,7 @@ class StreamDataset:
         self._call: list[int] = []  # blocks the call in progress has still to read, in its order
         self._in_call = False
         self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
-        self._plan = ReadPlan()  # blocks the loader will read, in order, and where it is (stream_plan.py)
+        self._plan = ReadPlan()  # blocks the loader will read, in order, and where it is (read_plan.py)
         self.held_bytes = self.max_held_bytes = 0
 
     def _check_pid(self):
@@ -321,7 +321,7 @@ class StreamDataset:
         turn (the plan then orders each call's blocks, and the call reads them in that order).
         Their blocks are fetched ahead in order by up to read_ahead threads, as far as memory
         allows without letting go a block reading on demand would keep, and memory keeps the
-        blocks used soonest (stream_plan.py). Without it, a read still fetches the blocks of one
+        blocks used soonest (read_plan.py). Without it, a read still fetches the blocks of one
         call together."""
         self._check_pid()
         idx = self._indices(indices)
@@ -335,7 +335,7 @@ class StreamDataset:
     def _start_call(self, blocks: np.ndarray, wanted: list[int]) -> list[int]:
         """A call reads rows of `blocks` (one per row), from blocks `wanted` (ascending): the plan's
         cursor moves onto them when they are its next rows, and their fetches start. The order to
-        read them in: the plan's (stream_plan.py), else ascending."""
+        read them in: the plan's (read_plan.py), else ascending."""
         with self._lock:
             if self._plan.follow(blocks):
                 planned = list(dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist()))

@@ -1,17 +1,5 @@
-"""Online packing: documents from a stream, packed one bounded buffer at a time, under-filled bins carried over.
-
-One buffer at context 8, pieces [5, 3, 4, 2, 6, 1] (the previous buffer's carry first):
-
-    FFD bins     0: 6+2   1: 5+3   2: 4+1
-    fill         8/8      8/8      5/8
-    emit         bins 0 and 1, in a seeded shuffle
-    carry        bin 2 (5 < min_fill * 8): its pieces [4, 1] open the next buffer
-
-Which bins are carried: after packing a buffer, a bin is *under-filled* when it holds fewer than
-`min_fill * context_length` tokens; the `max_carry_bins` least-filled under-filled bins (ties: the
-later-opened bin first) go back into the next buffer, every other bin is emitted. So a buffer holds
-at most `buffer_docs` new documents plus `max_carry_bins * context_length` carried tokens, whatever
-the stream. When the stream ends, everything left is packed and emitted.
+"""OnlinePackedDataset: documents from a stream, tokenized and packed one bounded buffer at a time
+(the buffer, pack and carry steps are packer/online_pack.py's).
 
 Partitions: with R ranks and W DataLoader workers there are n = R * W partitions; partition
 p = rank * W + worker owns the source documents i with i % n == p, so the partitions are disjoint
@@ -28,19 +16,19 @@ import os
 import re
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.binpack import pack
-from packer.build.plan import split_documents
-from packer.build.record_reader import kind_of_fields
-from packer.build.records import RecordEncoder
-from packer.build.tokenize import RECORD_BATCH, encode_stream, encode_texts
-from packer.build.tokenizer import (
+from packer.config import ALGORITHMS, RECORD_FIELDS, BuildConfig
+from packer.encode.chat_source import chat_template_of
+from packer.encode.records import RECORD_BATCH, RECORD_KINDS, RecordEncoder, kind_of_fields
+from packer.encode.text import encode_stream, encode_texts
+from packer.encode.tokenizer import (
     BOS_CANDIDATES,
     EOS_CANDIDATES,
-    chat_template_of,
     configure,
     configured_copy,
     load_tokenizer,
@@ -48,124 +36,20 @@ from packer.build.tokenizer import (
     special_id,
     tokenizer_info,
 )
-from packer.config import ALGORITHMS, LONG_DOC_POLICIES, RECORD_FIELDS, BuildConfig
 from packer.io import atomic
 from packer.masks import IGNORE_INDEX
+from packer.online_pack import (
+    MAX_CARRY_BINS,
+    MIN_FILL,
+    CarryPolicy,
+    check_online_args,
+    cut_long,
+    flat_indices,
+    pack_buffer,
+)
+from packer.train.partition import check_rank, current_split
 
-try:  # the lengths-only part (online_fill_rate, for `packer stats`) must import without torch
-    import torch
-    from torch.utils.data import IterableDataset, get_worker_info
-
-    from packer.train.partition import check_rank, current_split
-except ImportError:  # pragma: no cover - exercised only on a box without torch
-    torch = None
-    IterableDataset = object
-
-# 2026-11-29, 300k lognormal web-like lengths (median 300, mean 600), context 2048, 10k-doc buffer:
-# 0.0053% padding against offline FFD's 0.0019% (-0.003 pp fill), at most 1 bin (2,008 tokens) carried;
-# without any carry 0.024% (benchmarks/bench_online.py).
-MIN_FILL = 0.99
-MAX_CARRY_BINS = 32
-RECORD_KINDS = ("prompt-completion", "chat", "tokens")  # read by the build's RecordEncoder (packer/build/records.py)
 _BUILD = BuildConfig()  # the record settings' defaults: the same words mean the same in the build and online
-
-
-@dataclass(frozen=True, kw_only=True)
-class CarryPolicy:
-    """Which bins of a packed buffer are emitted and which go back into the next buffer."""
-
-    min_fill: float = MIN_FILL
-    max_carry_bins: int = MAX_CARRY_BINS
-
-    def __post_init__(self):
-        if not 0.0 <= self.min_fill <= 1.0:
-            raise ValueError(f"min_fill must be in [0, 1], got {self.min_fill}")
-        if self.max_carry_bins < 0:
-            raise ValueError(f"max_carry_bins must be >= 0, got {self.max_carry_bins}")
-
-
-def pack_buffer(lengths, context_length: int, algorithm: str = "ffd", *, policy: CarryPolicy = CarryPolicy(),
-                final: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Pack one buffer of pieces into (emitted bins, carried bins), each bin an array of piece
-    indices in input order, bins in the order FFD opened them. `final` carries nothing.
-
-        pack_buffer([5, 3, 4, 2, 6, 1], 8)  ->  emitted [[3, 4], [0, 1]], carried [[2, 5]]
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) == 0:
-        return [], []
-    bin_of = pack(lengths, context_length, algorithm)
-    n_bins = int(bin_of.max()) + 1
-    fill = np.bincount(bin_of, weights=lengths, minlength=n_bins).astype(np.int64)
-    carried = np.zeros(n_bins, dtype=bool)
-    if not final and policy.max_carry_bins:
-        under = np.flatnonzero(fill < policy.min_fill * context_length)[::-1]  # later-opened first on ties
-        carried[under[np.argsort(fill[under], kind="stable")][: policy.max_carry_bins]] = True
-    by_bin = np.argsort(bin_of, kind="stable")  # grouped by bin, input order inside a bin
-    groups = np.split(by_bin, np.cumsum(np.bincount(bin_of, minlength=n_bins))[:-1])
-    return [g for b, g in enumerate(groups) if not carried[b]], [g for b, g in enumerate(groups) if carried[b]]
-
-
-def _flat(groups: list[np.ndarray]) -> np.ndarray:
-    return np.sort(np.concatenate(groups)) if groups else np.zeros(0, np.int64)
-
-
-def _cut_long(lengths: np.ndarray, context_length: int, long_docs: str):
-    """Pieces of documents: (piece_doc, piece_offset, piece_len) under a long-document policy."""
-    if long_docs == "split":
-        return split_documents(lengths, context_length)
-    keep = np.flatnonzero(lengths <= context_length) if long_docs == "drop" else np.arange(len(lengths))
-    return keep, np.zeros(len(keep), np.int64), np.minimum(lengths[keep], context_length)
-
-
-def online_fill_rate(lengths, context_length: int, buffer_docs: int, algorithm: str = "ffd", *,
-                     long_docs: str = "split", policy: CarryPolicy = CarryPolicy()) -> dict:
-    """Fill rate the online packer reaches on a stream of documents with these lengths, in order.
-
-    Lengths only, no torch: the same buffer, pack and carry steps as OnlinePackedDataset with one
-    partition. `lower_bound_rows` is ceil(tokens / context), the best any packing can do.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    _check_args(context_length, buffer_docs, long_docs)
-    carry = np.zeros(0, np.int64)
-    n_sequences = n_tokens = n_buffers = max_carry_bins = max_carry_tokens = 0
-    for start in itertools.count(0, buffer_docs):
-        new = lengths[start : start + buffer_docs]
-        final = len(new) < buffer_docs  # as in the dataset: a stream that ends on a full buffer ends with a flush
-        pieces = np.concatenate([carry, _cut_long(new[new > 0], context_length, long_docs)[2]])
-        emitted, carried = pack_buffer(pieces, context_length, algorithm, policy=policy, final=final)
-        n_buffers += 1
-        n_sequences += len(emitted)
-        n_tokens += int(pieces[_flat(emitted)].sum())
-        carry = pieces[_flat(carried)]
-        max_carry_bins = max(max_carry_bins, len(carried))
-        max_carry_tokens = max(max_carry_tokens, int(carry.sum()))
-        if final:
-            break
-    fill = n_tokens / (n_sequences * context_length) if n_sequences else 1.0
-    return {
-        "documents": int(len(lengths)),
-        "tokens": n_tokens,
-        "context_length": context_length,
-        "buffer_docs": buffer_docs,
-        "algorithm": algorithm,
-        "buffers": n_buffers,
-        "sequences": n_sequences,
-        "fill_rate": fill,
-        "padding_share": 1 - fill,
-        "lower_bound_rows": -(-n_tokens // context_length),
-        "max_carry_bins": max_carry_bins,
-        "max_carry_tokens": max_carry_tokens,
-    }
-
-
-def _check_args(context_length: int, buffer_docs: int, long_docs: str):
-    if context_length < 1:
-        raise ValueError(f"context_length must be >= 1, got {context_length}")
-    if buffer_docs < 1:
-        raise ValueError(f"buffer_docs must be >= 1, got {buffer_docs} (try 10000)")
-    if long_docs not in LONG_DOC_POLICIES:
-        raise ValueError(f"long_docs must be one of {', '.join(LONG_DOC_POLICIES)}; got {long_docs!r}")
 
 
 class OnlinePackedDataset(IterableDataset):
@@ -178,8 +62,8 @@ class OnlinePackedDataset(IterableDataset):
     `source` yields texts, token-id lists (then `tokenizer` may be None) or dicts holding
     `text_field` (an HF `datasets` dataset); it may also be a function returning a fresh iterable.
     Texts become exactly the ids `packer build` stores (the one encode path, encode_stream in
-    packer/build/tokenize.py); `tokenizer` is a tokenizer.json path, or a tokenizers.Tokenizer, which
-    is copied and the copy configured (packer/build/tokenizer.py), never changed itself. eos and bos
+    packer/preprocess/tokenize.py); `tokenizer` is a tokenizer.json path, or a tokenizers.Tokenizer, which
+    is copied and the copy configured (packer/encode/tokenizer.py), never changed itself. eos and bos
     are the build's too: for a path, the eos its tokenizer_config.json names and, with bos=None, a bos
     where its add_bos_token says so (eos_id= / bos_id= / bos=True|False override); a Tokenizer object
     has no config files beside it, so its eos is guessed by name and bos is off unless asked for.
@@ -193,7 +77,7 @@ class OnlinePackedDataset(IterableDataset):
 
     Fine-tuning records, input_kind="prompt-completion" | "chat" | "tokens" (default "text": all of the
     above): dicts as `packer build --input-kind KIND` reads them, encoded RECORD_BATCH at a time by the
-    build's own RecordEncoder (packer/build/records.py), so each accepted example has exactly the ids
+    build's own RecordEncoder (packer/encode/records.py), so each accepted example has exactly the ids
     and loss mask the build stores for it. The record settings (prompt_field ... long_prompts) are
     BuildConfig's, names and defaults; the chat template is the one beside a tokenizer.json path
     (tokenizer_config.json, chat_template.jinja), or chat_template=FILE, which a tokenizers.Tokenizer
@@ -222,7 +106,7 @@ class OnlinePackedDataset(IterableDataset):
                  ids_field: str = _BUILD.ids_field, labels_field: str = _BUILD.labels_field,
                  loss_mask_field: str = _BUILD.loss_mask_field, train_roles: str | tuple = _BUILD.train_roles,
                  chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts):
-        _check_args(context_length, buffer_docs, long_docs)
+        check_online_args(context_length, buffer_docs, long_docs)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
         if pad_to is not None and pad_to < context_length:
@@ -371,7 +255,7 @@ class OnlinePackedDataset(IterableDataset):
 
     def _kind_of(self, doc) -> str | None:
         """The kind a source document is read as; None: skipped (missing_field). `auto` reads a dict's
-        fields as the build's auto reads a file's first record (packer/build/record_reader.kind_of_fields):
+        fields as the build's auto reads a file's first record (packer/preprocess/record_reader.kind_of_fields):
         messages -> chat, ids -> tokens, prompt and completion -> prompt-completion, the text field ->
         text; anything not a dict (a text, token ids, an (ids, mask) pair) is taken as the text kind takes it."""
         kind, c = self.build_config.input_kind, self.build_config
@@ -473,7 +357,7 @@ class OnlinePackedDataset(IterableDataset):
         slice of its document's."""
         docs = [d for d in docs if len(d[0])]
         lengths = np.fromiter((len(ids) for ids, _ in docs), dtype=np.int64, count=len(docs))
-        piece_doc, piece_offset, piece_len = _cut_long(lengths, self.context_length, self.long_docs)
+        piece_doc, piece_offset, piece_len = cut_long(lengths, self.context_length, self.long_docs)
         return [(docs[d][0][o : o + n], None if docs[d][1] is None else docs[d][1][o : o + n])
                 for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
 
@@ -505,7 +389,7 @@ class OnlinePackedDataset(IterableDataset):
             emitted, carried = pack_buffer(lengths, self.context_length, self.algorithm, policy=self.policy,
                                            final=final)
             carry = [tuple(None if x is None else x.copy() for x in pieces[i])  # a copy: a view would pin
-                     for i in _flat(carried)]  # its whole document
+                     for i in flat_indices(carried)]  # its whole document
             after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
                      **_carry_lists(carry), "skipped": dict(self._skipped)}
             order = np.random.default_rng([self.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))

@@ -16,11 +16,11 @@ pytest.importorskip("fsspec")
 
 from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample  # noqa: E402
 
-from packer.build.pipeline import build  # noqa: E402
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.io import atomic, failpoints, fs  # noqa: E402
 from packer.io.lock import UnlockedOutputWarning  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.store.verify import verify_dataset  # noqa: E402
 
@@ -334,7 +334,7 @@ def test_remote_unit_spool_leaves_nothing_when_its_process_dies(tmp_path):
 
     spool_dir = tmp_path / "tmp"
     spool_dir.mkdir()
-    code = ("import os, numpy as np\nfrom packer.io import fs\nfrom packer.build.tokenize import _NpyAppender\n"
+    code = ("import os, numpy as np\nfrom packer.io import fs\nfrom packer.preprocess.tokenize import _NpyAppender\n"
             f"f = _NpyAppender(fs.location('memory://{uuid.uuid4().hex}/unit.tokens.npy'), np.uint16)\n"
             "f.append(np.arange(100000, dtype=np.uint16))\n"
             "print(len(os.listdir(os.environ['TMPDIR'])), flush=True)\n"

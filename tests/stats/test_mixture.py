@@ -83,8 +83,8 @@ def test_parsing_weights_and_mixes():
 
 @pytest.fixture(scope="module")
 def two_sources(tmp_path_factory):
-    from packer.build.pipeline import build
     from packer.config import BuildConfig, Job, Source
+    from packer.preprocess.pipeline import build
 
     d = tmp_path_factory.mktemp("mix")
     for name, path, n in (("prose", SAMPLE_INPUTS[0], 1000), ("code", SAMPLE_INPUTS[1], 15)):

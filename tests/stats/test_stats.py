@@ -16,8 +16,8 @@ from conftest import SAMPLE_INPUTS, TOKENIZER, schema_errors
 from packer.binpack import pack
 from packer.cli import main
 from packer.config import BuildConfig
+from packer.preprocess.corpus import corpus_lengths
 from packer.stats import figures as st
-from packer.stats.corpus import corpus_lengths
 
 
 def _roundtrip(figures):
@@ -240,8 +240,8 @@ def test_corpus_lengths_count_what_build_counts(sample_dataset, sample_lengths):
 
 def test_corpus_sample_is_uniform_and_in_input_order(tmp_path):
     """Every document is picked with probability sample / n, across units; picks keep input order."""
-    from packer.build.readers import plan_units
-    from packer.stats.corpus import _sample_texts
+    from packer.preprocess.corpus import _sample_texts
+    from packer.preprocess.readers import plan_units
 
     path = tmp_path / "a.jsonl"
     path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(10)))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_INPUTS, TOKENIZER
 
-from packer.build.pipeline import build
 from packer.config import BuildConfig, Job, Source
+from packer.preprocess.pipeline import build
 from packer.stats import figures, streamed
 from packer.stats.streamed import Histogram, SequenceSums
 from packer.store.dataset import open_dataset
@@ -138,7 +138,7 @@ def test_sequence_sums_give_the_composition_of_the_arrays():
 
 @dataclass
 class _Plan:
-    """What finalize_stats reads of a packer.build.plan_stream.PlanIndex, over arrays."""
+    """What finalize_stats reads of a packer.preprocess.plan_groups.PlanIndex, over arrays."""
 
     parts: list
     n_tokens: int
@@ -157,7 +157,7 @@ class _Plan:
 
 def _plan_of(lengths, L, rng) -> _Plan:
     """Sequences of a greedy next-fit over the pieces of `lengths` (any packing will do here), cut into buckets."""
-    from packer.build.plan import split_documents
+    from packer.binpack import split_documents
 
     piece_doc, _, piece_len = split_documents(lengths, L)
     fill = np.cumsum(piece_len)

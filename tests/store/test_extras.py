@@ -10,10 +10,10 @@ import types
 import numpy as np
 import pytest
 
-from packer.build.plan import Plan
-from packer.build.plan_stream import INDEX, PLAN_DIR, PlanIndex
-from packer.build.writer import write_rows, write_shard
 from packer.config import BuildConfig, Job
+from packer.preprocess.plan import Plan
+from packer.preprocess.plan_groups import INDEX, PLAN_DIR, PlanIndex
+from packer.preprocess.writer import write_rows, write_shard
 from packer.store import formats
 from packer.store.dataset import open_dataset
 from packer.store.formats import FORMATS, arrow
@@ -84,7 +84,7 @@ def _build(tmp_path, fmt):
 
 
 def _plan_path(work, k: int) -> str:
-    """Shard k's own plan file (packer/build/plan_stream.py)."""
+    """Shard k's own plan file (packer/preprocess/plan_groups.py)."""
     return str(PlanIndex.load(work / INDEX).shard_path(work / PLAN_DIR, k))
 
 

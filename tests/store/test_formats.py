@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from packer import config
-from packer.build.writer import write_rows
+from packer.preprocess.writer import write_rows
 from packer.store import formats
 from packer.store.formats import FORMATS
 from packer.store.rows import ROWS_PER_BATCH, Layout

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import build_sample
 
-from packer.build.writer import write_rows
 from packer.cli import main
+from packer.preprocess.writer import write_rows
 from packer.stats import figures as st
 from packer.store.dataset import Rows, open_dataset
 from packer.store.formats import megatron

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from packer.build.plan import plan_bins
-from packer.build.writer import write_rows, write_shard
 from packer.io import atomic
 from packer.io.hashed import HashedFile
+from packer.preprocess.plan import plan_bins
+from packer.preprocess.writer import write_rows, write_shard
 from packer.store.dataset import Rows, open_dataset
 from packer.store.formats import FORMATS, arrow, memmap
 from packer.store.rows import Layout

@@ -11,8 +11,8 @@ from conftest import build_stream_sample
 
 from packer.io import fs
 from packer.store.dataset import open_dataset
+from packer.store.read_plan import NEVER, ReadPlan, call_runs, runs_of
 from packer.store.stream import StreamDataset
-from packer.store.stream_plan import NEVER, ReadPlan, call_runs, runs_of
 
 # -- the plan by hand ----------------------------------------------------------------
 

@@ -9,7 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer.attention import PackedSelfAttention, available_backends, varlen_attention  # noqa: E402
+from packer import masks  # noqa: E402
+from packer.attention import (  # noqa: E402
+    PackedSelfAttention,
+    available_backends,
+    batch_flex_block_mask,
+    flex_block_mask,
+    varlen_attention,
+)
 from packer.train.attention import backends, bucketed, cuda, flex, sdpa  # noqa: E402
 
 CPU_TRAINABLE = [n for n, info in available_backends("cpu").items() if info["backward"]]
@@ -405,3 +412,36 @@ def test_cuda_backends_match_reference(backend, kw):
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
         for g, r in zip(grads, ref_grads):
             torch.testing.assert_close(g.float(), r.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_flex_block_mask_matches_dense_mask():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    rng = np.random.default_rng(3)
+    for length_extra in (0, 5):
+        offsets = _random_offsets(rng, max_docs=6, max_len=40)
+        length = int(offsets[-1]) + length_extra
+        block = flex_block_mask(offsets, length, block_size=16)
+        assert block.shape == (1, 1, length, length)
+        dense = flex.create_mask(block.mask_mod, 1, 1, length, length, device="cpu")[0, 0]
+        assert torch.equal(dense, torch.as_tensor(masks.block_causal_mask(offsets, length)))
+    rows = [_random_offsets(rng, max_len=20) for _ in range(3)]
+    length = max(int(o[-1]) for o in rows) + 3
+    block = batch_flex_block_mask(rows, length, block_size=16)
+    dense = flex.create_mask(block.mask_mod, 3, 1, length, length, device="cpu")[:, 0]
+    assert torch.equal(dense, torch.as_tensor(masks.batch_block_causal_mask(rows, length)))
+
+
+def test_flex_attention_with_the_block_mask_equals_masked_sdpa():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    offsets = np.array([0, 5, 17, 18, 30])
+    q, k, v = torch.randn(3, 1, 2, 32, 8, generator=torch.Generator().manual_seed(0)).unbind(0)
+    out = flex.flex_attention(q, k, v, block_mask=flex_block_mask(offsets, 32, block_size=16))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.as_tensor(masks.block_causal_mask(offsets, 32))
+    )
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def _random_offsets(rng, max_docs=7, max_len=9):
+    lengths = rng.integers(1, max_len, size=rng.integers(1, max_docs))
+    return np.concatenate([[0], np.cumsum(lengths)])

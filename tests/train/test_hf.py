@@ -36,8 +36,8 @@ TOL_HF_LOSS = 2e-5  # transformers' own .loss upcasts the logits to float32
 
 def build_small(out, n_prose=56, n_code=0, context_length=CONTEXT):
     """A slice of the sample corpus built at a short context: with the defaults 37 rows of 1 to 6 documents."""
-    from packer.build.pipeline import build
     from packer.config import BuildConfig, Job
+    from packer.preprocess.pipeline import build
 
     lines = []
     for name, n in (("prose.jsonl", n_prose), ("code.jsonl", n_code)):

@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 from conftest import TOKENIZER, sample_texts  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packer.binpack import pack  # noqa: E402
-from packer.build.plan import split_documents  # noqa: E402
+from packer.binpack import pack, split_documents  # noqa: E402
+from packer.online_pack import CarryPolicy, online_fill_rate, pack_buffer  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
-from packer.train.online import CarryPolicy, OnlinePackedDataset, online_fill_rate, pack_buffer  # noqa: E402
+from packer.train.online import OnlinePackedDataset  # noqa: E402
 
 
 def numbered_docs(seed: int, n: int, high: int) -> list[list[int]]:

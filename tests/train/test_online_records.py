@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from tokenizers import Tokenizer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packer.build.chat import TemplateRefused  # noqa: E402
-from packer.build.pipeline import build  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
+from packer.encode.chat import TemplateRefused  # noqa: E402
+from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.online import OnlinePackedDataset  # noqa: E402
 

@@ -23,7 +23,7 @@ A format is a module with four top-level names (the `ShardFormat` protocol):
 
 Why a protocol that modules satisfy rather than a base class: a format has no state and shares
 no code with the others. What every format does alike (temporary names, sha256 while writing,
-renames, the manifest entry) is the writer's (packer/build/writer.py), and the row checks are
+renames, the manifest entry) is the writer's (packer/preprocess/writer.py), and the row checks are
 verify's (packer/store/verify.py); a format only says which bytes go in which file and how to
 read them back. Adding one is a module here and a line in FORMATS.
 """
@@ -49,7 +49,7 @@ class ShardFormat(Protocol):
 
 
 FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
-# files every dataset has beside its shards (packer/store/manifest.py, packer/build/pipeline.py)
+# files every dataset has beside its shards (packer/store/manifest.py, packer/preprocess/pipeline.py)
 RESERVED = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html", arrow.HF_STATE, arrow.HF_INFO})
 
 

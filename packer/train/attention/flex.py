@@ -11,6 +11,8 @@ import warnings
 
 import torch
 
+from packer import masks
+
 FLEX_BLOCK = 128
 FLEX_COMPILE_MIN_TOKENS = 1024  # below this eager FlexAttention is cheaper than a compile
 
@@ -42,7 +44,7 @@ def document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
     causal) and, with a window, its farthest pair is within it. O(T + (T/128)^2): at T = 131072
     that is 1M block pairs, where the dense [T, T] mask would be 17 GB. With a window, pairs
     whose nearest tokens are within it are kept as partial (mask_mod decides inside them).
-    Kept beside packer.masks.flex_block_mask (causal documents only, built by create_block_mask):
+    Kept beside flex_block_mask (below: causal documents only, built by create_block_mask):
     this one also takes causal=False and a window.
     """
     from torch.nn.attention.flex_attention import BlockMask
@@ -111,3 +113,44 @@ def flex_varlen(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
         o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask,
                scale=scale, enable_gqa=k.shape[1] != H)
     return o[0].transpose(0, 1)
+
+
+def flex_block_mask(offsets, length: int | None = None, *, device=None, block_size: int = 128):
+    """A FlexAttention `BlockMask` [1, 1, L, L] for one row (or a varlen batch: pass its cu_seqlens).
+
+    The mask_mod is document-causal, the same predicate as `packer.masks.block_causal_mask`:
+
+        mask_mod(b, h, q, kv) = (doc[q] == doc[kv]) & (kv <= q)
+
+    with doc = masks.document_ids(offsets, length), so padding (when `length` > offsets[-1]) is a
+    segment of its own. Use it as `flex_attention(q, k, v, block_mask=flex_block_mask(cu))`
+    with q, k, v of shape [1, H, L, D]. Built by
+    `torch.nn.attention.flex_attention.create_block_mask`; `device` defaults to the offsets' own
+    (cpu for numpy), `block_size` is FlexAttention's BLOCK_SIZE.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = device if device is not None else (offsets.device if isinstance(offsets, torch.Tensor) else "cpu")
+    doc = torch.as_tensor(masks.document_ids(offsets, length)).to(device)
+
+    def document_causal(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (kv <= q)
+
+    n = len(doc)
+    return create_block_mask(document_causal, None, None, n, n, device=device, BLOCK_SIZE=block_size)
+
+
+def batch_flex_block_mask(offsets_list, length: int, *, device=None, block_size: int = 128):
+    """A FlexAttention `BlockMask` [B, 1, L, L] for a padded batch (q, k, v of shape [B, H, L, D]):
+    `flex_block_mask` per row, the mask_mod reading doc[b, q] == doc[b, kv] & kv <= q."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    first = offsets_list[0]
+    device = device if device is not None else (first.device if isinstance(first, torch.Tensor) else "cpu")
+    doc_BL = torch.as_tensor(masks.batch_document_ids(offsets_list, length)).to(device)
+
+    def document_causal(b, h, q, kv):
+        return (doc_BL[b, q] == doc_BL[b, kv]) & (kv <= q)
+
+    return create_block_mask(document_causal, len(offsets_list), None, length, length, device=device,
+                             BLOCK_SIZE=block_size)

@@ -1,0 +1,17 @@
+"""The reference engine: HuggingFace `tokenizers`' own batch encoding (releases the GIL, threads inside)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+
+def encode_batch(tok, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """texts -> (flat ids of all of them in order, `dtype`; int64 length of each), no specials added."""
+    encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
+    lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
+    # One pass over every document's ids, no list per document kept: 19 ms of CPU per 1 MiB batch
+    # that took 755 ms to encode (2.5%); building the lists first cost 32 ms (2026-11-29).
+    ids = itertools.chain.from_iterable(e.ids for e in encodings)
+    return np.fromiter(ids, dtype=dtype, count=int(lengths.sum())), lengths

@@ -1,0 +1,382 @@
+"""The build, as stages over paths: tokenize -> plan -> write -> finalize -> publish.
+
+    OUTPUT/.packer.lock                                           held while a build runs (packer/io/lock.py)
+    OUTPUT/.packer-owned.json                                     what packer wrote here, with sha256 (packer/preprocess/owned.py)
+    OUTPUT/_work/fingerprint.json                                 config + inputs of this work (packer/preprocess/resume.py)
+    OUTPUT/_work/units/unit-XXXXXX.{tokens.npy,lengths.npy,json}   tokenize (one per work unit)
+    OUTPUT/_work/plan/{group,bucket}-*.{npy,npz,json}            plan tasks (lengths only; one plan file per shard)
+    OUTPUT/_work/plan.npz                                         plan index: shard -> plan file, counts per shard
+    OUTPUT/_work/dataset/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json
+                                                                  write (one per shard; the .json says done)
+    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json}
+                                                                  finalize (manifest last)
+    OUTPUT/...                                                    publish: moved in, manifest last (owned.publish)
+
+Every file is written under a temporary name and renamed into place; each stage reads
+only what the one before wrote and skips work whose output exists, so re-running the
+same command after a crash at any point resumes it and gives the same bytes. The new dataset
+is complete in _work/dataset/ before anything in OUTPUT changes, so an --overwrite cut short
+leaves the old one as it was. OUTPUT may also be a URI (packer/io/fs.py): there files go
+straight to their final names, a unit's or shard's .json and the manifest, written after them,
+say what is complete, publish moves by the filesystem's copy and delete, and no lock is held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import numpy as np
+
+from packer._version import __version__
+from packer.config import Job
+from packer.encode.chat_source import chat_template_manifest
+from packer.encode.tokenizer import resolved_config, specials_manifest, tokenizer_info
+from packer.io import atomic, failpoints, fs, lock
+from packer.io.progress import Progress
+from packer.preprocess import changed, owned, plan_groups, readers, resume, sources, writer
+from packer.preprocess.executors import make_executor
+from packer.preprocess.plan import Plan
+from packer.preprocess.plan_groups import PlanIndex
+from packer.preprocess.tokenize import tokenize_unit, trained_totals, unit_paths
+from packer.stats import report
+from packer.stats.figures import add_trained, plan_source_figures
+from packer.stats.streamed import finalize_stats
+from packer.store.formats import arrow
+from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
+
+WORK = "_work"
+
+
+def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", unit_configs=None):
+    total = sum(max(u.size, 0) for u in units)
+    n_done = [0]
+    with Progress("tokenize", total, "B", mode=progress) as bar:
+        seen = {"docs": 0, "tokens": 0}
+
+        def done(counters):
+            seen["docs"] += counters["docs_accepted"]
+            seen["tokens"] += counters["tokens"]
+            seconds = bar.elapsed()
+            bar.update(max(counters.get("bytes", 0), 0),
+                       f"{seen['docs'] / seconds:,.0f} docs/s, {seen['tokens'] / seconds:,.0f} tok/s")
+            n_done[0] += 1
+            failpoints.hit("tokenize", n_done[0])
+
+        args = [(u, info, unit_configs[u.index] if unit_configs else config, str(units_dir)) for u in units]
+        return executor.map(_tokenize_task, args, on_done=done)
+
+
+def _tokenize_task(unit, info, config, units_dir: str) -> dict:
+    failpoints.hit("unit", unit.index)
+    return tokenize_unit(unit, info, config, units_dir)
+
+
+def _unit_docs(units_dir, n_units: int) -> list[int]:
+    """Documents of each unit, from its lengths.npy header alone."""
+    out = []
+    for u in range(n_units):
+        with fs.location(unit_paths(units_dir, u)["lengths.npy"]).open("rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, _ = read_header(f)
+        out.append(int(shape[0]))
+    return out
+
+
+def _plan_stage(n_units: int, config, work, executor, source_units=(0,), progress="auto") -> PlanIndex:
+    """Plan as tasks on `executor` (packer/preprocess/plan_groups.py): groups of documents, then buckets
+    of bins, one plan file per shard; the driver keeps only the index. source_units: the first unit
+    of each source (one source: all units)."""
+    if (work / plan_groups.INDEX).exists():
+        return plan_groups.PlanIndex.load(work / plan_groups.INDEX)
+    unit_docs = _unit_docs(work / "units", n_units)
+    n_done = 0
+    with Progress("plan", sum(unit_docs), "doc", mode=progress) as bar:
+
+        def done(result):
+            nonlocal n_done
+            n_done += 1
+            bar.update(result["docs"])
+            failpoints.hit("planned", n_done)
+
+        index = plan_groups.plan_streamed(unit_docs, config, work, executor, source_units, on_group=done)
+    failpoints.hit("plan", 0)
+    return index
+
+
+def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="auto", unit_sources=None,
+                 loss_mask: bool = False):
+    (work / "shards").mkdir(exist_ok=True)
+    n_done = 0
+    with Progress("write", plan.n_tokens, "tok", mode=progress) as bar:
+
+        def done(entry):
+            nonlocal n_done
+            n_done += 1
+            bar.update(entry["tokens"])
+            failpoints.hit("write", n_done)
+
+        args = [
+            (str(plan.shard_path(work / plan_groups.PLAN_DIR, k)), k, str(work), str(out), info.dtype.name, config.format)
+            for k in range(plan.n_shards)
+        ]
+        if unit_sources or loss_mask:  # named and described as write_shard in errors (executors.describe_call)
+            options = {"unit_sources": unit_sources} if unit_sources else {}
+            write = functools.update_wrapper(functools.partial(writer.write_shard, loss_mask=loss_mask, **options),
+                                             writer.write_shard)
+        else:
+            write = writer.write_shard
+        return executor.map(write, args, on_done=done)
+
+
+def _shard_plans(plan: PlanIndex, work):
+    """Each shard's own plan, one at a time (packer/preprocess/plan_groups.py)."""
+    for k in range(plan.n_shards):
+        yield Plan.load(fs.for_numpy(plan.shard_path(work / plan_groups.PLAN_DIR, k)))
+
+
+def _totals(unit_counters, plan: PlanIndex, config, work, skipped_files=()) -> dict:
+    skipped: dict[str, int] = {}
+    failed = {f["path"]: f["error"] for f in skipped_files}
+    for c in unit_counters:
+        if c.get("file_error"):
+            failed.setdefault(c["path"], c["file_error"])
+        for reason, n in c["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    tokens_in = sum(c["tokens"] for c in unit_counters)
+    tokens_out = plan.n_tokens
+    slots = plan.n_sequences * config.context_length
+    return {
+        "docs_read": sum(c["docs_read"] for c in unit_counters),
+        "docs_accepted": sum(c["docs_accepted"] for c in unit_counters),
+        "docs_skipped": skipped,
+        "skip_examples": [e for c in unit_counters for e in c["skip_examples"]][:20],
+        "files_skipped": [{"path": p, "error": e} for p, e in failed.items()],
+        "docs_dropped_long": plan.n_dropped_docs,
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "tokens_truncated": plan.n_truncated_tokens,
+        "sequences": plan.n_sequences,
+        "pieces": plan.n_pieces,
+        "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
+        **trained_totals(unit_counters, _shard_plans(plan, work), work),
+    }
+
+
+class BuildRejected(ValueError):
+    """The inputs were read but too few documents were accepted to call the build a success."""
+
+
+def _skip_summary(counters, limit: int = 3) -> str:
+    """("{'missing_field': 3837, 'empty_text': 2}", "; e.g. missing_field at a.jsonl:1; ..."): the top reasons."""
+    skipped: dict[str, int] = {}
+    for c in counters:
+        for reason, n in c["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    top = dict(sorted(skipped.items(), key=lambda kv: -kv[1])[:limit])
+    examples = {}
+    for e in (e for c in counters for e in c["skip_examples"]):
+        examples.setdefault(e["reason"], e["where"])
+    shown = [f"{r} at {examples[r]}" for r in top if r in examples]
+    return f"{top}", (f"; e.g. {'; '.join(shown)}" if shown else "")
+
+
+def _check_accepted(counters, config, work):
+    """Refuse to finish a build that accepted nothing, or skipped more than config.max_skip_fraction
+    of what it read. Nothing accepted: `work` is deleted (nothing in it is worth resuming, and the
+    fix, e.g. another --text-field, is another fingerprint). Too many skipped: `work` is kept, so the
+    same command with a higher limit resumes from the finished units."""
+    read = sum(c["docs_read"] for c in counters)
+    accepted = sum(c["docs_accepted"] for c in counters)
+    skipped = sum(sum(c["skipped"].values()) for c in counters)
+    if not accepted:
+        fs.rmtree(work)
+        reasons, examples = _skip_summary(counters)
+        why = f" ({skipped:,} skipped: {reasons}){examples}" if skipped else " (the inputs hold no records)"
+        raise BuildRejected(f"no document accepted: 0 accepted of {read:,} read{why};\nnothing was written: "
+                            "fix the inputs or the settings (--text-field?) and run again")
+    limit = config.max_skip_fraction
+    if limit is not None and skipped / read > limit:
+        reasons, examples = _skip_summary(counters)
+        raise BuildRejected(f"{skipped / read:.2%} of {read:,} documents read were skipped ({skipped:,}), over "
+                            f"--max-skip-fraction {limit:g}: {reasons}{examples};\nfinished work is kept: fix "
+                            "the inputs, or raise the limit and run the same command to resume")
+
+
+def _shipped(info) -> dict:
+    """What the tokenizer file turned on that packer turns off (written only when on: sample builds
+    keep their bytes)."""
+    out = {}
+    if info.shipped_truncation is not None:
+        out["shipped_truncation"] = info.shipped_truncation
+    if info.shipped_padding:
+        out["shipped_padding"] = True
+    return out
+
+
+def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, out, work,
+              skipped_files=(), named=None) -> dict:
+    config = job.config
+    length_files = [unit_paths(work / "units", u.index)["lengths.npy"] for u in units]
+
+    def unit_lengths():  # one unit's lengths in memory at a time
+        return (np.load(fs.for_numpy(p)) for p in length_files)
+
+    n_docs = sum(int(c["docs_accepted"]) for c in counters)
+    if named:
+        unit_long = sources.long_documents(unit_lengths(), config.context_length) if config.long_docs == "drop" else None
+        summary = sources.summary(plan, unit_long, counters, named.unit_sources, config)
+    if n_docs:  # no accepted document: nothing to measure, so no stats.json
+        figures = finalize_stats(unit_lengths, plan, work / plan_groups.PLAN_DIR, config.context_length,
+                                 algorithm=config.algorithm, seed=config.seed, n_documents=n_docs, inputs=files)
+        if named:
+            figures["sources"] = plan_source_figures(summary, named.names, counters, named.unit_sources,
+                                                     config.context_length)
+        if trained := trained_totals(counters, (), work):  # fine-tuning data: trained share per strategy
+            add_trained(figures, trained["trained_tokens_in"])  # the strategies see every accepted example
+        atomic.write_json(out / STATS, figures)
+        atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
+    atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
+    if config.format == "arrow":  # state.json, dataset_info.json: datasets.load_from_disk(out) maps the shards
+        for name, data in arrow.hf_metadata(entries).items():
+            atomic.write_bytes(out / name, data)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "tool": {"name": "packer", "version": __version__},
+        "config": {
+            **config.to_dict(),
+            "eos_id": info.eos_id,
+            "bos_id": info.bos_id,
+            "pad_id": info.pad_id,
+            "token_dtype": info.dtype.name,
+        },
+        "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
+                      **_shipped(info), **specials_manifest(info),
+                      **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
+        "inputs": readers.input_descriptions(files),
+        "shards": entries,
+        "totals": _totals(counters, plan, config, work, skipped_files),
+    }
+    if named:
+        manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
+                                                     config.context_length)
+    failpoints.hit("finalize", 0)
+    return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
+
+
+def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progress: str = "auto") -> dict:
+    """Run, resume, or (with nothing left to do) skip a build; return the manifest. `progress`:
+    "auto" (a bar on a terminal, plain lines otherwise), "bar", "lines" or "off" (packer/io/progress.py).
+
+    Under the output's lock: a directory holding files packer did not write is refused (by its
+    record, packer/preprocess/owned.py); a complete dataset from the same command is returned as is
+    (`already_complete`); one from another command, or a `_work/` from another config or other
+    inputs, is refused unless `overwrite`. The new dataset is built in `_work/dataset/` and moved
+    into OUTPUT once complete, so with `overwrite` the old one stays whole until then."""
+    config = job.config
+    out = fs.location(job.output)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output {fs.redact(out)} is a file; give a directory (new, or one packer wrote)")
+    if fs.is_process_local(out) and (job.executor == "ray" or job.n_workers > 1):
+        raise ValueError(f"--output {fs.redact(out)} is in this process's memory, which worker processes do not share; use --workers 1")
+    named = sources.Named.of(job) if job.sources else None  # None: one unnamed source, the build as it always was
+    files = named.files if named else readers.expand_inputs(job.inputs)
+    info = tokenizer_info(job.tokenizer, config)
+    job = dataclasses.replace(job, config=resolved_config(config, info))  # bos/eos as used, never None
+    config = job.config
+    with lock.hold(out):
+        record = _owned_record(out)
+        work = out / WORK
+        expected = {**resume.fingerprint(config, info, files), **(named.fingerprint if named else {})}
+        if (out / MANIFEST).exists() and not overwrite:
+            manifest = read_manifest(out)
+            resume.require_same_dataset(manifest, config, info, files, out)
+            if named or manifest.get("sources"):
+                sources.require_same_sources(manifest, named.described if named else [], out)
+            if (work.exists() or record["work"]) and not keep_work:  # a run stopped after its manifest, before
+                owned.remove_work(out, record)  # this (or before the record said _work/ was gone: a full disk)
+            return {**manifest, "already_complete": True}
+        if overwrite and work.exists() and not resume.same_work(work, expected):
+            owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
+        manifest = _build_into(job, files, info, out, work, record, expected, progress, named, overwrite)
+        owned.publish(out, manifest, record)
+        if not keep_work:
+            owned.remove_work(out, record)
+    return manifest
+
+
+def _owned_record(out) -> dict:
+    """The output's record of packer's files, with an interrupted publish finished; refuses foreign files."""
+    owned.clear_leftovers(out)
+    had_record = (out / owned.RECORD).exists()
+    record = owned.load(out)
+    owned.finish(out, record)
+    resume.refuse_foreign(out, record)
+    if not had_record and (record["files"] or record["work"]):
+        owned.save(out, record)  # a dataset of a packer without records, adopted once
+    return record
+
+
+def _start_work(out, work, record: dict, expected: dict):
+    """Create or resume `work` (its fingerprint `expected`), recorded as packer's; return its staging dir."""
+    owned.claim_work(out, record)
+    resume.start_or_resume(work, expected)
+    staged = work / owned.STAGED
+    for d in (work, work / "units", work / "shards", staged):
+        d.mkdir(parents=True, exist_ok=True)
+        atomic.remove_leftovers(d)
+    return staged
+
+
+def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, progress, named=None,
+                overwrite: bool = False) -> dict:
+    """Tokenize, plan, write and finalize into `work`/dataset/ (manifest last); return the manifest.
+    `named`: the job's named sources (packer/preprocess/sources.py), or None for one unnamed source.
+    `overwrite`: work whose inputs changed since it was read is discarded, not refused."""
+    config = job.config
+    started = time.time()
+    skipped_files = [] if config.on_file_error == "skip" else None
+    # Planned before any work file is written: a refused input (unsupported, a FIFO, a loop) leaves
+    # nothing behind, so fixing it and running the same command starts cleanly.
+    if named:
+        units, named = named.planned(config, skipped_files)
+    else:
+        units = readers.plan_units(
+            files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files
+        )
+    staged = _start_work(out, work, record, expected)
+    executor = make_executor(job)
+    unit_counters = [(u, str(unit_paths(work / "units", u.index)["json"])) for u in units]
+    try:
+        try:
+            changed.refuse_changed(unit_counters, executor, stage="resume")  # finished units' inputs
+        except changed.InputChanged:
+            if not overwrite:
+                raise
+            owned.remove_work(out, record)  # --overwrite: build from the inputs as they are now
+            staged = _start_work(out, work, record, expected)
+        counters = _tokenize_stage(units, info, config, work / "units", executor, progress,
+                                   named.unit_configs if named else None)
+        try:
+            _check_accepted(counters, config, work)
+        except BuildRejected:
+            if not work.exists():  # nothing accepted: nothing kept, not even the record
+                owned.remove_work(out, record)
+            raise
+        plan = _plan_stage(len(units), config, work, executor, named.source_starts[:-1] if named else (0,), progress)
+        masked = any("trained_tokens" in c for c in counters)  # some unit holds records (packer/encode/records.py)
+        entries = _write_stage(plan, info, config, work, staged, executor, progress,
+                               named.unit_sources if named else None, loss_mask=masked)
+        changed.refuse_changed(unit_counters, executor, stage="finalize")  # edited during the build?
+    finally:
+        executor.close()
+        for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write
+            if d.exists():
+                atomic.remove_leftovers(d)
+    manifest = _finalize(job, files, units, info, counters, plan, entries, staged, work, skipped_files or (), named)
+    manifest["created_unix"] = round(time.time(), 3)
+    manifest["build_seconds"] = round(time.time() - started, 3)
+    atomic.write_json(staged / MANIFEST, manifest)  # last: the new dataset is complete
+    return manifest

@@ -1,0 +1,129 @@
+"""Text out of an Arrow column (Parquet and Arrow IPC readers): rows -> documents, nulls and empties counted.
+
+    column ["one", None, "", b"caf\\xe9", "two"]  (string or binary)
+        -> "one", "two";  skipped: row 1 null_text, row 2 empty_text, row 3 invalid_utf8 (binary only)
+
+Every Arrow text layout reads the same: string / binary, their large_ (64-bit offsets) and _view
+forms, and a dictionary of any of them (pandas categoricals, Spark, Parquet's dictionary pages
+read with their Arrow schema), each chunk with its own dictionary:
+
+    dictionary<values=string, indices=int8>  indices [0, 1, 0, null], dictionary ["a", None]
+        -> "a", "a";  skipped: row 1 null_text (a null value), row 3 null_text (a null index)
+"""
+
+from __future__ import annotations
+
+from packer.preprocess.readers.common import FileError, SkipLog, decode, is_blank
+
+
+def _is_string(kind) -> bool:
+    import pyarrow.types as t
+
+    return t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind)
+
+
+def _is_binary(kind) -> bool:
+    import pyarrow.types as t
+
+    return t.is_binary(kind) or t.is_large_binary(kind) or t.is_binary_view(kind)
+
+
+def _is_text(kind) -> bool:
+    import pyarrow.types as t
+
+    if t.is_dictionary(kind):
+        kind = kind.value_type
+    return _is_string(kind) or _is_binary(kind)
+
+
+def check_text_column(schema, field: str, path: str):
+    """FileError unless `schema` has a text column `field` (string or binary, any of the layouts above)."""
+    if field not in schema.names:
+        raise FileError(path, f"no column {field!r} (columns: {', '.join(schema.names)}; choose one with --text-field)")
+    kind = schema.field(field).type
+    if not _is_text(kind):
+        raise FileError(path, f"column {field!r} is {kind}, not text (string or binary, plain, large, view or "
+                              "dictionary-encoded; choose another with --text-field)")
+
+
+def _plain(column):
+    """The same values as a string or binary array with offsets: dictionary decoded, view cast.
+
+    binary_length has no kernel for dictionaries or views (pyarrow 26), and to_pylist of a
+    dictionary would look every row up in Python."""
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    if t.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if t.is_string_view(column.type):
+        column = column.cast(pa.large_string())
+    elif t.is_binary_view(column.type):
+        column = column.cast(pa.large_binary())
+    return column
+
+
+def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: int):
+    """Texts of one Arrow text column chunk (any layout check_text_column accepts); rows are numbered from first_row."""
+    import pyarrow.compute as pc
+
+    column = _plain(column)
+    values = column.to_pylist()
+    is_binary = _is_binary(column.type)
+    if not is_binary and column.null_count == 0 and _all_sized(column, 1, max_bytes) and not any(map(str.isspace, values)):
+        yield from values  # the common chunk: nothing to skip, no per-row checks in Python
+        return
+    sizes = pc.binary_length(column).to_numpy(zero_copy_only=False)
+    for i, value in enumerate(values):
+        if value is None:
+            skips.add("null_text", f"{path} row {first_row + i}")
+        elif sizes[i] > max_bytes:
+            skips.add("too_large", f"{path} row {first_row + i}")
+        elif not is_binary and is_blank(value):  # the one rule of every reader (common.is_blank)
+            skips.add("empty_text", f"{path} row {first_row + i}")
+        elif not is_binary:
+            yield value
+        elif not value:
+            skips.add("empty_text", f"{path} row {first_row + i}")
+        elif (text := decode(value, f"{path} row {first_row + i}", skips)) is not None:
+            if is_blank(text):
+                skips.add("empty_text", f"{path} row {first_row + i}")
+            else:
+                yield text
+
+
+def _all_sized(column, low: int, high: int) -> bool:
+    """Every (non-null) value of `column` has low..high bytes."""
+    import pyarrow.compute as pc
+
+    if len(column) == 0:
+        return True
+    bounds = pc.min_max(pc.binary_length(column))
+    return bounds["min"].as_py() >= low and bounds["max"].as_py() <= high
+
+
+def check_record_columns(schema, fields: tuple[str, ...], path: str, fix: str):
+    """FileError unless `schema` has at least the first of `fields` (the others are optional)."""
+    if fields[0] not in schema.names:
+        raise FileError(path, f"no column {fields[0]!r} (columns: {', '.join(schema.names)}; {fix})")
+
+
+def column_records(batch, fields: tuple[str, ...], first_row: int, path: str):
+    """(where, record) per row of an Arrow record batch: the present `fields` as Python values,
+    keys whose value is null left out (as transformers drops None keys of chat messages):
+
+        columns messages: list<struct<role, content, tool_calls>>
+        row 0  [{"role": "user", "content": "Hi", "tool_calls": None}]  ->  ("a.parquet row 0", {"messages": [{"role": "user", "content": "Hi"}]})
+    """
+    names = [f for f in fields if f in batch.schema.names]
+    columns = [batch.column(name).to_pylist() for name in names]
+    for i, values in enumerate(zip(*columns)):
+        yield f"{path} row {first_row + i}", {k: _without_nulls(v) for k, v in zip(names, values) if v is not None}
+
+
+def _without_nulls(value):
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value

@@ -1,0 +1,219 @@
+"""The tokenize stage: one work unit -> its unit files, through the one encode path (packer/encode/).
+
+Unit files, in the work directory (all written atomically; the .json last, so its
+presence means the unit is complete and is never redone):
+
+    unit-000007.tokens.npy   all token ids of the unit's accepted documents, concatenated
+    unit-000007.lengths.npy  int64 length of each document (eos/bos included)
+    unit-000007.json         counters: docs read / accepted / skipped by reason, examples, and
+                             `input`, the hash of what was read (packer/preprocess/changed.py)
+
+Both .npy files stream to disk while the unit is read, so a worker's memory does not grow
+with the unit, nor with one huge document (encode_parts: a 200 MB document's ids are never
+gathered; its text is a packer.io.utf8.Utf8Text, encoded a window at a time). Speed (benchmarks/bench_tokenize.py, 50 MB of JSONL, a busy 2-core machine,
+2026-11-29): --workers 1 ran at 0.95 of Tokenizer.encode_batch_fast on the same texts in
+memory (0.96 in CPU seconds), --workers 2 at 1.05 (0.98 in CPU seconds) in another run;
+starting a 2-worker pool costs ~1.2 s once. Runs on that machine vary by +-20%.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+
+import numpy as np
+
+from packer.config import BuildConfig
+from packer.encode.records import RECORD_BATCH, RecordEncoder
+from packer.encode.text import encode_parts, encode_texts
+from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.io import atomic, fs
+from packer.preprocess import changed
+from packer.preprocess.readers import FileError, SkipLog, Unit, read_unit
+
+
+def unit_paths(work_dir, index: int) -> dict:
+    """The unit's three files in `work_dir` (a local path, or a URI: see packer/io/fs.py)."""
+    work_dir = fs.location(work_dir)
+    return {k: work_dir / f"unit-{index:06d}.{k}" for k in ("tokens.npy", "lengths.npy", "json")}
+
+
+class _NpyAppender:
+    """A 1-D .npy file written in pieces: a fixed 128-byte header first, rewritten with the final
+    length on commit, so a unit of any size streams to disk instead of gathering in memory.
+    Staged (packer/io/atomic.py): it appears under its name only when committed, locally or remote."""
+
+    HEADER_BYTES = 128
+
+    def __init__(self, path, dtype):
+        self.dtype, self.n = np.dtype(dtype), 0
+        self._staged = atomic.Staged(path)
+        self._staged.f.write(self._header())
+
+    def _header(self) -> bytes:
+        body = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (self.dtype.str, self.n)
+        body = body.ljust(self.HEADER_BYTES - 11) + "\n"
+        return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
+
+    def append(self, array: np.ndarray):
+        self._staged.f.write(np.ascontiguousarray(array, dtype=self.dtype).data)
+        self.n += len(array)
+
+    def commit(self):
+        self._staged.f.seek(0)
+        self._staged.f.write(self._header())
+        self._staged.commit()
+
+    def abort(self):
+        self._staged.abort()
+
+
+def unit_mask_path(work_dir, index: int):
+    """The unit's loss mask (uint8, one per token of its tokens.npy), written only for record kinds."""
+    return fs.location(work_dir) / f"unit-{index:06d}.loss_mask.npy"
+
+
+def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: str) -> dict:
+    """Tokenize one unit into its unit files (skipped if already complete); return its counters.
+
+    A FileError fails the unit, or with on_file_error="skip" leaves it empty and named in
+    its counters ("file_error"). Records (config.input_kind other than text; packer/encode/records.py)
+    also write unit-XXXXXX.loss_mask.npy, and the counters say how many tokens are trained."""
+    paths = unit_paths(work_dir, unit.index)
+    if paths["json"].exists():
+        counters = json.loads(paths["json"].read_text(encoding="utf-8"))
+        # counters hold the path redacted (packer/io/fs.py): rotated credentials are the same unit
+        if (counters.get("path"), counters.get("start"), counters.get("end")) != (fs.redact(unit.path), unit.start, unit.end):
+            # e.g. a _work/ cut into units by another packer version: reusing it would lose documents
+            raise ValueError(f"{fs.redact(paths['json'])} holds another unit ({fs.redact(str(counters.get('path')))} "
+                             f"{counters.get('start')}-{counters.get('end')}, not {fs.redact(unit.path)} "
+                             f"{unit.start}-{unit.end}): this _work/ was cut into units differently; "
+                             "pass --overwrite to start over")
+        return counters
+    kind = unit_kind(unit, config)
+
+    def open_files():
+        mask = _NpyAppender(unit_mask_path(work_dir, unit.index), np.uint8) if kind != "text" else None
+        return _NpyAppender(paths["tokens.npy"], info.dtype), _NpyAppender(paths["lengths.npy"], np.int64), mask
+
+    skips = SkipLog.empty(strict=config.strict)
+    files = open_files()
+    file_error = None
+    # what was read, hashed (packer/preprocess/changed.py); record kinds' reader (record_reader) does not hash yet
+    sums = changed.InputSum() if changed.ENABLED and kind == "text" else None
+    try:
+        n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind, sums=sums)
+    except FileError as e:
+        for f in files:
+            f is None or f.abort()
+        if config.on_file_error != "skip":
+            raise
+        files = open_files()
+        skips, n_tokens, n_trained, file_error, sums = SkipLog.empty(), 0, 0, e.cause, None
+    except BaseException:
+        for f in files:
+            f is None or f.abort()
+        raise
+    tokens, lengths, mask = files
+    for f in files:
+        f is None or f.commit()
+    counters = {
+        "unit": unit.index,
+        "path": unit.path,
+        "start": unit.start,
+        "end": unit.end,
+        "bytes": unit.size,
+        "docs_read": lengths.n + sum(skips.counts.values()),
+        "docs_accepted": lengths.n,
+        "skipped": dict(sorted(skips.counts.items())),
+        "skip_examples": skips.examples,
+        "tokens": n_tokens,
+        "file_error": file_error,
+        "input": sums and sums.record(),  # what was read, hashed: packer/preprocess/changed.py
+    }
+    if mask is not None:  # record kinds only: text units keep their counters' bytes
+        counters["input_kind"] = kind
+        counters["trained_tokens"] = n_trained
+    atomic.write_json(paths["json"], counters)
+    return counters
+
+
+def unit_kind(unit: Unit, config: BuildConfig) -> str:
+    if config.input_kind != "auto":
+        return config.input_kind
+    from packer.preprocess.record_reader import detect_kind
+
+    return detect_kind(unit, config)
+
+
+def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender,
+                   mask: _NpyAppender | None = None, *, kind: str = "text", sums=None) -> tuple[int, int]:
+    """Encode the unit into the appenders: (tokens written, tokens trained: all of them for text).
+    `sums` hashes what the reader reads (packer/preprocess/changed.py)."""
+    if kind != "text":
+        return _records_into(unit, info, config, skips, tokens, lengths, mask, kind)
+    tok = load_tokenizer(info.path)
+    texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
+                      max_doc_bytes=config.max_doc_bytes, sums=sums)
+    n_tokens = 0
+    for flat, doc_lengths in encode_parts(tok, texts, dtype=info.dtype, eos_id=info.eos_id, bos_id=info.bos_id):
+        tokens.append(flat)
+        lengths.append(doc_lengths)
+        n_tokens += len(flat)
+    return n_tokens, n_tokens
+
+
+def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str) -> tuple[int, int]:
+    """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/encode/records.py)."""
+    from packer.preprocess.record_reader import read_records
+
+    encoder = RecordEncoder(kind, info, config, encode_texts)
+    fields = encoder.fields()
+    fix = {"chat": "choose the column with --messages-field", "prompt-completion": "choose it with --prompt-field",
+           "tokens": "choose it with --ids-field"}[kind]
+    records = read_records(unit, skips, fields, max_doc_bytes=config.max_doc_bytes, fix=fix)
+    n_tokens = n_trained = 0
+    for batch in iter(lambda: list(itertools.islice(records, RECORD_BATCH)), []):
+        encoded = encoder.encode(batch, skips)
+        tokens.append(encoded.ids)
+        lengths.append(encoded.lengths)
+        mask.append(encoded.mask)
+        n_tokens += len(encoded.ids)
+        n_trained += int(np.count_nonzero(encoded.mask))
+    return n_tokens, n_trained
+
+
+def piece_trained(plan, work_dir, n_units: int) -> np.ndarray | None:
+    """Trained tokens of every planned piece (int64, aligned with plan.piece_len), from the units'
+    loss masks (a unit without one: all trained); None when no unit has a mask.
+
+        unit 0 mask [0, 0, 1, 1, 1], pieces (unit 0, start 1, len 3), (0, 4, 1)  ->  [2, 1]
+    """
+    paths = [unit_mask_path(work_dir, u) for u in range(n_units)]
+    if not any(p.exists() for p in paths):
+        return None
+    trained = plan.piece_len.astype(np.int64).copy()
+    order = np.argsort(plan.piece_unit, kind="stable")
+    bounds = np.searchsorted(plan.piece_unit[order], np.arange(n_units + 1))
+    for u, path in enumerate(paths):
+        at = order[bounds[u]:bounds[u + 1]]
+        if len(at) and path.exists():
+            mask = np.load(fs.for_numpy(path), mmap_mode=None if fs.is_remote(path) else "r")
+            sums = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+            trained[at] = sums[plan.piece_start[at] + plan.piece_len[at]] - sums[plan.piece_start[at]]
+    return trained
+
+
+def trained_totals(unit_counters, plans, work) -> dict:
+    """The manifest totals' trained_tokens (input: every accepted example; output: what the shards
+    train) when some unit holds records; {} for text builds, which keep their bytes. `plans`: the
+    shards' plans (an iterable: one shard's plan in memory at a time)."""
+    if not any("trained_tokens" in c for c in unit_counters):
+        return {}
+    stored = 0
+    for plan in plans:
+        trained = piece_trained(plan, work / "units", len(unit_counters))
+        stored += int(trained.sum()) if trained is not None else 0
+    trained_in = sum(c.get("trained_tokens", c["tokens"]) for c in unit_counters)
+    return {"trained_tokens_in": trained_in, "trained_tokens": stored}

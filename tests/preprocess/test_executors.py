@@ -1,0 +1,236 @@
+"""Executors without Ray: ordered results, labelled errors, job keys, and the missing-Ray message."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
+
+from packer import config
+from packer.cli import main
+from packer.config import BuildConfig, Job, load_job
+from packer.encode.tokenizer import tokenizer_info
+from packer.io import failpoints
+from packer.preprocess.executors import EXECUTORS, InlineExecutor, LocalExecutor, describe_call, make_executor
+from packer.preprocess.readers import Unit
+from packer.preprocess.tokenize import tokenize_unit
+from packer.preprocess.writer import write_shard
+
+
+def slow_square(x: int, delay_s: float) -> int:
+    time.sleep(delay_s)
+    return x * x
+
+
+def test_describe_call_names_the_unit_or_shard():
+    unit = Unit(3, "a.jsonl", 0, 65536)
+    assert describe_call(tokenize_unit, (unit, None, None, "w"), 3) == (
+        "tokenize_unit, unit 3 (a.jsonl bytes 0-65536)"
+    )
+    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16"), 2) == "write_shard, shard 2"
+    assert describe_call(slow_square, (1, 0.0), 5) == "slow_square, item 5"
+    assert describe_call(slow_square, (1, 2, 3), 6) == "slow_square, item 6"  # arguments do not bind
+
+
+@pytest.mark.parametrize("executor", [InlineExecutor, lambda: LocalExecutor(2)], ids=["inline", "local"])
+def test_results_in_item_order_and_on_done_once_each(executor):
+    ex = executor()
+    try:
+        # The first item is the slowest, so the pool finishes it last; results keep item order.
+        items = [(x, 0.3 if x == 0 else 0.0) for x in range(6)]
+        seen = []
+        assert ex.map(slow_square, items, on_done=seen.append) == [x * x for x in range(6)]
+        assert sorted(seen) == [x * x for x in range(6)]
+    finally:
+        ex.close()
+
+
+def test_local_worker_error_keeps_its_type_and_names_the_unit(tmp_path):
+    info = tokenizer_info(TOKENIZER, BuildConfig())
+    units = [Unit(0, SAMPLE_INPUTS[0], 0, 1000), Unit(1, str(tmp_path / "gone.jsonl"), 0, 1000)]
+    ex = LocalExecutor(2)
+    try:
+        # readers.FileError needs two arguments; the label keeps its nearest built-in type.
+        with pytest.raises(ValueError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\): .*cannot open"):
+            ex.map(tokenize_unit, [(u, info, BuildConfig(), str(tmp_path)) for u in units])
+    finally:
+        ex.close()
+
+
+def test_make_executor_from_workers_or_job(tmp_path):
+    for made in (1, Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=1)):
+        ex = make_executor(made)
+        assert isinstance(ex, InlineExecutor)
+        ex.close()  # puts RAYON_NUM_THREADS / TOKENIZERS_PARALLELISM back: a leaked "true" hangs forked DataLoader workers
+    ex = make_executor(Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=2))
+    try:
+        assert isinstance(ex, LocalExecutor)
+    finally:
+        ex.close()
+
+
+def test_the_executor_table_is_the_one_config_checks_names_against(monkeypatch, tmp_path):
+    """config.EXECUTORS (what a Job, the CLI and TOML files accept) are the table's keys, and
+    make_executor builds what the table's entry builds: a new executor is one line here."""
+    assert tuple(EXECUTORS) == config.EXECUTORS
+    built = []
+    monkeypatch.setitem(EXECUTORS, "local", lambda job: built.append(job) or InlineExecutor())
+    job = Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=3)
+    ex = make_executor(job)
+    assert isinstance(ex, InlineExecutor) and built == [job]
+    ex.close()
+
+
+def test_job_checks_executor_keys():
+    with pytest.raises(ValueError, match="executor must be one of local, ray; got 'spark'"):
+        Job(inputs=("a",), tokenizer="t", output="o", executor="spark")
+    with pytest.raises(ValueError, match="ray_address 'ray://h:10001' is set but the executor is 'local'"):
+        Job(inputs=("a",), tokenizer="t", output="o", ray_address="ray://h:10001")
+
+
+def test_pipeline_ray_toml_loads():
+    job = load_job(ROOT / "pipelines" / "ray.toml")
+    assert job.executor == "ray" and job.ray_address is None
+    assert job.config == BuildConfig(context_length=2048)
+
+
+def test_run_overrides_keep_the_pipeline_executor(monkeypatch):
+    jobs = []
+
+    def fake_build(job, **_):
+        jobs.append(job)
+        totals = {"docs_skipped": {}, "docs_accepted": 0, "docs_read": 0, "tokens_out": 0, "sequences": 0, "fill_rate": 1.0}
+        return {"totals": totals, "config": {"context_length": 2048}, "shards": []}
+
+    monkeypatch.setattr("packer.preprocess.pipeline.build", fake_build)
+    toml = str(ROOT / "pipelines" / "ray.toml")
+    assert CliRunner().invoke(main, ["run", toml, "--workers", "3"]).exit_code == 0
+    assert CliRunner().invoke(main, ["run", toml, "--executor", "local"]).exit_code == 0
+    assert CliRunner().invoke(main, ["run", toml, "--ray-address", "auto"]).exit_code == 0
+    assert [(j.executor, j.workers, j.ray_address) for j in jobs] == [
+        ("ray", 3, None), ("local", 0, None), ("ray", 0, "auto")
+    ]
+
+
+def test_failpoints_parse_and_fire_once(monkeypatch, tmp_path):
+    """Inert without the variable; a set point raises ENOSPC, once per marker directory with once=DIR."""
+    monkeypatch.delenv(failpoints.ENV, raising=False)
+    failpoints.hit("write", 1)
+    assert failpoints.environment() == {}
+    monkeypatch.setenv(failpoints.ENV, f"once={tmp_path},write:1=enospc,unit:3=exit")
+    failpoints.hit("write", 2)  # another point: nothing
+    with pytest.raises(OSError) as e:
+        failpoints.hit("write", 1)
+    assert e.value.errno == errno.ENOSPC and "failpoint write:1" in str(e.value)
+    failpoints.hit("write", 1)  # fired once already
+    assert [p.name for p in tmp_path.iterdir()] == ["write-1"]
+    assert failpoints.environment() == {failpoints.ENV: f"once={tmp_path},write:1=enospc,unit:3=exit"}
+    monkeypatch.setenv(failpoints.ENV, "write:1=explode")
+    with pytest.raises(ValueError, match="ACTION one of kill, term, int, exit, enospc"):
+        failpoints.hit("write", 1)
+
+
+def test_ray_executor_without_ray_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    result = CliRunner().invoke(
+        main,
+        ["build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"), "--executor", "ray"],
+    )
+    assert result.exit_code == 1, result.output
+    assert 'pip install "packer[ray]"' in result.output and "Traceback" not in result.output
+
+
+def test_local_pool_runs_from_a_script_piped_to_python(tmp_path):
+    """`python - < build.py` has __main__.__file__ '<stdin>', which forkserver workers cannot re-run."""
+    script = (f"from packer.config import Job\nfrom packer.preprocess.pipeline import build\n"
+              f"build(Job(inputs=({SAMPLE_INPUTS[0]!r},), tokenizer={TOKENIZER!r}, output={str(tmp_path / 'ds')!r}, "
+              f"workers=2))\nprint('built')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=180)
+    assert result.returncode == 0 and "built" in result.stdout, result.stderr[-2000:]
+    assert (tmp_path / "ds" / "manifest.json").is_file()
+
+
+def _process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return f.read().split("State:")[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_busy_worker_ends_when_its_driver_is_killed(tmp_path):
+    """A SIGKILLed driver (OOM killer, preemption) must not leave a worker running its task on."""
+    driver = tmp_path / "driver.py"
+    driver.write_text("import time\nfrom packer.preprocess.executors import LocalExecutor\n"
+                      "if __name__ == '__main__':\n"
+                      "    ex = LocalExecutor(1)\n"
+                      "    future = ex._pool.submit(time.sleep, 60)\n"
+                      "    time.sleep(1)\n"
+                      "    print(*ex._pool._processes, flush=True)\n"
+                      "    future.result()\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    try:
+        assert workers and all(_process_state(pid) in "RS" for pid in workers)  # busy, sleeping in its task
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and any(_process_state(pid) not in ("Z", "gone") for pid in workers):
+            time.sleep(0.1)
+        assert all(_process_state(pid) in ("Z", "gone") for pid in workers)
+    finally:
+        for pid in workers:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def _threads_env(_):
+    return os.environ.get("RAYON_NUM_THREADS"), os.environ.get("TOKENIZERS_PARALLELISM")
+
+
+def test_tokenizer_threads_policy(monkeypatch):
+    """cores // workers threads a worker (at least one); a RAYON_NUM_THREADS the user set wins."""
+    from packer.preprocess.executors import tokenizer_threads, usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    cores = usable_cores()
+    assert 1 <= cores <= (os.cpu_count() or 1)
+    assert tokenizer_threads(1) == cores and tokenizer_threads(cores) == 1 and tokenizer_threads(4 * cores) == 1
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+    assert tokenizer_threads(1) == 3 == tokenizer_threads(64)
+    assert Job(inputs=("a",), tokenizer="t", output="o").n_workers == max(1, cores // 2)
+
+
+def test_workers_are_given_their_threads(monkeypatch):
+    from packer.preprocess.executors import usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    ex = LocalExecutor(2)
+    try:
+        got = ex.map(_threads_env, [(i,) for i in range(2)])
+    finally:
+        ex.close()
+    threads = max(1, usable_cores() // 2)
+    assert got == [(str(threads), "true" if threads > 1 else "false")] * 2
+
+
+def test_inline_sets_the_threads_and_puts_them_back(monkeypatch):
+    from packer.preprocess.executors import usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    ex = InlineExecutor()
+    assert ex.map(_threads_env, [(0,)]) == [(str(usable_cores()), "true" if usable_cores() > 1 else "false")]
+    ex.close()
+    assert os.environ.get("RAYON_NUM_THREADS") is None

@@ -1,0 +1,183 @@
+"""Huge documents: a text over HUGE_TEXT_BYTES travels as its UTF-8 bytes (Utf8Text), is encoded a
+window at a time and streamed to the unit file, and gives exactly the tokens of encoding it whole;
+a real build of one 20 MB line stays within 3x its size (plus a fixed allowance) of RSS growth."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TOKENIZER, sample_texts
+from tokenizers import Tokenizer
+
+from packer.config import BuildConfig
+from packer.encode.text import _pieces, _utf8_pieces, encode_parts, encode_texts
+from packer.encode.tokenizer import tokenizer_info
+from packer.io import lines
+from packer.io.lines import line_blocks
+from packer.io.utf8 import Utf8Text, valid_utf8
+from packer.preprocess.readers import SkipLog, jsonl, plan_units, read_unit, text
+from packer.preprocess.tokenize import tokenize_unit, unit_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_file(TOKENIZER)
+
+
+@pytest.fixture
+def small_huge(monkeypatch):
+    """Make 'huge' 4 KB (and reads 4 KB, so that such a line comes as a block of its own), so the
+    huge-document path runs on texts the tokenizer encodes in a blink."""
+    for module in (jsonl, text):
+        monkeypatch.setattr(module, "HUGE_TEXT_BYTES", 4096)
+    monkeypatch.setattr(lines, "BLOCK_BYTES", 4096)
+    return 4096
+
+
+def _long_text(seed: int, n_docs: int = 60) -> str:
+    rng = random.Random(seed)
+    texts = sample_texts()
+    k = rng.randrange(len(texts) - n_docs)
+    glue = rng.choice([" ", "\n", " \u00e9 ", " \U0001F600 ", "\u3000"])  # astral, CJK space, Latin-1
+    return glue.join(texts[k:k + n_docs]) + ' "quoted" \\ back\tslash \u2028 end'
+
+
+def test_utf8_pieces_equal_the_str_pieces():
+    rng = random.Random(0)
+    cases = 0
+    for seed in range(40):
+        t = _long_text(seed, rng.randrange(1, 400))
+        if seed % 5 == 0:
+            t = t.replace(" ", "\U0001F600")  # no cut point: cut where it stands
+        for piece_chars in (7, 300, 4000, 70_000) if len(t) < 20_000 else (4000, 70_000):
+            assert list(_utf8_pieces(Utf8Text(t.encode()), piece_chars)) == list(_pieces(t, piece_chars))
+            cases += len(t) > piece_chars + 65536  # a window narrower than the text
+    assert cases > 5
+    assert len(Utf8Text("caf\u00e9 \U0001F600".encode())) == 6 and str(Utf8Text(b"ab")) == "ab"
+
+
+def test_encode_parts_stream_a_long_document_and_concatenate_to_the_whole(tok):
+    texts = ["a b", _long_text(1), "c", _long_text(2)]
+    for bos, eos in ((None, 0), (1, 0), (None, None)):
+        parts = list(encode_parts(tok, texts, dtype=np.uint32, eos_id=eos, bos_id=bos, piece_chars=2000))
+        assert sum(not len(n) for _, n in parts) > 10  # pieces came alone, without a length
+        ids = np.concatenate([i for i, _ in parts])
+        ref = [([bos] if bos is not None else []) + e.ids + ([eos] if eos is not None else [])
+               for e in tok.encode_batch(texts, add_special_tokens=False)]
+        assert ids.tolist() == [t for r in ref for t in r]
+        assert np.concatenate([n for _, n in parts]).tolist() == [len(r) for r in ref]
+        as_bytes = [Utf8Text(t.encode()) if len(t) > 2000 else t for t in texts]
+        flat, lengths = encode_texts(tok, as_bytes, dtype=np.uint32, eos_id=eos, bos_id=bos, piece_chars=2000)
+        assert flat.tolist() == ids.tolist() and lengths.tolist() == [len(r) for r in ref]
+
+
+def _unit_tokens(path, tmp_path, **config):
+    config = BuildConfig(**config)
+    info = tokenizer_info(TOKENIZER, config)
+    (unit,) = plan_units([str(path)], 1 << 30)
+    work = tmp_path / "w"
+    work.mkdir(exist_ok=True)
+    counters = tokenize_unit(unit, info, config, str(work))
+    return np.load(unit_paths(work, 0)["tokens.npy"]).tolist(), np.load(unit_paths(work, 0)["lengths.npy"]), counters
+
+
+def test_a_huge_jsonl_line_gives_the_tokens_of_its_text(tmp_path, tok, small_huge):
+    texts = ["before", _long_text(3), "x", _long_text(4), "after"]
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}, ensure_ascii=i % 2 == 0) + "\n" for i, t in enumerate(texts)))
+    kinds = [type(t).__name__ for u in plan_units([str(path)], 1 << 30) for t in read_unit(u, SkipLog.empty())]
+    assert kinds == ["str", "Utf8Text", "str", "Utf8Text", "str"]
+    ids, lengths, counters = _unit_tokens(path, tmp_path)
+    eos = tokenizer_info(TOKENIZER, BuildConfig()).eos_id
+    ref = [e.ids + [eos] for e in tok.encode_batch(texts, add_special_tokens=False)]
+    assert ids == [t for r in ref for t in r] and lengths.tolist() == [len(r) for r in ref]
+    assert counters["docs_accepted"] == 5 and counters["skipped"] == {}
+
+
+def test_a_huge_text_file_gives_the_tokens_of_its_text(tmp_path, tok, small_huge):
+    t = _long_text(5)
+    path = tmp_path / "a.txt"
+    path.write_text(t, encoding="utf-8")
+    ids, _, _ = _unit_tokens(path, tmp_path)
+    eos = tokenizer_info(TOKENIZER, BuildConfig()).eos_id
+    assert ids == tok.encode(t, add_special_tokens=False).ids + [eos]
+
+
+def test_bad_huge_lines_are_skipped_as_small_ones_are(tmp_path, small_huge):
+    big = "word " * 2000
+    lines = [json.dumps({"text": " \u3000 " * 3000}),  # whitespace only
+             json.dumps({"text": big})[:-2] + '\\ud800"}',  # an escaped lone surrogate
+             json.dumps({"text": big}).replace("word", "w\xe9rd").encode("latin-1").decode("latin-1"),  # raw \xe9
+             json.dumps({"other": big}), json.dumps({"text": big})[:-1], json.dumps({"text": big})]
+    path = tmp_path / "a.jsonl"
+    path.write_bytes("\n".join(lines).encode("latin-1") + b"\n")
+    skips = SkipLog.empty()
+    got = [str(t) for u in plan_units([str(path)], 1 << 30) for t in read_unit(u, skips)]
+    assert got == [big]
+    assert dict(skips.counts) == {"empty_text": 1, "invalid_utf8": 2, "missing_field": 1, "malformed_json": 1}
+    assert not valid_utf8(b"a\xed\xa0\x80b") and valid_utf8("caf\u00e9".encode())
+
+
+def test_a_long_line_comes_alone_and_is_not_kept(tmp_path):
+    path = tmp_path / "a.jsonl"
+    long_line = b'{"text": "' + b"y" * 3_000_000 + b'"}\n'
+    path.write_bytes(b'{"text": "a"}\n' + long_line + b'{"text": "b"}\n' * 3)
+    with open(path, "rb") as f:
+        blocks = line_blocks(f, 0, 1 << 30)
+        assert next(blocks) == (0, b'{"text": "a"}\n')
+        pos, block = next(blocks)
+        assert (pos, bytes(block)) == (14, long_line)
+        assert sys.getrefcount(block) == 2  # this name and the call's argument: the generator kept none
+        assert [bytes(b) for _, b in blocks] == [b'{"text": "b"}\n' * 3]
+
+
+RSS = textwrap.dedent("""
+    import resource, sys
+    from packer.cli import main
+    try:
+        main(sys.argv[1:])
+    except SystemExit as e:
+        if e.code:
+            raise
+    print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+""")
+
+
+def _peak_rss_mb(path, out, max_doc_bytes: int) -> float:
+    args = ["build", str(path), "--tokenizer", TOKENIZER, "--output", str(out), "--workers", "1",
+            "--max-doc-bytes", str(max_doc_bytes), "--quiet"]
+    proc = subprocess.run([sys.executable, "-c", RSS, *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "maxrss_kb" in proc.stdout, proc.stdout + proc.stderr
+    return int(proc.stdout.rsplit("maxrss_kb", 1)[1]) / 1024
+
+
+@pytest.mark.slow
+def test_one_20_mb_line_grows_rss_by_at_most_3x_its_size(tmp_path):
+    """Measured 2026-12-01 (busy 2-core box, bench_huge_doc.py): growth 1.5x at 50 MB and 2.2x at 200 MB with
+    this code; 5.6x at 50 MB before."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_huge_doc import write_corpus
+
+    doc = write_corpus(tmp_path / "huge.jsonl", 20_000_000)
+    write_corpus(tmp_path / "small.jsonl", 1000)
+    limit = doc + (1 << 20)
+    baseline = _peak_rss_mb(tmp_path / "small.jsonl", tmp_path / "o1", limit)
+    peak = _peak_rss_mb(tmp_path / "huge.jsonl", tmp_path / "o2", limit)
+    doc_mb = doc / 2**20
+    assert peak - baseline < 3 * doc_mb + ALLOWANCE_MB, (peak, baseline, doc_mb)
+    manifest = json.loads((tmp_path / "o2" / "manifest.json").read_text())
+    assert manifest["totals"]["docs_accepted"] == 3
+
+
+ALLOWANCE_MB = 40  # the tokenizer's working memory for one 1 MiB piece, and allocator slack
