@@ -45,6 +45,8 @@ FILES = (
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
 EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py (Megatron ignores them)
+DERIVED_FILES = memmap.DERIVED_FILES  # nothing beside the shards
+derived_files = memmap.derived_files
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # 34 bytes

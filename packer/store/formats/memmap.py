@@ -32,6 +32,7 @@ from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chu
 
 FILES = (("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx"))
 EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py
+DERIVED_FILES: tuple[str, ...] = ()  # nothing beside the shards
 MAGIC = b"PACKIDX1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
@@ -115,6 +116,10 @@ def write_sidecar_chunks(layout: Layout, tokens_of, bin_file, extra_sinks: dict)
     if "source_ids" in extra_sinks:
         sidecars.write_source_ids(extra_sinks["source_ids"], layout.source_ids)
     return tokens.dtype.itemsize
+
+
+def derived_files(shards: list[dict]) -> dict[str, bytes]:
+    return {}
 
 
 def write(layout: Layout, tokens_of, sinks, extras=()):
