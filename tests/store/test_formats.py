@@ -93,7 +93,8 @@ def test_every_format_fills_the_protocol_and_its_derived_files_are_reserved():
     no shard entry may name one of them (nor packer's own files)."""
     shards = [{"file": "shard-00000.arrow", "sha256": "0" * 64, "sequences": 1}]
     for fmt, module in FORMATS.items():
-        assert {"FILES", "EXTRA_FILES", "write", "blocks", "DERIVED_FILES", "derived_files"} <= set(dir(module)), fmt
+        assert {"FILES", "EXTRA_FILES", "write", "blocks", "stream_index", "stream_block", "DERIVED_FILES",
+                "derived_files"} <= set(dir(module)), fmt
         derived = formats.derived_files(fmt, shards)
         assert set(derived) == set(module.DERIVED_FILES) and formats.derived_files(fmt, [dict(shards[0])]) == derived
         for name in [*module.DERIVED_FILES, "manifest.json", "tokenizer.json"]:
@@ -113,6 +114,7 @@ def _rows_format():
     module.FILES = (("file", "sha256", ".tok"), ("index_file", "index_sha256", ".tix"))
     module.EXTRA_FILES = {}
     module.write, module.blocks = memmap.write, memmap.blocks
+    module.stream_index, module.stream_block = memmap.stream_index, memmap.stream_block
     module.DERIVED_FILES = ("rows.txt",)
     module.derived_files = lambda shards: {"rows.txt": "".join(f"{s['file']} {s['sequences']}\n" for s in shards).encode()}
     return module

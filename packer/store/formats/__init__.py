@@ -1,6 +1,6 @@
 """Shard formats: the name -> format table, and the interface each format module fills.
 
-A format is a module with six top-level names (the `ShardFormat` protocol):
+A format is a module with these top-level names (the `ShardFormat` protocol):
 
     FILES    ((name key, sha256 key, suffix), ...): the files of one shard in the order the
              format fills them, and the manifest entry keys that name them and their sha256
@@ -20,6 +20,11 @@ A format is a module with six top-level names (the `ShardFormat` protocol):
              bytes read into memory for a remote path; checks what the format itself can
              (headers, sizes, counts between its files) and raises ValueError naming the file,
              so open_dataset and verify share the format's own verification
+    stream_index(read, size, paths, block_bytes, extras) -> (bounds, ranges, state, counts, extras)
+    stream_block(state, bounds, k, buffers) -> (Rows, doc_ids)
+             the same rows read by byte ranges, for a dataset streamed from a remote store
+             (packer/store/stream.py): what a shard's blocks are and which bytes each reads, then
+             block k from those bytes
     DERIVED_FILES  the names of the files the format keeps beside its shards (reserved: never a shard's)
     derived_files(shards) -> {file name: bytes}
              those files for a manifest's shard entries, a function of the entries alone: the
@@ -53,6 +58,11 @@ class ShardFormat(Protocol):
               extras: Sequence[str] = ()) -> None: ...
 
     def blocks(self, paths: Sequence, extras: Sequence[str] = ()) -> Iterator[tuple[Rows, np.ndarray]]: ...
+
+    def stream_index(self, read: Callable, size: Callable, paths: Sequence, block_bytes: int,
+                     extras: Sequence[str] = ()) -> tuple: ...
+
+    def stream_block(self, state, bounds, k: int, buffers: Sequence) -> tuple[Rows, np.ndarray]: ...
 
     DERIVED_FILES: tuple[str, ...]
 

@@ -164,7 +164,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=()):
                          "bytes (truncated?)")
     sources, mask_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
     shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = memmap.stream_plan(shard, block_bytes)
+    bounds, ranges, counts = memmap.stream_ranges(shard, block_bytes)
     return bounds, ranges, shard, counts, tuple(extras)
 
 

@@ -162,7 +162,7 @@ def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> n
     return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
 
 
-def stream_plan(shard: StreamShard, block_bytes: int):
+def stream_ranges(shard: StreamShard, block_bytes: int):
     """(row bounds, the byte ranges ((file, start, stop), ...) of each block, counts) of a shard:
     a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file."""
     itemsize = shard.dtype.itemsize
@@ -223,7 +223,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=()):
                          "(truncated?)")
     sources, mask_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
     shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = stream_plan(shard, block_bytes)
+    bounds, ranges, counts = stream_ranges(shard, block_bytes)
     return bounds, ranges, shard, counts, tuple(extras)
 
 
