@@ -3,15 +3,16 @@
 Every choice list and default lives here, but for the names of the extension tables: a shard
 format or an executor (next, an encode engine) is one module plus one line in its table
 (packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS), and `choices(field)` reads
-those names from the table itself each time a value is checked, so nothing here is a second list
-to keep in step. The table readers (TABLES) are this leaf's only imports of packer, each inside
-its function: config is imported by every layer and the tables sit in layers above it, so a
-module-level import would load pyarrow and the executors with `import packer.config` and tie the
-leaf to the layers; lazily, a BuildConfig reads the formats table and a Job the executors table,
-only when checked. tests/test_imports.py allows exactly these imports (a table, inside a TABLES
-reader) and no table module may import config back. Why not check these fields at the edge (CLI,
-build()) instead: then BuildConfig(format="parquet") would construct, and a pipeline file's typo
-surface only once a build starts.
+the names from the table each time a value is checked: no second list to keep in step.
+
+The table readers (TABLES) are this leaf's only imports of packer, each inside its function.
+config is imported by every layer and the tables sit in layers above it: a module-level import
+would load pyarrow and the executors with `import packer.config` and tie the leaf to those
+layers; read lazily, a BuildConfig reads the formats table and a Job the executors table, only
+when checked. tests/test_imports.py allows exactly these imports (one table, inside a TABLES
+reader), and no table module may import config back (a cycle). Checking these fields at the edge
+instead (CLI, build()) would let BuildConfig(format="parquet") construct and a pipeline file's
+typo surface only once a build starts.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def choices(name: str) -> tuple[str, ...] | None:
     if name in TABLES:
         return TABLES[name]()
     return CHOICES.get(name)
+
+
 # Fields that only records (input_kind other than "text") read: a text build leaves them out of its
 # manifest and fingerprint, so raw-text datasets keep their bytes (docs/inputs.md).
 RECORD_FIELDS = ("input_kind", "prompt_field", "completion_field", "messages_field", "ids_field", "labels_field",
