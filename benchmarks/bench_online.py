@@ -136,7 +136,7 @@ def throughput_table():
                   tokenizer=tokenizer, output=str(Path(tmp) / "ds"), workers=1,
                   config=BuildConfig(context_length=CONTEXT))
         _, build_s = timed(lambda: build(job, keep_work=False))
-        offline = PackedDataset(job.output, pad_to=CONTEXT, seed=SEED)
+        offline = PackedDataset(job.output, seed=SEED, fields=ItemFields(pad_to=CONTEXT))
         (n_off, t_off), s_off = timed(lambda: drain(offline), REPEATS)  # the first run warms the page cache
         online = OnlinePackedDataset(texts, tokenizer=tokenizer, config=BuildConfig(context_length=CONTEXT, seed=SEED),
                                      buffer_docs=THROUGHPUT_BUFFER, fields=ItemFields(pad_to=CONTEXT))

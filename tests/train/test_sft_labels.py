@@ -13,12 +13,11 @@ from masked_data import build_masked  # noqa: E402
 
 from packer import masks  # noqa: E402
 from packer.config import BuildConfig  # noqa: E402
-from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
+from packer.data import ItemFields, PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
 from packer.online_pack import CarryPolicy  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.store.formats import FORMATS  # noqa: E402
 from packer.train.items import (  # noqa: E402
-    ItemFields,  # noqa: E402
     _block_batch,
     _make_block,
 )
@@ -197,10 +196,11 @@ def test_packed_dataset_items_and_batches_follow_the_stored_mask(masked_dataset)
                                                                "num_workers": 1})
     for pad_to in (None, 160):
         want = stored_reference(masked_dataset, pad_to)
-        items = list(PackedDataset(masked_dataset, seed=1, pad_to=pad_to))
+        items = list(PackedDataset(masked_dataset, seed=1, fields=ItemFields(pad_to=pad_to)))
         assert [item["labels"].tolist() for item in items] == [want[i] for i in order.tolist()]
         collate = collate_padded if pad_to else collate_varlen
-        batches = list(PackedDataset(masked_dataset, seed=1, pad_to=pad_to, batch_size=5, collate_fn=collate))
+        batches = list(PackedDataset(masked_dataset, seed=1, batch_size=5, collate_fn=collate,
+                                     fields=ItemFields(pad_to=pad_to)))
         got = [row for b in batches for row in (b["labels"].tolist() if pad_to else [b["labels"][0].tolist()])]
         if pad_to:
             assert got == [want[i] for i in order.tolist()]
@@ -298,8 +298,8 @@ def test_online_texts_and_masked_examples_mix():
 
 def test_online_resume_keeps_carried_masks():
     examples = sft_examples(2, 200, high=20)
-    make = lambda: OnlinePackedDataset(examples, config=BuildConfig(context_length=24, eos=False), buffer_docs=16,  # noqa: E731
-                                       policy=CarryPolicy(min_fill=1.0))
+    config, policy = BuildConfig(context_length=24, eos=False), CarryPolicy(min_fill=1.0)
+    make = lambda: OnlinePackedDataset(examples, config=config, buffer_docs=16, policy=policy)  # noqa: E731
     full = [(item["input_ids"].tolist(), item["labels"].tolist()) for item in make()]
     ds, states = make(), []
     for _ in ds:
