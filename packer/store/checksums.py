@@ -237,3 +237,37 @@ def parse_checked(raw, path, sha256: str | None, n_files: int) -> Sums:
         raise ChecksumError(f"{where}: sha256 does not match the manifest ({CAUSES}); run `packer verify`, or rebuild "
                             "the dataset")
     return parse_sums(raw, where, n_files)
+
+
+class _Discard:
+    closed = False
+
+    def write(self, data) -> int:
+        return len(data)
+
+
+def check_file(path, sha256: str | None, file_sums: FileSums | None = None, chunk_bytes: int = 8 << 20):
+    """A whole file's sha256 against the manifest's and, given its checksummed ranges, each range's
+    xxh3_64, in one pass over its bytes; ValueError naming the file (and the range) otherwise."""
+    path = fs.location(path)
+    where, h = fs.redact(path), hashlib.sha256()
+    blocks = BlockSink(_Discard())
+    if file_sums is not None:
+        blocks.cut_at(file_sums.cuts[1:])
+    with path.open("rb") as f:
+        while data := f.read(chunk_bytes):
+            h.update(data)
+            blocks.write(data)
+    if h.hexdigest() != sha256:
+        raise ValueError(f"{where}: sha256 does not match the manifest (the file changed or is corrupt)")
+    if file_sums is None:
+        return
+    got = blocks.sums()
+    if not np.array_equal(got.cuts, file_sums.cuts):
+        raise ChecksumError(f"{where}: {int(got.cuts[-1])} bytes, its checksums file says {int(file_sums.cuts[-1])} "
+                            "(the checksums file does not match the shard; rebuild the dataset)")
+    bad = np.flatnonzero(got.digests != file_sums.digests)
+    if len(bad):
+        a, b = int(got.cuts[bad[0]]), int(got.cuts[bad[0] + 1])
+        raise ChecksumError(f"{where} bytes {a}-{b}: checksum mismatch (the checksums file does not match the shard, "
+                            "whose sha256 is the manifest's; rebuild the dataset)")

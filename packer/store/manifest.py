@@ -79,8 +79,8 @@ def check_generation(path, pinned: str | None, now: str | None = None):
         return
     now = generation_of(path) if now is None else now
     if now != pinned:
-        raise DatasetReplaced(f"the dataset at {fs.redact(path)} was replaced after this loader opened it (its "
-                              f"{MANIFEST} {'is gone' if now is None else 'changed'}); restart from a checkpoint")
+        raise DatasetReplaced(f"the dataset at {fs.redact(path)} was replaced after this loader opened it; restart from "
+                              f"a checkpoint (its {MANIFEST} {'is gone: a build is moving in' if now is None else 'changed'})")
 
 
 _SHAPE = {"config": dict, "tokenizer": dict, "shards": list, "totals": dict}  # what every reader indexes

@@ -231,7 +231,15 @@ class StreamDataset:
         return data
 
     def _store_read(self, path, start: int, stop: int):
-        data = ranged.read_range(path, start, stop) if stop > start else b""
+        try:
+            data = ranged.read_range(path, start, stop) if stop > start else b""
+        except OSError as e:  # a short read, gone: replaced, if the manifest changed too (asked once)
+            try:
+                now = generation_of(self.path)
+            except OSError:
+                raise e from None
+            check_generation(self.path, self.generation, now=now)
+            raise
         self.stats["store requests"] += 1
         self.stats["store bytes"] += stop - start
         return data
