@@ -199,9 +199,14 @@ def main():
             return DataLoader(dataset(batch_size=BATCH, **kw), batch_size=None, num_workers=workers,
                               persistent_workers=workers > 0)
 
+        def first_read():  # a fresh reader: open, then every row once (the first-read checks of every block)
+            fresh = open_dataset(path)
+            return np.concatenate(fresh.views(order)[0])
+
         plain, starts_list, order_list = tokens.view(np.ndarray), starts.tolist(), order.tolist()
         cases = [("raw memmap (baseline)", lambda: raw_pass(tokens, starts, order), False, n_tok),
                  ("raw, tight (ndarray view, int indices)", lambda: raw_pass(plain, starts_list, order_list), False, n_tok),
+                 ("first full read (open + every row once)", first_read, False, n_tok),
                  case("num_workers=0, collate_varlen", dl(dataset())),
                  case(f"num_workers=0, pad_to={context}", dl(dataset(fields=ItemFields(pad_to=context)))),
                  case("num_workers=0, batch_size=8 (batches)", batched()),
