@@ -17,9 +17,10 @@ TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")
 INPUT_KINDS = ("text", "prompt-completion", "chat", "tokens", "auto")
 LONG_PROMPT_POLICIES = ("split", "drop")
+ENCODE_ENGINES = ("auto", "hf", "tiktoken")  # packer/encode/engines ENGINES (tests/encode/test_engines.py)
 CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FORMATS, "text_split": TEXT_SPLITS,
            "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS, "input_kind": INPUT_KINDS,
-           "long_prompts": LONG_PROMPT_POLICIES}  # field -> allowed values (the CLI's too)
+           "long_prompts": LONG_PROMPT_POLICIES, "encode_engine": ENCODE_ENGINES}  # field -> allowed values (the CLI's too)
 # Fields that only records (input_kind other than "text") read: a text build leaves them out of its
 # manifest and fingerprint, so raw-text datasets keep their bytes (docs/inputs.md).
 RECORD_FIELDS = ("input_kind", "prompt_field", "completion_field", "messages_field", "ids_field", "labels_field",
@@ -66,6 +67,8 @@ class BuildConfig:
     max_skip_fraction: float | None = _field(None, "Fail the build (before its manifest; the same command resumes) when "
                                                    "more than this share of the documents read is skipped, e.g. 0.01. "
                                                    "Default: off (a build that accepts nothing always fails).", minimum=0)
+    encode_engine: str = _field("auto", "Encode engine: auto (a fast engine where it gives the ids of the "
+                                "tokenizer exactly, else hf), hf (HuggingFace tokenizers), or a named one (docs/engines.md).")
     input_kind: str = _field("text", "What a record is: text (every token trained), prompt-completion, chat (messages "
                                      "rendered with the tokenizer's chat template), tokens (pre-tokenized ids with labels "
                                      "or a loss mask), or auto (detected from each file's first record).")
@@ -130,6 +133,8 @@ class BuildConfig:
             del d["max_skip_fraction"]
         if d["plan_memory"] is None:  # likewise
             del d["plan_memory"]
+        if d["encode_engine"] == "auto":  # the default: builds that do not name an engine keep their bytes
+            del d["encode_engine"]
         if d["input_kind"] == "text":  # records settings mean nothing to text: raw-text builds keep their bytes
             for key in RECORD_FIELDS:
                 del d[key]

@@ -27,6 +27,7 @@ import numpy as np
 
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
+from packer.encode.engines import load_encoder
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask  # noqa: F401  (spans_to_mask: re-exported)
 from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
 from packer.io.utf8 import encodable
@@ -70,7 +71,7 @@ class RecordEncoder:
 
     def __init__(self, kind: str, info: TokenizerInfo, config, encode_texts):
         self.kind, self.info, self.config, self.encode_texts = kind, info, config, encode_texts
-        self.tok = load_tokenizer(info.path)
+        self.tok = load_encoder(info.path, info.engine)  # prompts and completions: the build's engine
         if kind == "chat":
             source, _ = chat_template_of(info.path, config.chat_template)
             self.template = ChatTemplate(source, template_specials(info), config.roles)

@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.config import ALGORITHMS, RECORD_FIELDS, BuildConfig
 from packer.encode.chat_source import chat_template_of
+from packer.encode.engines import choose_engine, load_encoder
 from packer.encode.records import RECORD_BATCH, RECORD_KINDS, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_stream, encode_texts
 from packer.encode.tokenizer import (
@@ -66,7 +67,9 @@ class OnlinePackedDataset(IterableDataset):
     is copied and the copy configured (packer/encode/tokenizer.py), never changed itself. eos and bos
     are the build's too: for a path, the eos its tokenizer_config.json names and, with bos=None, a bos
     where its add_bos_token says so (eos_id= / bos_id= / bos=True|False override); a Tokenizer object
-    has no config files beside it, so its eos is guessed by name and bos is off unless asked for.
+    has no config files beside it, so its eos is guessed by name and bos is off unless asked for. The
+    encode engine is the build's too (encode_engine auto|hf|NAME, packer/encode/engines), for a
+    path; a Tokenizer object encodes itself (hf).
 
     Fine-tuning examples, pre-tokenized, carry a loss mask: a dict {"input_ids": [...], "loss_mask":
     [0/1 ...]} or {"input_ids": [...], "labels": [... -100 ...]} (labels equal to input_ids except
@@ -105,7 +108,8 @@ class OnlinePackedDataset(IterableDataset):
                  completion_field: str = _BUILD.completion_field, messages_field: str = _BUILD.messages_field,
                  ids_field: str = _BUILD.ids_field, labels_field: str = _BUILD.labels_field,
                  loss_mask_field: str = _BUILD.loss_mask_field, train_roles: str | tuple = _BUILD.train_roles,
-                 chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts):
+                 chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts,
+                 encode_engine: str = _BUILD.encode_engine):
         check_online_args(context_length, buffer_docs, long_docs)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
@@ -134,13 +138,15 @@ class OnlinePackedDataset(IterableDataset):
             shard_size=max(_BUILD.shard_size, context_length), input_kind=input_kind, prompt_field=prompt_field,
             completion_field=completion_field, messages_field=messages_field, ids_field=ids_field,
             labels_field=labels_field, loss_mask_field=loss_mask_field, train_roles=train_roles,
-            chat_template=chat_template, long_prompts=long_prompts)
+            chat_template=chat_template, long_prompts=long_prompts, encode_engine=encode_engine)
         if input_kind in RECORD_KINDS:
             self._check_records_can_encode(input_kind)
         self.epoch = 0
         self._resume: dict | None = None
         self._state: dict | None = None
         self._encoders: dict = {}  # kind -> the build's RecordEncoder, made in the process that iterates
+        if self._tokenizer_path is not None:  # the build's engine choice, checked now (a forced one may refuse)
+            choose_engine(self._tokenizer_path, encode_engine)
         self._skipped: collections.Counter = collections.Counter()
         self._warned = False
 
@@ -318,12 +324,19 @@ class OnlinePackedDataset(IterableDataset):
         if texts:  # the build's encode path: the same ids, bos/eos included, as `packer build` stores
             if self.tokenizer is None:
                 raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
-            batches = list(encode_stream(self.tokenizer, texts, dtype=np.int64, eos_id=self.eos_id, bos_id=self.bos_id))
+            batches = list(encode_stream(self._text_encoder(), texts, dtype=np.int64, eos_id=self.eos_id, bos_id=self.bos_id))
             flat = np.concatenate([ids for ids, _ in batches])
             lengths = np.concatenate([n for _, n in batches])
             for k, ids in zip(where, np.split(flat, np.cumsum(lengths)[:-1])):
                 out[k] = (ids, None)
         return out
+
+    def _text_encoder(self):
+        """The build's text encoder: a tokenizer path's engine (packer/encode/engines, as `packer build`
+        chooses it), a Tokenizer object's own encoding (hf)."""
+        if self._tokenizer_path is None:
+            return self.tokenizer
+        return load_encoder(self._tokenizer_path, choose_engine(self._tokenizer_path, self.build_config.encode_engine).name)
 
     def _unpack(self, pos: int, doc):
         """A source document as a text, or (ids int64 [T], loss mask uint8 [T] or None)."""
