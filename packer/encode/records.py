@@ -27,9 +27,8 @@ import numpy as np
 
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
-from packer.encode.engines import load_encoder
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask  # noqa: F401  (spans_to_mask: re-exported)
-from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
 from packer.io.utf8 import encodable
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)

@@ -6,7 +6,7 @@ bos/eos are added here, one each per document (the tokenizer's own template neve
 longer than PIECE_CHARS is encoded in pieces cut where byte-level BPE pre-tokenization cannot span
 (so the pieces give the whole text's ids, in bounded tokenizer memory); a huge document read as
 UTF-8 bytes (packer/io/utf8.py Utf8Text) is never made a whole str. The engine call itself is
-packer/encode/engines/: `tok` is an engine's encoder (load_encoder) or a `tokenizers.Tokenizer` (hf).
+packer/encode/engines/: `tok` is an engine's encoder (packer/encode/tokenizer.py load_encoder) or a `tokenizers.Tokenizer` (hf).
 """
 
 from __future__ import annotations

@@ -187,6 +187,15 @@ def load_tokenizer(path: str):
     return configure(tok)
 
 
+@functools.lru_cache(maxsize=8)
+def load_encoder(path: str, engine: str):
+    """Encode engine `engine`'s encoder (packer/encode/engines; the name a TokenizerInfo holds) for
+    the tokenizer at `path`, once per process, shared as load_tokenizer's object is."""
+    from packer.encode.engines import make_encoder
+
+    return make_encoder(path, engine, load_tokenizer(path))
+
+
 def special_id(tok, name: str | None, candidates, what: str, fix: str) -> int:
     """The id of token `name`, or (no name) of the first of `candidates` the tokenizer has.
     `fix` ends the error message: how the caller names the token or turns it off."""

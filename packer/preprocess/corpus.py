@@ -16,10 +16,9 @@ import random
 import numpy as np
 
 from packer.config import BuildConfig
-from packer.encode.engines import load_encoder
 from packer.encode.records import RECORD_BATCH, RecordEncoder
 from packer.encode.text import encode_stream, encode_texts
-from packer.encode.tokenizer import tokenizer_info
+from packer.encode.tokenizer import load_encoder, tokenizer_info
 from packer.io import fs
 from packer.online_pack import online_fill_rate
 from packer.preprocess import readers

@@ -25,10 +25,9 @@ import struct
 import numpy as np
 
 from packer.config import BuildConfig
-from packer.encode.engines import load_encoder
 from packer.encode.records import RECORD_BATCH, RecordEncoder
 from packer.encode.text import encode_parts, encode_texts
-from packer.encode.tokenizer import TokenizerInfo
+from packer.encode.tokenizer import TokenizerInfo, load_encoder
 from packer.io import atomic, fs
 from packer.preprocess import changed
 from packer.preprocess.readers import FileError, SkipLog, Unit, read_unit

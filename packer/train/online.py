@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.config import ALGORITHMS, RECORD_FIELDS, BuildConfig
 from packer.encode.chat_source import chat_template_of
-from packer.encode.engines import choose_engine, load_encoder
+from packer.encode.engines import choose_engine
 from packer.encode.records import RECORD_BATCH, RECORD_KINDS, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_stream, encode_texts
 from packer.encode.tokenizer import (
@@ -32,6 +32,7 @@ from packer.encode.tokenizer import (
     EOS_CANDIDATES,
     configure,
     configured_copy,
+    load_encoder,
     load_tokenizer,
     resolve_tokenizer,
     special_id,

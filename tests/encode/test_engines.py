@@ -13,8 +13,9 @@ from conftest import TOKENIZER, build_sample, run_packer, sample_heads, sample_t
 
 from packer import config
 from packer.encode import engines
-from packer.encode.engines import byte_level, choose_engine, load_encoder, tiktoken_bpe
+from packer.encode.engines import byte_level, choose_engine, tiktoken_bpe
 from packer.encode.text import encode_texts
+from packer.encode.tokenizer import load_encoder
 
 QWEN2 = byte_level.SPLIT_REGEXES["qwen2"]
 LLAMA3 = byte_level.SPLIT_REGEXES["llama3"]

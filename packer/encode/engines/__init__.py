@@ -64,13 +64,9 @@ def choose_engine(path: str, choice: str = "auto", sha256: str | None = None) ->
     return Choice("hf", "auto: " + "; ".join(reasons))
 
 
-@functools.lru_cache(maxsize=8)
-def load_encoder(path: str, name: str):
-    """Engine `name`'s encoder for the tokenizer at `path`, once per process. `name` comes from
-    choose_engine (the TokenizerInfo of this build), which checked the merges: not redone here."""
-    from packer.encode.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(path)
+def make_encoder(path: str, name: str, tok):
+    """Engine `name`'s encoder for the tokenizer at `path` (`tok`: it, loaded and configured).
+    `name` comes from choose_engine, which checked the merges: not redone here."""
     if name == "hf":
         return hf.Encoder({}, tok)
     return ENGINES[name].Encoder(_spec(path), tok, check_reach=False)
