@@ -336,7 +336,7 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     from packer.encode.engines import choose_engine
 
     sha256 = hashlib.sha256(data).hexdigest()
-    engine = choose_engine(path, config.encode_engine, sha256)
+    engine = choose_engine(path, config.encode_engine)
     return TokenizerInfo(path, sha256, tok.get_vocab_size(with_added_tokens=True),
                          eos_id, bos_id, truncation, padding, eos_token=eos_token, eos_source=eos_source,
                          bos_token=bos_token, bos_source=bos_source, bos_added_by=bos_added_by,

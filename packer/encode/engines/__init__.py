@@ -1,7 +1,7 @@
 """The encode engines, by name, and the rule that picks one for a tokenizer.
 
-Each engine module has `missing()` (why it cannot run here, or None), `refusal(spec)` (why it
-cannot encode this tokenizer.json exactly, or None) and an `Encoder(spec, tok)` whose
+Each engine module has `missing()` (why it cannot run here, or None), `refusal(path)` (why it
+cannot encode that tokenizer.json exactly, or None) and an `Encoder(path, tok)` whose
 `encode_ids(texts, dtype)` gives (flat ids, int64 lengths) with no specials added.
 
     hf        HuggingFace `tokenizers`, the reference: every tokenizer
@@ -15,7 +15,6 @@ the file, else hf; a named engine is used as asked, or the build stops saying wh
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 
 from packer.encode.engines import hf, tiktoken_bpe
@@ -33,31 +32,24 @@ class Choice:
     reason: str
 
 
-def _spec(path: str) -> dict:
-    from packer.io import fs
-
-    return json.loads(fs.location(path).read_bytes())
-
-
 @functools.lru_cache(maxsize=8)
-def choose_engine(path: str, choice: str = "auto", sha256: str | None = None) -> Choice:
+def choose_engine(path: str, choice: str = "auto") -> Choice:
     """The engine for the tokenizer.json at `path` (already resolved) under `choice` (auto|hf|NAME),
-    once per process for a file (`sha256`: its hash, so an edited file is decided again)."""
+    once per process for a path (as load_tokenizer loads it once)."""
     if choice not in CHOICES:
         raise ValueError(f"--encode-engine {choice!r} is not one of {', '.join(CHOICES)}")
     if choice == "hf":
         return Choice("hf", "asked for")
-    spec = _spec(path)
     if choice != "auto":
         engine = ENGINES[choice]
-        why = engine.missing() or engine.refusal(spec)
+        why = engine.missing() or engine.refusal(path)
         if why:
             raise ValueError(f"--encode-engine {choice} cannot encode {path} exactly: {why}; "
                              "use --encode-engine auto (it falls back to hf) or hf")
         return Choice(choice, "asked for")
     reasons = []
     for name in FAST:
-        why = ENGINES[name].missing() or ENGINES[name].refusal(spec)
+        why = ENGINES[name].missing() or ENGINES[name].refusal(path)
         if why is None:
             return Choice(name, "auto: a byte-level BPE it encodes exactly")
         reasons.append(f"{name}: {why}")
@@ -68,5 +60,5 @@ def make_encoder(path: str, name: str, tok):
     """Engine `name`'s encoder for the tokenizer at `path` (`tok`: it, loaded and configured).
     `name` comes from choose_engine, which checked the merges: not redone here."""
     if name == "hf":
-        return hf.Encoder({}, tok)
-    return ENGINES[name].Encoder(_spec(path), tok, check_reach=False)
+        return hf.Encoder(path, tok)
+    return ENGINES[name].Encoder(path, tok, check_reach=False)

@@ -72,6 +72,27 @@ class RankedVocab:
     nfc: bool
 
 
+def read_spec(path: str) -> dict:
+    """A tokenizer.json, parsed (local or remote: packer/io/fs.py)."""
+    from packer.io import fs
+
+    return json.loads(fs.location(path).read_bytes())
+
+
+def ranked_vocab_at(path: str, check_reach: bool = True) -> RankedVocab | str:
+    """ranked_vocab of the file at `path`, once per process: a result with (S) checked serves a
+    later call that skips it (the driver decides, a worker in the same process reuses it)."""
+    found = _RANKED.get(path)
+    if found is None or (check_reach and not found[0]):
+        if len(_RANKED) >= 4:
+            _RANKED.clear()
+        found = _RANKED[path] = (check_reach, ranked_vocab(read_spec(path), check_reach))
+    return found[1]
+
+
+_RANKED: dict = {}  # path -> ((S) checked, ranked_vocab's result)
+
+
 def byte_chars() -> dict[str, int]:
     """The byte-level alphabet (GPT-2's bytes_to_unicode), character -> byte."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -147,15 +168,11 @@ def ranked_vocab(spec: dict, check_reach: bool = True) -> RankedVocab | str:
             return f"ignore_merges with {len(whole)} vocabulary strings no merge makes (first {whole[0]!r})"
     if check_reach and (bad := _unreachable(spec, order)):
         return f"{len(bad)} tokens are not what their own merges give (first {bad[0]!r}): merges out of rank order"
-    ranks, ids = {}, []
-    for ch, b in sorted(alphabet.items(), key=lambda kv: kv[1]):
-        ranks[bytes([b])] = len(ids)
-        ids.append(vocab[ch])
-    for token in order:
-        ranks[bytes(alphabet[c] for c in token)] = len(ids)
-        ids.append(vocab[token])
-    return RankedVocab(ranks, np.asarray(ids, np.int64), _pattern(spec["pre_tokenizer"]),
-                       spec.get("normalizer") is not None)
+    to_latin1 = str.maketrans({c: chr(b) for c, b in alphabet.items()})  # a token's characters -> its bytes
+    tokens = [*sorted(alphabet, key=alphabet.get), *order]
+    ranks = {token.translate(to_latin1).encode("latin-1"): rank for rank, token in enumerate(tokens)}
+    ids = np.fromiter(map(vocab.__getitem__, tokens), np.int64, len(tokens))
+    return RankedVocab(ranks, ids, _pattern(spec["pre_tokenizer"]), spec.get("normalizer") is not None)
 
 
 def _merge_order(merges: list, alphabet: dict) -> tuple[list[str], str | None]:

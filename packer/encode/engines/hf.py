@@ -13,7 +13,7 @@ def missing() -> str | None:
     return None  # tokenizers is a dependency of packer
 
 
-def refusal(spec: dict, check_reach: bool = True) -> str | None:
+def refusal(path: str) -> str | None:
     return None  # the reference: every tokenizer
 
 
@@ -32,7 +32,7 @@ class Encoder:
 
     name = NAME
 
-    def __init__(self, spec: dict, tok, check_reach: bool = True):
+    def __init__(self, path: str, tok, check_reach: bool = True):
         self.tok = tok
 
     def encode_ids(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -34,8 +34,9 @@ def missing() -> str | None:
     return None
 
 
-def refusal(spec: dict, check_reach: bool = True) -> str | None:
-    found = byte_level.ranked_vocab(spec, check_reach)
+def refusal(path: str) -> str | None:
+    """Why this engine cannot encode the tokenizer.json at `path` exactly, or None."""
+    found = byte_level.ranked_vocab_at(path)
     return found if isinstance(found, str) else None
 
 
@@ -44,10 +45,10 @@ class Encoder:
 
     name = NAME
 
-    def __init__(self, spec: dict, tok, check_reach: bool = True):
+    def __init__(self, path: str, tok, check_reach: bool = True):
         import tiktoken
 
-        vocab = byte_level.ranked_vocab(spec, check_reach)
+        vocab = byte_level.ranked_vocab_at(path, check_reach)
         if isinstance(vocab, str):
             raise ValueError(f"the tiktoken engine cannot encode this tokenizer exactly: {vocab}; use --encode-engine hf")
         self._ids = vocab.ids
@@ -63,17 +64,20 @@ class Encoder:
         threads = os.environ.get("RAYON_NUM_THREADS", "")
         return int(threads) if threads.isdigit() and int(threads) > 0 else (os.cpu_count() or 1)
 
+    def _encode_one(self, text: str) -> list[int]:
+        if self._normalize is not None and not text.isascii():
+            text = self._normalize(text)
+        return self._core.encode_ordinary(text)
+
     def encode_ids(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
-        if self._normalize is not None:
-            texts = [t if t.isascii() else self._normalize(t) for t in texts]
         threads = min(self._threads(), len(texts))
         try:
             if threads > 1:  # tiktoken lets go of the GIL while it encodes
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(threads)
-                encoded = list(self._pool.map(self._core.encode_ordinary, texts, chunksize=16))
+                encoded = list(self._pool.map(self._encode_one, texts))
             else:
-                encoded = [self._core.encode_ordinary(t) for t in texts]
+                encoded = list(map(self._encode_one, texts))
         except UnicodeEncodeError as e:  # tokenizers refuses a lone surrogate too (a TypeError there)
             raise TypeError(f"a text holds a lone surrogate ({e.reason}), which no tokenizer encodes") from None
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
