@@ -32,7 +32,7 @@ import numpy as np
 from packer._version import __version__
 from packer.config import Job
 from packer.encode.chat_source import chat_template_manifest
-from packer.encode.tokenizer import resolved_config, specials_manifest, tokenizer_info
+from packer.encode.tokenizer import TokenizerInfo, resolved_config, specials_manifest, tokenizer_info
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.preprocess import changed, owned, plan_groups, readers, resume, sources, writer
@@ -216,10 +216,29 @@ def _shipped(info) -> dict:
     return out
 
 
-def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, out, work,
-              skipped_files=(), named=None) -> dict:
-    config = job.config
-    length_files = [unit_paths(work / "units", u.index)["lengths.npy"] for u in units]
+@dataclasses.dataclass
+class _Run:
+    """One build as its stages hand it on: what it reads (inputs, tokenizer, sources), where it writes
+    (`work`, and `staged` = work/dataset/), and what each stage produced; finalize reads it whole."""
+
+    job: Job
+    files: list
+    info: TokenizerInfo
+    work: fs.Place
+    staged: fs.Place
+    named: sources.Named | None = None
+    units: list = dataclasses.field(default_factory=list)
+    skipped_files: list = dataclasses.field(default_factory=list)
+    counters: list = dataclasses.field(default_factory=list)  # tokenize: each unit's counters
+    plan: PlanIndex | None = None
+    entries: list = dataclasses.field(default_factory=list)  # write: each shard's manifest entry
+
+
+def _finalize(run: _Run) -> dict:
+    """stats.json, report.html, tokenizer.json and a format's extra files into run.staged; the manifest (returned)."""
+    config, info, counters, plan, named = run.job.config, run.info, run.counters, run.plan, run.named
+    out, work, files = run.staged, run.work, run.files
+    length_files = [unit_paths(work / "units", u.index)["lengths.npy"] for u in run.units]
 
     def unit_lengths():  # one unit's lengths in memory at a time
         return (np.load(fs.for_numpy(p)) for p in length_files)
@@ -239,7 +258,7 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
-    for name, data in formats.derived_files(config.format, entries).items():  # arrow: HF datasets' files
+    for name, data in formats.derived_files(config.format, run.entries).items():  # arrow: HF datasets' files
         atomic.write_bytes(out / name, data)
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -255,8 +274,8 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
                       **_shipped(info), **specials_manifest(info),
                       **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
-        "shards": entries,
-        "totals": _totals(counters, plan, config, work, skipped_files),
+        "shards": run.entries,
+        "totals": _totals(counters, plan, config, work, run.skipped_files),
     }
     if named:
         manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
@@ -374,7 +393,9 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write
             if d.exists():
                 atomic.remove_leftovers(d)
-    manifest = _finalize(job, files, units, info, counters, plan, entries, staged, work, skipped_files or (), named)
+    run = _Run(job=job, files=files, info=info, work=work, staged=staged, named=named, units=units,
+               skipped_files=skipped_files or [], counters=counters, plan=plan, entries=entries)
+    manifest = _finalize(run)
     manifest["created_unix"] = round(time.time(), 3)
     manifest["build_seconds"] = round(time.time() - started, 3)
     atomic.write_json(staged / MANIFEST, manifest)  # last: the new dataset is complete
