@@ -47,7 +47,7 @@ def test_build_prints_summary_then_verify_stats_inspect(tmp_path):
     raw = runner.invoke(main, ["inspect", str(out), "--seq", "0", "--raw"])
     assert raw.exit_code == 0 and raw.output.split("\n")[2].split()[0].isdigit()
     summary = runner.invoke(main, ["inspect", str(out)])
-    assert summary.exit_code == 0 and '"format_version": 1' in summary.output
+    assert summary.exit_code == 0 and '"format_version": 2' in summary.output
 
 
 def test_verify_fails_on_a_corrupted_shard(tmp_path):
