@@ -239,8 +239,9 @@ def open_dataset(path, **stream_options):
     optional cache directory); `stream_options` are its memory_bytes, read_ahead, cache_dir,
     cache_bytes and block_bytes (else the PACKER_* environment variables, else defaults), and
     a local path ignores them."""
-    if fs.is_remote(path):
+    place = fs.location(path)  # resolved once, here: the readers take the place
+    if fs.is_remote(place):
         from packer.store.stream import StreamDataset
 
-        return StreamDataset(path, **stream_options)
-    return ShardDataset(path)
+        return StreamDataset(place, **stream_options)
+    return ShardDataset(place)
