@@ -8,7 +8,7 @@
     OUTPUT/_work/plan.npz                                         plan index: shard -> plan file, counts per shard
     OUTPUT/_work/dataset/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json
                                                                   write (one per shard; the .json says done)
-    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json}
+    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [the format's derived files], manifest.json}
                                                                   finalize (manifest last)
     OUTPUT/...                                                    publish: moved in, manifest last (owned.publish)
 
@@ -36,14 +36,14 @@ from packer.encode.tokenizer import TokenizerInfo, resolved_config, specials_man
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.preprocess import changed, owned, plan_groups, readers, resume, sources, writer
-from packer.preprocess.executors import make_executor
+from packer.preprocess.executors import make_executor, runs_inline
 from packer.preprocess.plan import Plan
 from packer.preprocess.plan_groups import PlanIndex
 from packer.preprocess.tokenize import tokenize_unit, trained_totals, unit_paths
 from packer.stats import report
 from packer.stats.figures import add_trained, plan_source_figures
 from packer.stats.streamed import finalize_stats
-from packer.store.formats import arrow
+from packer.store import formats
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
 WORK = "_work"
@@ -258,9 +258,8 @@ def _finalize(run: _Run) -> dict:
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
-    if config.format == "arrow":  # state.json, dataset_info.json: datasets.load_from_disk(out) maps the shards
-        for name, data in arrow.hf_metadata(run.entries).items():
-            atomic.write_bytes(out / name, data)
+    for name, data in formats.derived_files(config.format, run.entries).items():  # arrow: HF datasets' files
+        atomic.write_bytes(out / name, data)
     manifest = {
         "format_version": FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},
@@ -298,7 +297,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
     out = fs.location(job.output)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {fs.redact(out)} is a file; give a directory (new, or one packer wrote)")
-    if fs.is_process_local(out) and (job.executor == "ray" or job.n_workers > 1):
+    if fs.is_process_local(out) and not runs_inline(job):
         raise ValueError(f"--output {fs.redact(out)} is in this process's memory, which worker processes do not share; use --workers 1")
     named = sources.Named.of(job) if job.sources else None  # None: one unnamed source, the build as it always was
     files = named.files if named else readers.expand_inputs(job.inputs)
