@@ -58,7 +58,7 @@ def test_local_worker_error_keeps_its_type_and_names_the_unit(tmp_path):
     try:
         # readers.FileError needs two arguments; the label keeps its nearest built-in type.
         with pytest.raises(ValueError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\): .*cannot open"):
-            ex.map(tokenize_unit, [(u, info, BuildConfig(), str(tmp_path)) for u in units])
+            ex.map(tokenize_unit, [(u, info, BuildConfig(), tmp_path) for u in units])
     finally:
         ex.close()
 
