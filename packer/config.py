@@ -17,7 +17,7 @@ TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")
 INPUT_KINDS = ("text", "prompt-completion", "chat", "tokens", "auto")
 LONG_PROMPT_POLICIES = ("split", "drop")
-ENCODE_ENGINES = ("auto", "hf", "tiktoken")  # packer/encode/engines ENGINES (tests/encode/test_engines.py)
+ENCODE_ENGINES = ("auto", "hf", "fastokens", "tiktoken")  # packer/encode/engines ENGINES (tests/encode/test_engines.py)
 CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FORMATS, "text_split": TEXT_SPLITS,
            "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS, "input_kind": INPUT_KINDS,
            "long_prompts": LONG_PROMPT_POLICIES, "encode_engine": ENCODE_ENGINES}  # field -> allowed values (the CLI's too)
