@@ -273,7 +273,7 @@ def test_auto_without_the_fast_engines_falls_back_and_a_forced_engine_says_why(m
 
 
 def test_the_config_lists_the_engines():
-    assert config.ENCODE_ENGINES == engines.CHOICES
+    assert config.choices("encode_engine") == engines.CHOICES
 
 
 def _without_engine(out) -> dict:
