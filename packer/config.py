@@ -1,8 +1,9 @@
 """Build configuration: one frozen dataclass that the CLI and pipeline TOML files both produce.
 
 Every choice list and default lives here, but for the names of the extension tables: a shard
-format or an executor (next, an encode engine) is one module plus one line in its table
-(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS), and `choices(field)` reads
+format, an executor or an encode engine is one module plus one line in its table
+(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS, packer/encode/engines
+ENGINES), and `choices(field)` reads
 the names from the table each time a value is checked: no second list to keep in step.
 
 The table readers (TABLES) are this leaf's only imports of packer, each inside its function.

@@ -45,7 +45,9 @@ class DocumentEncoder:
     copied and the copy configured, never changed itself). eos and bos are the build's: for a path, the
     eos its tokenizer_config.json names and, with config.bos None, a bos where its add_bos_token says so
     (eos_id= / bos_id= override, config.eos / config.bos turn them off or on); a Tokenizer object has no
-    config files beside it, so its eos is config.eos_token or guessed by name, and bos is off unless asked for."""
+    config files beside it, so its eos is config.eos_token or guessed by name, and bos is off unless asked for.
+    Texts and records are encoded by the build's engine (config.encode_engine) for a path; a Tokenizer
+    object's texts by the object (hf)."""
 
     def __init__(self, tokenizer, config: BuildConfig, eos_id: int | None = None, bos_id: int | None = None):
         self.config = config
@@ -56,12 +58,12 @@ class DocumentEncoder:
         elif tokenizer is not None:
             tokenizer = configured_copy(tokenizer)  # the caller's object stays as it was
         self.tokenizer = tokenizer
+        if self.tokenizer_path is not None:  # the build's engine (config.encode_engine), checked now: a forced one may refuse
+            choose_engine(self.tokenizer_path, config.encode_engine)
         self.eos_id, self.bos_id = self._specials(eos_id, bos_id)
         self._encoders: dict = {}  # kind -> the build's RecordEncoder, made in the process that encodes
         if config.input_kind in RECORD_KINDS:
             self._check_records_can_encode(config.input_kind)
-        if self.tokenizer_path is not None:  # the build's engine choice, checked now (a forced one may refuse)
-            choose_engine(self.tokenizer_path, config.encode_engine)
 
     def _specials(self, eos_id: int | None, bos_id: int | None):
         """(eos id, bos id) added: ids given win; for a tokenizer path, the build's choice (tokenizer_info:

@@ -13,7 +13,7 @@ from conftest import TOKENIZER, build_sample, run_packer, sample_heads, sample_t
 
 from packer import config
 from packer.encode import engines
-from packer.encode.engines import byte_level, choose_engine, tiktoken_bpe
+from packer.encode.engines import byte_level, choose_engine, fastokens_bpe, tiktoken_bpe
 from packer.encode.text import encode_texts
 from packer.encode.tokenizer import load_encoder
 
@@ -94,21 +94,26 @@ def _ids(path, engine, texts, piece_chars=None):
     return encode_texts(load_encoder(path, engine), texts, dtype=np.uint32, **kwargs)
 
 
+FAST = ["fastokens", "tiktoken"]
+
+
+@pytest.mark.parametrize("engine", FAST)
 @pytest.mark.parametrize("name", ["sample", "gpt2", "llama3", "qwen2-nfc"])
-def test_tiktoken_gives_the_tokenizers_ids(tokenizers_, name):
+def test_fast_engines_give_the_tokenizers_ids(tokenizers_, name, engine):
     path = tokenizers_[name]
-    assert choose_engine(path).name == "tiktoken"  # auto picks it: the rest of the test means something
+    assert choose_engine(path).name == "fastokens" and choose_engine(path, engine).name == engine  # the rule accepts it
     texts = _adversarial()
     want_ids, want_lengths = _ids(path, "hf", texts)
-    got_ids, got_lengths = _ids(path, "tiktoken", texts)
+    got_ids, got_lengths = _ids(path, engine, texts)
     np.testing.assert_array_equal(got_lengths, want_lengths)
     np.testing.assert_array_equal(got_ids, want_ids)
     if name == "qwen2-nfc":  # NFC changed some text, and the ids still agree
         assert any(unicodedata.normalize("NFC", t) != t for t in texts)
 
 
+@pytest.mark.parametrize("engine", FAST)
 @pytest.mark.parametrize("name", ["gpt2", "qwen2-nfc"])
-def test_huge_words_and_pieces(tokenizers_, name):
+def test_huge_words_and_pieces(tokenizers_, name, engine):
     """A 1 MB word (one pre-token), and a long text cut into pieces by the text path."""
     path = tokenizers_[name]
     rng = random.Random(1)
@@ -116,16 +121,17 @@ def test_huge_words_and_pieces(tokenizers_, name):
     long = " ".join("".join(rng.choice("abcdé漢 ") for _ in range(rng.randrange(1, 30))) for _ in range(20_000))
     for texts, piece_chars in (([word], None), ([long, "tail"], 50_000)):
         want = _ids(path, "hf", texts, piece_chars)
-        got = _ids(path, "tiktoken", texts, piece_chars)
+        got = _ids(path, engine, texts, piece_chars)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("engine", FAST)
 @pytest.mark.parametrize("name", [pytest.param("gpt2", marks=pytest.mark.slow),
                                   pytest.param("llama3", marks=pytest.mark.slow), "qwen2-nfc"])
-def test_every_code_point_splits_the_same(tokenizers_, name):
+def test_every_code_point_splits_the_same(tokenizers_, name, engine):
     """The split regexes read every code point's class (letter, digit, space, other; case folding in
-    the contractions) the same in tiktoken's regex engine as in the tokenizer's own (module
+    the contractions) the same in each engine's regex engine as in the tokenizer's own (module
     byte_level docstring): each code point in contexts where its class decides the cut. One
     tokenizer in the quick suite (~6 s each), all with -m slow."""
     path = tokenizers_[name]
@@ -139,11 +145,11 @@ def test_every_code_point_splits_the_same(tokenizers_, name):
             texts.append("".join(chunk))
             chunk = []
     texts.append("".join(chunk))
-    np.testing.assert_array_equal(_ids(path, "tiktoken", texts)[0], _ids(path, "hf", texts)[0], err_msg=name)
+    np.testing.assert_array_equal(_ids(path, engine, texts)[0], _ids(path, "hf", texts)[0], err_msg=name)
 
 
 def test_lone_surrogates_are_refused_by_both(tokenizers_):
-    for engine in ("hf", "tiktoken"):
+    for engine in ("hf", *FAST):
         with pytest.raises(TypeError):
             load_encoder(tokenizers_["gpt2"], engine).encode_ids(["fine", "a\ud800b"], np.uint32)
 
@@ -192,10 +198,10 @@ def test_merges_out_of_rank_order_are_refused(tmp_path):
 def test_merges_in_rank_order_are_accepted(tmp_path):
     """The same vocabulary with (a, b) first: "abc" merges to one token in both engines."""
     path = _write(tmp_path, _tiny([["a", "b"], ["b", "c"], ["ab", "c"]], ["ab", "bc", "abc"]))
-    assert choose_engine(path).name == "tiktoken"
+    assert choose_engine(path).name == "fastokens"
     texts = ["abc", "abcbc", "bcabc ab bc abcabc"]
-    assert (load_encoder(path, "tiktoken").encode_ids(texts, np.int64)[0].tolist()
-            == load_encoder(path, "hf").encode_ids(texts, np.int64)[0].tolist())
+    want = load_encoder(path, "hf").encode_ids(texts, np.int64)[0].tolist()
+    assert all(load_encoder(path, e).encode_ids(texts, np.int64)[0].tolist() == want for e in FAST)
 
 
 def test_a_token_merged_two_ways_apart_is_refused(tmp_path):
@@ -246,15 +252,19 @@ def test_wordpiece_runs_on_hf(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     path = str(tmp_path / "tokenizer.json")
     tok.save(path)
-    assert choose_engine(path) == engines.Choice("hf", "auto: tiktoken: model WordPiece, not BPE")
+    assert choose_engine(path) == engines.Choice("hf", "auto: fastokens: model WordPiece, not BPE; "
+                                                       "tiktoken: model WordPiece, not BPE")
 
 
-def test_auto_without_tiktoken_falls_back_and_a_forced_engine_says_why(monkeypatch):
+def test_auto_without_the_fast_engines_falls_back_and_a_forced_engine_says_why(monkeypatch):
     engines.choose_engine.cache_clear()
-    monkeypatch.setattr(tiktoken_bpe, "missing", lambda: "tiktoken is not installed (pip install 'packer[fast]')")
+    monkeypatch.setattr(fastokens_bpe, "missing", lambda: "fastokens is not installed")
     try:
-        assert choose_engine(TOKENIZER) == engines.Choice("hf", "auto: tiktoken: tiktoken is not installed "
-                                                                "(pip install 'packer[fast]')")
+        assert choose_engine(TOKENIZER) == engines.Choice("tiktoken", "auto: a byte-level BPE it encodes exactly")
+        engines.choose_engine.cache_clear()
+        monkeypatch.setattr(tiktoken_bpe, "missing", lambda: "tiktoken is not installed (pip install 'packer[fast]')")
+        assert choose_engine(TOKENIZER) == engines.Choice("hf", "auto: fastokens: fastokens is not installed; "
+                                                                "tiktoken: tiktoken is not installed (pip install 'packer[fast]')")
         with pytest.raises(ValueError, match="--encode-engine tiktoken cannot encode .* not installed"):
             choose_engine(TOKENIZER, "tiktoken")
     finally:
@@ -277,9 +287,9 @@ def _without_engine(out) -> dict:
 
 
 def test_builds_with_either_engine_are_identical(tmp_path):
-    built = {e: _without_engine_after(build_sample, tmp_path / e, e) for e in ("hf", "tiktoken", "auto")}
-    assert [built[e].pop("engine") for e in built] == ["hf", "tiktoken", "tiktoken"]
-    assert built["hf"] == built["tiktoken"] == built["auto"]
+    built = {e: _without_engine_after(build_sample, tmp_path / e, e) for e in ("hf", *FAST, "auto")}
+    assert [built[e].pop("engine") for e in built] == ["hf", *FAST, "fastokens"]
+    assert built["hf"] == built["fastokens"] == built["tiktoken"] == built["auto"]
 
 
 def _without_engine_after(build, out, engine):
@@ -288,7 +298,8 @@ def _without_engine_after(build, out, engine):
 
 
 def test_a_resume_may_switch_engines(tmp_path):
-    """Killed after its first units with hf, resumed with tiktoken: the bytes of one uninterrupted run."""
+    """Killed after its first units with hf, resumed with tiktoken: the bytes of one uninterrupted
+    run (with auto: fastokens)."""
     inputs = sample_heads(tmp_path, 150_000)
     args = [*inputs, "--tokenizer", TOKENIZER, "--context-length", "256", "--shard-size", "8000",
             "--workers", "1", "--unit-bytes", "65536"]
@@ -299,5 +310,5 @@ def test_a_resume_may_switch_engines(tmp_path):
     code, log = run_packer(["build", *args, "-o", str(tmp_path / "b")])
     assert code == 0, log
     a, b = _without_engine(tmp_path / "a"), _without_engine(tmp_path / "b")
-    assert a.pop("engine") == b.pop("engine") == "tiktoken"
+    assert (a.pop("engine"), b.pop("engine")) == ("tiktoken", "fastokens")
     assert a == b

@@ -1,5 +1,6 @@
-"""The structure test for rank-merging engines: is a tokenizer.json a byte-level BPE whose ids an
+"""The structure test for the fast engines: is a tokenizer.json a byte-level BPE whose ids an
 engine that merges by the rank of the merged token (tiktoken) reproduces exactly, and its ranks.
+fastokens (tokenizers' own merge rule, reimplemented) is held to the same test.
 
 A fast engine is used for a tokenizer only where `ranked_vocab` finds, in the file itself:
 
