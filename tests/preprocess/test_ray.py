@@ -7,6 +7,7 @@ import json
 import os
 import pkgutil
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -152,7 +153,7 @@ def test_a_worker_that_always_dies_fails_naming_the_shard(ray_session, monkeypat
     ex = RayExecutor(max_retries=1)
     try:
         with pytest.raises(RuntimeError, match=r"write_shard, shard 7: the Ray task failed on all 2 attempts \(max_retries=1\)"):
-            ex.map(write_shard, [("plan.npz", 7, "work", "out", "uint16")])
+            ex.map(write_shard, [(Path("plan.npz"), 7, Path("work"), Path("out"), "uint16", "arrow")])
     finally:
         ex.close()
 
