@@ -132,7 +132,7 @@ def _complete(entry: dict, out, fmt: str) -> bool:
     return all((out / name).exists() for name, _ in names)
 
 
-def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: str, fmt: str = "arrow", *,
+def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: str, fmt: str, *,
                 loss_mask: bool = False, unit_sources: tuple[int, ...] | None = None) -> dict:
     """Write one shard (skipped if a finished run of this call left its entry); return its entry.
 

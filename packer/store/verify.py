@@ -39,7 +39,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     path = fs.location(path)  # a directory, or a URI (packer/io/fs.py)
     manifest = read_manifest(path)
     config = manifest["config"]
-    fmt = config.get("format", "arrow")
+    fmt = formats.manifest_format(config)
     dtype = np.dtype(config["token_dtype"])
     totals = {"sequences": 0, "tokens": 0, "documents": 0}
     doc_ids, trained = [], 0
@@ -115,14 +115,10 @@ def _check_totals(counts: dict, doc_ids: list, totals: dict):
 
 
 def _check_derived(path, manifest: dict, stats: dict | None):
-    """An Arrow dataset's state.json and dataset_info.json equal what its shard entries give.
-    (report.html, the page stats.json gives, is checked by packer/stats/report.py check_report:
-    the page's layout is the stats package's.)"""
-    from packer.store.formats import arrow
-
-    if manifest["config"].get("format", "arrow") != "arrow":
-        return
-    for name, data in arrow.hf_metadata(manifest["shards"]).items():
+    """The files the format derives from the shard entries (Arrow: HF datasets' state.json and
+    dataset_info.json) equal what the entries give. (report.html, the page stats.json gives, is
+    checked by packer/stats/report.py check_report: the page's layout is the stats package's.)"""
+    for name, data in formats.derived_files(formats.manifest_format(manifest["config"]), manifest["shards"]).items():
         file = path / name
         if file.is_file() and file.read_bytes() != data:  # absent: a dataset of packer before 2026-12, or by hand
             raise ValueError(f"{fs.redact(file)}: not what this dataset's manifest gives (edited, or of another "

@@ -32,7 +32,9 @@ all-ones mask the labels are exactly those without one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import numbers
 import sys
 import threading
 
@@ -42,6 +44,33 @@ import torch
 from packer import masks
 
 # -- items ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ItemFields:
+    """What each item carries beyond its five fields, for PackedDataset and OnlinePackedDataset alike:
+
+        ItemFields(pad_to=4096)                     input_ids etc. [4096], padding its own segment
+        ItemFields(document_ids=True, source_ids=True)
+
+    pad_to: pad every row to this many tokens (>= the context length; None: rows as stored). pad_id:
+    the padding token (None: the dataset's, a build's manifest pad_id; online: its eos, else 0).
+    attention_mask: a dense block-causal [L, L] mask (O(L^2)). document_ids: the segment index per
+    token. source_ids: the source of each token's row (a built dataset with named sources)."""
+
+    pad_to: int | None = None
+    pad_id: int | None = None
+    attention_mask: bool = False
+    document_ids: bool = False
+    source_ids: bool = False
+
+    def __post_init__(self):
+        if self.pad_to is not None and (isinstance(self.pad_to, bool) or not isinstance(self.pad_to, numbers.Integral)
+                                        or self.pad_to < 1):
+            raise ValueError(f"pad_to must be a number of tokens >= 1 (or None: no padding), got {self.pad_to!r}")
+        if self.pad_id is not None and (isinstance(self.pad_id, bool) or not isinstance(self.pad_id, numbers.Integral)
+                                        or self.pad_id < 0):
+            raise ValueError(f"pad_id must be a token id >= 0 (or None: the dataset's), got {self.pad_id!r}")
 
 
 def make_item(tokens, offsets, *, loss_mask=None, pad_to=None, pad_id=0, return_attention_mask=False,

@@ -16,7 +16,7 @@ from packer.preprocess.plan_groups import INDEX, PLAN_DIR, PlanIndex
 from packer.preprocess.writer import write_rows, write_shard
 from packer.store import formats
 from packer.store.dataset import open_dataset
-from packer.store.formats import FORMATS, arrow
+from packer.store.formats import FORMATS
 from packer.store.rows import ROWS_PER_BATCH, Layout
 from packer.store.verify import verify_dataset
 
@@ -121,9 +121,8 @@ def _rewrite_with_extras(out, fmt, rng):
         assert {k: old[k] for k in ("sequences", "tokens", "documents")} == {k: new[k] for k in ("sequences", "tokens", "documents")}
     manifest["shards"] = entries
     manifest["sources"] = [{"name": "prose"}, {"name": "code"}]
-    if fmt == "arrow":  # datasets' files name the shards' sha256
-        for name, data in arrow.hf_metadata(entries).items():
-            (out / name).write_bytes(data)
+    for name, data in formats.derived_files(fmt, entries).items():  # arrow's name the shards' sha256
+        (out / name).write_bytes(data)
     (out / "manifest.json").write_text(json.dumps(manifest))
     return masks, unit_sources
 

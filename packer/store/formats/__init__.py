@@ -1,6 +1,6 @@
 """Shard formats: the name -> format table, and the interface each format module fills.
 
-A format is a module with four top-level names (the `ShardFormat` protocol):
+A format is a module with these top-level names (the `ShardFormat` protocol):
 
     FILES    ((name key, sha256 key, suffix), ...): the files of one shard in the order the
              format fills them, and the manifest entry keys that name them and their sha256
@@ -23,14 +23,24 @@ A format is a module with four top-level names (the `ShardFormat` protocol):
              (headers, sizes, counts between its files) and raises ValueError naming the file,
              so open_dataset and verify share the format's own verification. With the shard's
              checksums (`sums`), its blocks are the checksummed byte ranges (the caller checks them)
-    stream_index(read, size, paths, block_bytes, extras, sums=None), stream_block(...)
-             the same shard read by ranged reads (packer/store/stream.py)
+    stream_index(read, size, paths, block_bytes, extras, sums=None) -> (bounds, ranges, state, counts, extras)
+    stream_block(state, bounds, k, buffers) -> (Rows, doc_ids)
+             the same rows read by byte ranges, for a dataset streamed from a remote store
+             (packer/store/stream.py): what a shard's blocks are and which bytes each reads, then
+             block k from those bytes
+    DERIVED_FILES  the names of the files the format keeps beside its shards (reserved: never a shard's)
+    derived_files(shards) -> {file name: bytes}
+             those files for a manifest's shard entries, a function of the entries alone: the
+             build's finalize writes them, verify checks them, packer's record of its own files
+             (packer/preprocess/owned.py) adopts them; arrow: HF datasets' state.json and
+             dataset_info.json; memmap and megatron: none
 
 Why a protocol that modules satisfy rather than a base class: a format has no state and shares
 no code with the others. What every format does alike (temporary names, sha256 while writing,
 renames, the manifest entry) is the writer's (packer/preprocess/writer.py), and the row checks are
 verify's (packer/store/verify.py); a format only says which bytes go in which file and how to
-read them back. Adding one is a module here and a line in FORMATS.
+read them back. Adding one is a module here and a line in FORMATS: nothing outside this folder
+names a format.
 """
 
 from __future__ import annotations
@@ -53,16 +63,41 @@ class ShardFormat(Protocol):
 
     def blocks(self, paths: Sequence, extras: Sequence[str] = (), sums=None) -> Iterator[tuple[Rows, np.ndarray]]: ...
 
+    def stream_index(self, read: Callable, size: Callable, paths: Sequence, block_bytes: int,
+                     extras: Sequence[str] = (), sums=None) -> tuple: ...
+
+    def stream_block(self, state, bounds, k: int, buffers: Sequence) -> tuple[Rows, np.ndarray]: ...
+
+    DERIVED_FILES: tuple[str, ...]
+
+    def derived_files(self, shards: list[dict]) -> dict[str, bytes]: ...
+
 
 FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
 # files every dataset has beside its shards (packer/store/manifest.py, packer/preprocess/pipeline.py)
-RESERVED = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html", arrow.HF_STATE, arrow.HF_INFO})
+DATASET_FILES = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html"})
+LEGACY_FORMAT = "arrow"  # the format of a manifest whose config names none (arrow: every packer's default)
 
 
 def get(fmt: str) -> ShardFormat:
     if fmt not in FORMATS:
         raise ValueError(f"unknown shard format {fmt!r}; this packer reads and writes {', '.join(FORMATS)}")
     return FORMATS[fmt]
+
+
+def manifest_format(config: dict) -> str:
+    """The shard format of a manifest's (or a work fingerprint's) config."""
+    return config.get("format", LEGACY_FORMAT)
+
+
+def derived_files(fmt: str, shards: list[dict]) -> dict[str, bytes]:
+    """{file name: bytes} of what format `fmt` keeps beside the shards of these manifest entries."""
+    return get(fmt).derived_files(shards)
+
+
+def reserved() -> frozenset[str]:
+    """The names no shard may have: packer's own files and every format's derived files."""
+    return DATASET_FILES.union(*(f.DERIVED_FILES for f in FORMATS.values()))
 
 
 def shard_stem(index: int) -> str:
@@ -95,7 +130,7 @@ def _name_error(name) -> str | None:
         return "not a file name"
     if "/" in name or "\\" in name or ":" in name or "\x00" in name or name in (".", ".."):
         return "a path, not a plain file name"
-    if name in RESERVED:
+    if name in reserved():
         return "one of packer's own files, not a shard"
     return None
 

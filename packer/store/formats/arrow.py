@@ -8,7 +8,7 @@
                         loss_mask: list<uint8>           1 = trained, one per token   (only in SFT builds)
                         source_ids: list<uint16>         source of each segment       (only with named sources)
 
-    state.json,         written next to the shards by hf_metadata (the build's finalize), so that
+    state.json,         derived_files: written next to the shards by the build's finalize, so that
     dataset_info.json   `datasets.load_from_disk(DIR)` maps every shard; `Dataset.from_file(shard)`
                         needs neither
 
@@ -41,6 +41,7 @@ EXTRA_FILES: dict = {}  # loss_mask and source_ids are columns of the one file
 FILE_MAGIC = b"ARROW1"  # the first bytes of an IPC file (a shard of packer before 2026-12)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the last 8 bytes of every IPC stream
 HF_STATE, HF_INFO = "state.json", "dataset_info.json"  # what datasets.load_from_disk reads first
+DERIVED_FILES = (HF_STATE, HF_INFO)
 
 
 def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarray | None, extras) -> pa.RecordBatch:
@@ -134,7 +135,7 @@ def _summed_blocks(path, sums, where):
         yield _batch_rows(batch, where)
 
 
-def hf_metadata(shards: list[dict]) -> dict[str, bytes]:
+def derived_files(shards: list[dict]) -> dict[str, bytes]:
     """The two files `datasets.load_from_disk(DIR)` reads before it maps the shards, as
     {file name: bytes}, for the manifest's shard entries (in order):
 

@@ -45,6 +45,8 @@ FILES = (
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
 EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py (Megatron ignores them)
+DERIVED_FILES = memmap.DERIVED_FILES  # nothing beside the shards
+derived_files = memmap.derived_files
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # 34 bytes
@@ -167,7 +169,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
                          "bytes (truncated?)")
     sources, mask_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
     shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = memmap.stream_plan(shard, block_bytes, sums)
+    bounds, ranges, counts = memmap.stream_ranges(shard, block_bytes, sums)
     return bounds, ranges, shard, counts, tuple(extras)
 
 

@@ -33,6 +33,7 @@ from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chu
 
 FILES = (("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx"))
 EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py
+DERIVED_FILES: tuple[str, ...] = ()  # nothing beside the shards
 MAGIC = b"PACKIDX1"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
@@ -128,6 +129,10 @@ def write_sidecar_chunks(layout: Layout, tokens_of, bin_file, extra_sinks: dict)
     return tokens.dtype.itemsize, bounds
 
 
+def derived_files(shards: list[dict]) -> dict[str, bytes]:
+    return {}
+
+
 def write(layout: Layout, tokens_of, sinks, extras=()):
     bin_file, idx_file, *rest = sinks
     itemsize, bounds = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
@@ -169,7 +174,7 @@ def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> n
     return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
 
 
-def stream_plan(shard: StreamShard, block_bytes: int, sums=None):
+def stream_ranges(shard: StreamShard, block_bytes: int, sums=None):
     """(row bounds, the byte ranges ((file, start, stop), ...) of each block, counts) of a shard:
     a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file.
     With the shard's checksums, a block is a run of its checksummed blocks (one, or those starting
@@ -255,7 +260,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
                          "(truncated?)")
     sources, mask_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
     shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = stream_plan(shard, block_bytes, sums)
+    bounds, ranges, counts = stream_ranges(shard, block_bytes, sums)
     return bounds, ranges, shard, counts, tuple(extras)
 
 
