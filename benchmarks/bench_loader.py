@@ -19,7 +19,8 @@ slow spell of the box hits baseline and loaders alike. The slow cases (return_at
 per-item make_item) time a prefix of the epoch (--slow-batches); tokens/s is what they delivered.
 `--only-varlen` times just the baseline and the two num_workers=0 cases (~10 s with --data).
 
-Two raw baselines: `raw memmap` is the issue's (np.memmap slices, numpy-integer indices);
+`first full read` opens a fresh reader each time and reads every row once (the first-read checks and
+checksums of every block, the page faults of a new mapping). Two raw baselines: `raw memmap` is the issue's (np.memmap slices, numpy-integer indices);
 `raw, tight` reads the same map through a plain ndarray view with Python-int indices, ~2x faster
 (np.memmap slicing builds a memmap subclass object per slice). Ratios are printed against both.
 
@@ -32,7 +33,17 @@ and to the tight read (3.2 ms):
     per-item make_item (reference)                             0.023   0.011
     num_workers=2, items / batches                             0.009 / 0.010 (IPC floor 0.006)
     return_attention_mask                                      0.0004
-Beside a helper's test runs (load ~1.4) the batch case gave 0.26 and items 0.20. Where a batch-path pass goes (~21 ms, line profiler
+Beside a helper's test runs (load ~1.4) the batch case gave 0.26 and items 0.20.
+
+Block checksums (issue 28), measured 2026-12-03 on the same box under load 11-16 (other helpers' test
+suites), so by CPU time (`--clock cpu`, `--only-varlen --rounds 30`), three runs each, alternated, the
+sample x8 (Arrow, one shard): before = 7d9bf52 (no checksums), after = block checksums on:
+    num_workers=0, batch_size=8 (batches)       before 0.234 / 0.250 / 0.275    after 0.255 / 0.267 / 0.296
+    first full read (open + every row once)     before 5.1 / 4.6 / 5.0 ms       after 4.4 / 4.3 / 4.2 ms
+The checks cost a block's first read only (one xxh3_64 pass, one bitmap test after), and the batch path
+gained from items._write_tokens (one gather, two contiguous casts); the first read got faster as an Arrow
+shard's record batches are read from their checksummed ranges (no stream parse) over one mapping. A
+dataset of a packer before checksums pays a sha256 of every shard file at open: 14-15 ms (~3x). Where a batch-path pass goes (~21 ms, line profiler
 shares): int64 input_ids and labels, gathered and widened by np.concatenate, 28%; position ids
 (one cumsum) 21%; batch views and cu_seqlens 21%; block layout 13%; epoch permutation 5%. The
 item path adds 4 tensor views, a dict and a generator step per item (~5 us) and DataLoader's

@@ -108,7 +108,7 @@ class ShardDataset:
         self._n_unread = len(self._blocks)
 
     def _open_checksums(self, entry: dict):
-        """(the shard's checksums, (bytes, name) of each of its files that hold rows), its whole files and head ranges
+        """(the shard's checksums, (bytes, name) of each of its files), its whole files and head ranges
         checked now; (None, None) for a shard of format version 1, each of whose files' sha256 is
         checked instead (a full read: rebuild the dataset to get block checksums)."""
         files, sums_file = formats.data_files(self.format, entry)
@@ -129,7 +129,7 @@ class ShardDataset:
             mapped.append(raw)
         for f, a, b in checksums.head_ranges(sums):  # indexes, Arrow's schema and end marker
             checksums.check_range(sums.files[f], a, b, mapped[f][a:b], fs.redact(paths[f]))
-        return sums, [(raw, fs.redact(path)) if s.first >= 0 else None for raw, path, s in zip(mapped, paths, sums.files)]
+        return sums, [(raw, fs.redact(path)) for raw, path in zip(mapped, paths)]  # held while the format maps them too
 
     def _has(self, field: str) -> bool:
         """Whether the blocks hold `field` (loss_mask, source_ids): all of them, or none."""
