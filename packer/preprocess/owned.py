@@ -39,7 +39,7 @@ import re
 
 from packer.io import atomic, failpoints, fs, lock
 from packer.store import formats
-from packer.store.manifest import MANIFEST, REPORT, STATS, TOKENIZER, sha256_file
+from packer.store.manifest import MANIFEST, REPORT, STATS, TOKENIZER, read_manifest, read_stats, sha256_file
 
 RECORD = ".packer-owned.json"
 WORK = "_work"
@@ -217,7 +217,7 @@ def _legacy(out) -> dict:
         record["work"] = True
         _adopt_marked_shards(out, work, record)
     try:
-        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_manifest(out / MANIFEST)
         fmt = formats.manifest_format(manifest["config"])
         listed = [f for files in formats.manifest_files(fmt, manifest["shards"]) for f in files]
         listed.append((TOKENIZER, manifest["tokenizer"]["sha256"]))
@@ -264,7 +264,7 @@ def _adopt_marked_shards(out, work, record: dict):
 def _legacy_stats(out, manifest: dict):
     """stats.json as an object when its counts are the manifest's (what verify checks), else None."""
     try:
-        stats = json.loads((out / STATS).read_text(encoding="utf-8"))
+        stats = read_stats(out / STATS)
         lengths, totals = stats["lengths"], manifest["totals"]
         same = (stats["context_length"] == manifest["config"]["context_length"]
                 and lengths["documents"] == totals["docs_accepted"] and lengths["tokens"] == totals["tokens_in"])
