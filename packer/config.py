@@ -282,6 +282,9 @@ def load_job(path: str | Path) -> Job:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ValueError(f"{path}: arrays or tables nested too deeply to read (a pipeline file nests 3 levels); "
+                         "fix the file") from None
     known = {"inputs", "sources", "tokenizer", "output", "workers", "executor", "ray_address", "config"}
     unknown = set(data) - known
     if unknown:

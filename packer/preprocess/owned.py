@@ -3,7 +3,8 @@
     OUTPUT/.packer-owned.json   {"version": 1,
                                  "files": {"manifest.json":     {"bytes": 2811, "sha256": "9f2c...", "mtime_ns": ...},
                                            "shard-00000.arrow": {...}, ...},
-                                 "work": true,               packer made OUTPUT/_work (and so may delete it)
+                                 "work": true,               packer made OUTPUT/_work (and so may delete it;
+                                                             "removing" while it is deleted)
                                  "incoming": {...}}          only while a new dataset is being moved in
 
 A file is packer's only when the record lists it and its bytes still have the recorded sha256
@@ -39,7 +40,7 @@ import re
 
 from packer.io import atomic, failpoints, fs, lock
 from packer.store import formats
-from packer.store.manifest import MANIFEST, REPORT, STATS, TOKENIZER, sha256_file
+from packer.store.manifest import MANIFEST, REPORT, STATS, TOKENIZER, read_manifest, read_stats, sha256_file
 
 RECORD = ".packer-owned.json"
 WORK = "_work"
@@ -94,6 +95,8 @@ def _work_is_ours(work, record: dict) -> bool:
     (or nothing yet: a build stopped between making it and writing the fingerprint)."""
     if not record.get("work") or not work.is_dir():
         return False
+    if record["work"] == REMOVING:  # a removal cut short: whatever is left was packer's
+        return True
     return (work / "fingerprint.json").is_file() or not any(work.iterdir())
 
 
@@ -134,10 +137,25 @@ def claim_work(out, record: dict):
         save(out, record)
 
 
+REMOVING = "removing"  # record["work"] while _work/ is being deleted: what is left of it is not resumable
+
+
 def remove_work(out, record: dict):
-    """Delete OUTPUT/_work (packer's: `foreign` checked it), then say so in the record."""
+    """Delete OUTPUT/_work (packer's: `foreign` checked it), then say so in the record. The record
+    says "removing" first, so a kill at any moment leaves a _work/ that is still packer's but never
+    resumed from (half its files are gone): the next command finishes the removal (`_owned_record`)."""
     work = out / WORK
     if work.exists():
+        if record["work"] != REMOVING:
+            record["work"] = REMOVING
+            save(out, record)
+        for n, child in enumerate(sorted(work.iterdir())):
+            failpoints.hit("remove-work", n)
+            if child.is_dir():
+                fs.rmtree(child)
+            else:
+                child.unlink(missing_ok=True)
+        failpoints.hit("remove-work", -1)  # emptied, not yet removed
         fs.rmtree(work)
     if record["work"]:
         record["work"] = False
@@ -204,7 +222,7 @@ def _legacy(out) -> dict:
         record["work"] = True
         _adopt_marked_shards(out, work, record)
     try:
-        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_manifest(out / MANIFEST)
         fmt = formats.manifest_format(manifest["config"])
         listed = [f for files in formats.manifest_files(fmt, manifest["shards"]) for f in files]
         listed.append((TOKENIZER, manifest["tokenizer"]["sha256"]))
@@ -251,7 +269,7 @@ def _adopt_marked_shards(out, work, record: dict):
 def _legacy_stats(out, manifest: dict):
     """stats.json as an object when its counts are the manifest's (what verify checks), else None."""
     try:
-        stats = json.loads((out / STATS).read_text(encoding="utf-8"))
+        stats = read_stats(out / STATS)
         lengths, totals = stats["lengths"], manifest["totals"]
         same = (stats["context_length"] == manifest["config"]["context_length"]
                 and lengths["documents"] == totals["docs_accepted"] and lengths["tokens"] == totals["tokens_in"])

@@ -333,6 +333,8 @@ def _owned_record(out) -> dict:
     had_record = (out / owned.RECORD).exists()
     record = owned.load(out)
     owned.finish(out, record)
+    if record["work"] == owned.REMOVING:  # a kill while _work/ was deleted: finish that first, never resume from it
+        owned.remove_work(out, record)
     resume.refuse_foreign(out, record)
     if not had_record and (record["files"] or record["work"]):
         owned.save(out, record)  # a dataset of a packer without records, adopted once

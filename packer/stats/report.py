@@ -371,12 +371,12 @@ def check_report(path):
     """A dataset's report.html is the page its stats.json gives (deterministic); ValueError naming
     the file otherwise. Nothing to check without either file."""
     from packer.io import fs
-    from packer.store.manifest import REPORT, STATS
+    from packer.store.manifest import REPORT, STATS, read_stats
 
     path = fs.location(path)
     report, stats = path / REPORT, path / STATS
     if not (stats.is_file() and report.is_file()):  # the page is optional: only `packer run` wrote it before 2026-12
         return
-    if report.read_bytes() != html_page(json.loads(stats.read_text(encoding="utf-8"))).encode("utf-8"):
+    if report.read_bytes() != html_page(read_stats(stats)).encode("utf-8"):
         raise ValueError(f"{fs.redact(report)}: not the page this dataset's stats.json gives (edited, or of another "
                          "build); rebuild, or delete it")

@@ -15,8 +15,10 @@ later open in any process, whether the dataset was replaced since (`check_genera
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from pathlib import Path
 
 from packer.io import fs
 
@@ -36,13 +38,72 @@ def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
     return h.hexdigest()
 
 
+MAX_DEPTH = 32  # deeper than any file packer writes (stats.json: 5): a deeper one is damaged or hostile
+
+
+def load_json(file, fix: str):
+    """A JSON file packer wrote, parsed as one `ValueError` line naming `file` and `fix` when it is
+    not: undecodable, non-finite numbers (NaN, Infinity: no count or figure is one), or nested
+    deeper than MAX_DEPTH (checked before parsing, so a 100,000-deep file is refused, not recursed)."""
+    return parse_json(fs.location(file).read_bytes(), file, fix)
+
+
+def parse_json(data: bytes, file, fix: str):
+    """load_json of bytes already read (`file` names them in the error)."""
+    depth = _max_depth(data)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{fs.redact(file)}: JSON nested {depth} levels deep (packer writes at most {MAX_DEPTH}): "
+                         f"damaged; {fix}")
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{fs.redact(file)}: not readable JSON ({type(e).__name__}: {str(e)[:80]}): damaged; "
+                         f"{fix}") from None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"non-finite number {name}")
+
+
+def _max_depth(data: bytes) -> int:
+    """How deep brackets nest in JSON text, strings skipped (a linear scan: no recursion)."""
+    import re
+
+    text = re.sub(rb'"[^"\\]*(?:\\.[^"\\]*)*"', b"", data)  # strings hold no structure
+    depth = deepest = 0
+    for ch in re.findall(rb"[\[\]{}]", text):
+        depth += 1 if ch in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(name: str):
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parent.parent / name).read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def schema_error(value, schema: str) -> str | None:
+    """The first place `value` breaks `schema` (a path under packer/: "store/manifest_schema.json"),
+    as 'config.context_length: 'x' is not of type 'integer'', or None."""
+    error = next(iter(sorted(_validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))),
+                 None)
+    if error is None:
+        return None
+    where = ".".join(map(str, error.absolute_path)) or "the top level"
+    return f"{where}: {error.message[:120]}"
+
+
 def read_manifest(path) -> dict:
     return load_manifest(path)[0]
 
 
 def load_manifest(path) -> tuple[dict, str]:
     """(the manifest of the dataset at `path` (a directory, or its manifest.json), its generation:
-    the sha256 of the manifest's bytes)."""
+    the sha256 of the manifest's bytes), checked against manifest_schema.json and for ids inside the
+    vocabulary: a wrong type, a non-finite or absurd value is one ValueError line naming the file and the key."""
     path = fs.location(path)
     file = path / MANIFEST if path.is_dir() else path
     if not file.is_file():
@@ -50,13 +111,12 @@ def load_manifest(path) -> tuple[dict, str]:
             f"no {MANIFEST} in {fs.redact(path)}: not a packer dataset, or its build did not finish "
             "(run the same `packer build` command again to resume it)"
         )
+    fix = "restore it or rebuild the dataset"
     raw = file.read_bytes()
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{fs.redact(file)}: not readable JSON ({type(e).__name__} at byte {getattr(e, 'pos', '?')}): "
-                         "damaged; restore it or rebuild the dataset") from None
-    _check_shape(manifest, file)
+    manifest = parse_json(raw, file, fix)
+    problem = schema_error(manifest, "store/manifest_schema.json") or _range_problem(manifest)
+    if problem is not None:
+        raise ValueError(f"{fs.redact(file)}: {problem} (damaged or edited, or not a packer manifest); {fix}")
     return manifest, hashlib.sha256(raw).hexdigest()
 
 
@@ -83,21 +143,28 @@ def check_generation(path, pinned: str | None, now: str | None = None):
                               f"a checkpoint (its {MANIFEST} {'is gone: a build is moving in' if now is None else 'changed'})")
 
 
-_SHAPE = {"config": dict, "tokenizer": dict, "shards": list, "totals": dict}  # what every reader indexes
+def read_stats(file) -> dict:
+    """A dataset's stats.json, checked against packer/stats/stats_schema.json (one ValueError line)."""
+    fix = "rebuild, or run `packer stats` on the dataset"
+    stats = load_json(file, fix)
+    problem = schema_error(stats, "stats/stats_schema.json")
+    if problem is not None:
+        raise ValueError(f"{fs.redact(file)}: {problem} (damaged or edited); {fix}")
+    return stats
 
 
-def _check_shape(manifest, file):
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{fs.redact(file)}: a JSON {type(manifest).__name__}, not a packer manifest; rebuild the dataset")
-    for key, kind in _SHAPE.items():
-        if not isinstance(manifest.get(key), kind):
-            raise ValueError(f"{fs.redact(file)}: {key!r} missing or not a JSON {'object' if kind is dict else 'list'} "
-                             "(damaged, or not a packer manifest); rebuild the dataset")
-    for key in ("context_length", "token_dtype"):
-        if key not in manifest["config"]:
-            raise ValueError(f"{fs.redact(file)}: config.{key} missing (damaged); rebuild the dataset")
-    if not isinstance(manifest["tokenizer"].get("vocab_size"), int):
-        raise ValueError(f"{fs.redact(file)}: tokenizer.vocab_size missing (damaged); rebuild the dataset")
+DTYPE_IDS = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each token_dtype holds
+
+
+def _range_problem(manifest: dict) -> str | None:
+    """What a schema cannot say: the special ids below the vocabulary size, the vocabulary within the dtype."""
+    config, vocab = manifest["config"], manifest["tokenizer"]["vocab_size"]
+    if vocab > DTYPE_IDS[config["token_dtype"]]:
+        return f"tokenizer.vocab_size {vocab} does not fit config.token_dtype {config['token_dtype']}"
+    for key in ("eos_id", "bos_id", "pad_id"):
+        if config.get(key) is not None and config[key] >= vocab:
+            return f"config.{key} {config[key]} is outside the vocabulary (tokenizer.vocab_size {vocab})"
+    return None
 
 
 def tokenizer_file(path, manifest: dict):

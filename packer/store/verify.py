@@ -20,15 +20,13 @@ The returned totals name what `checksums=False` skipped (`skipped`, empty for a 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow as pa
 
 from packer.io import fs
 from packer.store import checks, formats
 from packer.store import checksums as block_checksums
-from packer.store.manifest import STATS, read_manifest, tokenizer_file
+from packer.store.manifest import STATS, read_manifest, read_stats, tokenizer_file
 
 QUICK_SKIPS = ("shard sha256", "block checksums", "token ids below the vocabulary")  # what checksums=False leaves out
 
@@ -133,11 +131,7 @@ def _check_stats(path, manifest: dict) -> dict | None:
             raise ValueError(f"{fs.redact(file)} missing (the build accepted {totals['docs_accepted']} documents); "
                              "rebuild, or run `packer stats` on the dataset")
         return None
-    try:
-        stats = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{fs.redact(file)}: not readable JSON ({type(e).__name__} at {getattr(e, 'pos', '?')}); "
-                         "rebuild, or run `packer stats` on the dataset") from None
+    stats = read_stats(file)
     lengths = stats.get("lengths") if isinstance(stats, dict) else None
     expected = (("context_length", stats.get("context_length") if isinstance(stats, dict) else None,
                  config["context_length"]),

@@ -1,6 +1,6 @@
 """The fault-injection matrix (issue 17), a slow suite: `python -m pytest -m slow tests/preprocess/test_fault_matrix.py`.
 
-Every failpoint of every stage (packer/io/failpoints.py) x SIGKILL / SIGTERM / SIGINT, for arrow and
+Every failpoint of every stage (publishing and removing _work/ included) (packer/io/failpoints.py) x SIGKILL / SIGTERM / SIGINT, for arrow and
 memmap, local with 1 and 2 workers and Ray with 2; and ENOSPC at every local file write of a build
 (`file:N`, N = 0, 1, ... until a build writes no N-th file). Each case is a real `packer build`
 process that fails, then the same command again, which must give the bytes of an uninterrupted
@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow
 TIMESTAMPS = ("created_unix", "build_seconds")
 DRIVER_POINTS = ("tokenize:1", "plan:0", "write:2", "finalize:0")
 WORKER_POINTS = ("unit:1", "shard:2", "write-shard:2")
+# publishing (moving the new dataset in) and deleting _work/ after it: the dataset may already be
+# complete when the run dies, and the same command must finish the job (issue 28)
+PUBLISH_POINTS = ("publish:0", "publish:2", "remove-work:0", "remove-work:2", "remove-work:-1")
 SIGNALS = ("kill", "term", "int")
 RUNS = (("local", 1), ("local", 2), ("ray", 2))
 
@@ -94,7 +97,7 @@ def _fail_then_resume(inputs, tmp_path, tmp_path_factory, fmt, executor, workers
         _check_identical(out, reference)
         assert _outside(inputs, tmp_path) == before
         return "recovered"
-    if not fail.startswith("file:"):  # (a full disk at the record's last save, after publishing, leaves
+    if not fail.startswith(("file:", "remove-work:")):  # (a full disk at the record's last save, after publishing, leaves
         assert not (out / "manifest.json").exists(), log  # the dataset complete: the rerun finishes the record)
     assert "Traceback" not in log, log
     if code != -signal.SIGKILL:  # the driver saw it: one line, nothing half-written left
@@ -131,6 +134,13 @@ def test_a_signal_at_any_point_resumes_to_identical_bytes(inputs, tmp_path, tmp_
     # A worker killed under Ray is retried by Ray (executors.RAY_MAX_RETRIES): the same run finishes.
     retried = executor == "ray" and fail.split("=")[0] in WORKER_POINTS  # (SIGINT ends a Ray worker too)
     assert outcome == "resumed" or (retried and outcome == "recovered"), outcome
+
+
+@pytest.mark.parametrize("fmt, fail", [(fmt, f"{point}={action}") for fmt in ("arrow", "memmap")
+                                       for point in PUBLISH_POINTS for action in SIGNALS])
+def test_a_signal_while_publishing_or_removing_work_resumes_to_identical_bytes(inputs, tmp_path, tmp_path_factory,
+                                                                               fmt, fail):
+    assert _fail_then_resume(inputs, tmp_path, tmp_path_factory, fmt, "local", 1, fail) == "resumed"
 
 
 @pytest.mark.parametrize("fmt", ["arrow", "memmap"])

@@ -281,3 +281,24 @@ def test_a_resumed_fresh_build_still_records_its_files(src, tmp_path, fresh):
     assert (out / "_work" / "dataset" / "shard-00000.arrow").is_file()
     assert _cli_build(src, out, "--seed", "1")[0] == 0
     assert _dataset(out) == fresh
+
+
+@pytest.mark.parametrize("point", ["remove-work:0", "remove-work:1", "remove-work:-1"])
+def test_a_kill_while_work_is_removed_leaves_a_directory_the_same_command_finishes(src, tmp_path, point):
+    """Killed while deleting _work/ after publishing: the dataset is complete and the same command
+    reports it complete and removes what is left of _work/ (it was refused as foreign: issue 28)."""
+    clean = tmp_path / "clean"
+    assert _cli_build(src, clean)[0] == 0
+    out = tmp_path / "ds"
+    code, log = _cli_build(src, out, fail_at=f"{point}=kill")
+    assert code == -signal.SIGKILL, log
+    assert (out / owned.WORK).is_dir()  # the kill came mid-removal
+    code, log = _cli_build(src, out)
+    assert code == 0 and "already complete" in log, log
+    assert not (out / owned.WORK).exists() and _dataset(out) == _dataset(clean)
+    verify_dataset(out)
+    code, log = _cli_build(src, out, "--seed", "1", "--overwrite", fail_at=f"{point}=kill")
+    assert code == -signal.SIGKILL, log
+    code, log = _cli_build(src, out, "--seed", "1", "--overwrite")
+    assert code == 0 and not (out / owned.WORK).exists(), log
+    verify_dataset(out)
