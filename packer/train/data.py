@@ -74,6 +74,18 @@ def _loss_masks(ds, rows) -> list | None:
     return ds.mask_views(rows) if getattr(ds, "has_loss_mask", False) else None
 
 
+def _role_table(manifests: list[dict], paths) -> dict:
+    """The one role table (name -> id) of datasets built with --store-roles; ValueError naming the fix."""
+    for m, p in zip(manifests, paths):
+        if not m.get("roles"):
+            raise ValueError(f"return_role_ids=True, but {p} stores no role ids; build it with --input-kind chat "
+                             "--store-roles (docs/role_masks.md)")
+    if any(m["roles"] != manifests[0]["roles"] for m in manifests):
+        raise ValueError("return_role_ids=True over datasets with different role tables (manifest \"roles\"); "
+                         "build them with the same --role-names")
+    return dict(manifests[0]["roles"])
+
+
 class PackedDataset(IterableDataset):
     """Iterate a dataset built by `packer build` (any format `open_dataset` reads), shuffled per
     epoch, split over ranks and DataLoader workers, resumable mid-epoch at the same or another world size.
@@ -102,13 +114,17 @@ class PackedDataset(IterableDataset):
     benchmarks/bench_loader.py). `len()` then counts the rank's batches.
 
     return_source_ids=True adds `source_ids` (int64, one per token: the source of its row).
+    return_role_ids=True adds `role_ids` (int64, one per token: its chat role, padding masks.PAD_ROLE)
+    of a dataset built with --store-roles; `roles` is then its role table (name -> id), for a
+    packer.masks.RolePolicy (docs/role_masks.md).
     """
 
     def __init__(self, path, *, weights=None, num_samples: int | None = None, mix_by: str = "sequences",
                  shuffle=True, shuffle_block: int = 64, shuffle_window: int = 16, seed: int = 0, epoch: int = 0,
                  pad_to: int | None = None, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, return_attention_mask: bool = False, return_document_ids: bool = False,
-                 return_source_ids: bool = False, batch_size: int | None = None, collate_fn=None):
+                 return_source_ids: bool = False, batch_size: int | None = None, collate_fn=None,
+                 return_role_ids: bool = False):
         self.path = path
         names, self.paths = self._paths(path)
         # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes
@@ -141,6 +157,8 @@ class PackedDataset(IterableDataset):
         self.batch_size, self.collate_fn = batch_size, collate_fn or collate_varlen
         self.return_attention_mask, self.return_document_ids = return_attention_mask, return_document_ids
         self.return_source_ids = return_source_ids
+        self.return_role_ids = return_role_ids
+        self.roles = _role_table(self.manifests, self.paths) if return_role_ids else None
         self._dss = None
         self._done = (0, 0)  # (units, items) this process yielded in the current epoch before the current block
         self._block_iter = None  # (iterator over the block's items or batches, their count, items)
@@ -342,18 +360,20 @@ class PackedDataset(IterableDataset):
             self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
         return self._dss
 
-    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:
-        """(token views, offset views, loss masks) of the rows; the masks are None when no dataset has one,
-        and a row of a dataset without masks has None (all trained) beside masked ones.
+    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None, list | None]:
+        """(token views, offset views, loss masks, role ids) of the rows; the masks are None when no dataset
+        has one, and a row of a dataset without masks has None (all trained) beside masked ones; the
+        role ids None unless return_role_ids.
 
         Several datasets: each one's rows read in one lookup, its views put back at their places:
             datasets [0 1 0 0 1]: dataset 0 reads rows at places [0 2 3], dataset 1 at [1 4]
         (a scatter by place: 20% faster than joining the parts and undoing an argsort; bench_blend)."""
         dss = self._open()
         if len(dss) == 1:
-            return (*read_rows(dss[0], rows), _loss_masks(dss[0], rows))
+            return (*read_rows(dss[0], rows), _loss_masks(dss[0], rows), self._role_views(dss[0], rows))
         n = len(rows)
         tokens, offsets, masks = [None] * n, [None] * n, None
+        roles = [None] * n if self.return_role_ids else None
         for d, ds in enumerate(dss):
             here = np.flatnonzero(datasets == d)
             if not len(here):
@@ -361,12 +381,19 @@ class PackedDataset(IterableDataset):
             places, mine = here.tolist(), rows[here]
             for k, t, o in zip(places, *read_rows(ds, mine)):
                 tokens[k], offsets[k] = t, o
+            if roles is not None:
+                for k, r in zip(places, self._role_views(ds, mine)):
+                    roles[k] = r
             mask = _loss_masks(ds, mine)
             if mask is not None:
                 masks = masks or [None] * n
                 for k, m in zip(places, mask):
                     masks[k] = m
-        return tokens, offsets, masks
+        return tokens, offsets, masks, roles
+
+    def _role_views(self, ds, rows) -> list | None:
+        """ds.role_views(rows) when role ids were asked for (every dataset has them: checked at init)."""
+        return ds.role_views(rows) if self.return_role_ids else None
 
     def _will_read(self, datasets: np.ndarray, rows: np.ndarray, sizes, units_per_block: int, first: bool):
         """Tell readers that read ahead (a streamed store: ds.prefetch, packer/store/stream.py) the rows
@@ -430,9 +457,10 @@ class PackedDataset(IterableDataset):
         return (len(mine) - 1) * self.unit + int(last[0])
 
     def _block_units(self, rows, sources) -> list:
-        """What one block of rows (tokens, offsets, loss masks) yields: its items, or with batch_size its batches."""
-        tokens, offsets, loss_masks = rows
-        block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks)
+        """What one block of rows (tokens, offsets, loss masks, role ids) yields: its items, or with batch_size its batches."""
+        tokens, offsets, loss_masks, role_ids = rows
+        block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks,
+                            role_ids=role_ids)
         if self.return_source_ids:
             block.fields["source_ids"] = torch.from_numpy(_source_ids(sources, block.row_start_list))
         n, size = len(block.row_start_list) - 1, self.batch_size

@@ -89,6 +89,10 @@ class OnlinePackedDataset(IterableDataset):
     under a record kind: missing_field). A template that cannot give exact spans raises TemplateRefused.
     In a buffer the texts and plain ids come first, then each record kind's examples, in source order.
 
+    return_role_ids=True (input_kind="chat"; `role_names` as the build's --role-names) gives each item the
+    `role_ids` a build with --store-roles stores for its tokens, under the role table `roles`, for a
+    packer.masks.RolePolicy (docs/role_masks.md); carried pieces keep theirs (the state's carry_roles).
+
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
     dataset is indexed directly), so the source must give the same documents in the same order; the
     state holds the skip counts, so a resumed run counts what an uninterrupted one counts.
@@ -105,7 +109,8 @@ class OnlinePackedDataset(IterableDataset):
                  completion_field: str = _BUILD.completion_field, messages_field: str = _BUILD.messages_field,
                  ids_field: str = _BUILD.ids_field, labels_field: str = _BUILD.labels_field,
                  loss_mask_field: str = _BUILD.loss_mask_field, train_roles: str | tuple = _BUILD.train_roles,
-                 chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts):
+                 chat_template: str | None = _BUILD.chat_template, long_prompts: str = _BUILD.long_prompts,
+                 return_role_ids: bool = False, role_names: str = _BUILD.role_names):
         check_online_args(context_length, buffer_docs, long_docs)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
@@ -113,6 +118,9 @@ class OnlinePackedDataset(IterableDataset):
             raise ValueError(f"pad_to={pad_to} is shorter than context_length={context_length}; "
                              "pad to at least the context length or leave pad_to=None")
         check_rank(rank, world_size)
+        if return_role_ids and input_kind != "chat":
+            raise ValueError(f"return_role_ids=True gives the roles of chat messages: it needs input_kind=\"chat\" "
+                             f"(got {input_kind!r})")
         self.source, self.text_field = source, text_field
         self._tokenizer_path = None  # the tokenizer.json the records' encoders read (beside it: the chat template)
         if isinstance(tokenizer, (str, os.PathLike)):
@@ -134,7 +142,9 @@ class OnlinePackedDataset(IterableDataset):
             shard_size=max(_BUILD.shard_size, context_length), input_kind=input_kind, prompt_field=prompt_field,
             completion_field=completion_field, messages_field=messages_field, ids_field=ids_field,
             labels_field=labels_field, loss_mask_field=loss_mask_field, train_roles=train_roles,
-            chat_template=chat_template, long_prompts=long_prompts)
+            chat_template=chat_template, long_prompts=long_prompts, store_roles=return_role_ids, role_names=role_names)
+        self.return_role_ids = return_role_ids
+        self.roles = self.build_config.role_table if return_role_ids else None
         if input_kind in RECORD_KINDS:
             self._check_records_can_encode(input_kind)
         self.epoch = 0
@@ -180,12 +190,12 @@ class OnlinePackedDataset(IterableDataset):
                 "algorithm": self.algorithm, "seed": self.seed, "long_docs": self.long_docs,
                 "eos_id": self.eos_id, "bos_id": self.bos_id, **asdict(self.policy),
                 "input_kind": self.build_config.input_kind,
-                **{key: records[key] for key in RECORD_FIELDS if key in records}}
+                **{key: records[key] for key in (*RECORD_FIELDS, "store_roles", "role_names") if key in records}}
 
     def _fresh_state(self, partition: int, n_partitions: int) -> dict:
         return {"config": self._config(), "epoch": self.epoch, "partition": partition,
                 "n_partitions": n_partitions, "source_pos": 0, "buffer_index": 0, "n_yielded": 0, "carry": [],
-                "carry_masks": [], "skipped": {}}
+                "carry_masks": [], **({"carry_roles": []} if self.return_role_ids else {}), "skipped": {}}
 
     def state_dict(self) -> dict:
         """Where this object's iteration stands: after the last item it yielded. Plain ints and lists
@@ -229,9 +239,9 @@ class OnlinePackedDataset(IterableDataset):
             if i % n_partitions == partition:
                 yield i + 1, doc
 
-    def _encode(self, docs: list[tuple[int, object]]) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """(ids int64 [T], loss mask uint8 [T] or None for all trained) of each accepted document of a
-        buffer: the texts and plain ids first, in source order, then each record kind's examples, in
+    def _encode(self, docs: list[tuple[int, object]]) -> list[tuple]:
+        """(ids int64 [T], loss mask uint8 [T] or None for all trained[, role ids uint8 [T]: chat with
+        return_role_ids]) of each accepted document of a buffer: the texts and plain ids first, in source order, then each record kind's examples, in
         source order, encoded RECORD_BATCH at a time by the build's RecordEncoder. Bad records are
         counted by reason (self._skipped), the first one warned about once."""
         plain, records = [], collections.defaultdict(list)
@@ -249,7 +259,8 @@ class OnlinePackedDataset(IterableDataset):
             for start in range(0, len(records[kind]), RECORD_BATCH):
                 encoded = self._encoder(kind).encode(records[kind][start : start + RECORD_BATCH], skips)
                 bounds = np.cumsum(encoded.lengths)[:-1]
-                out += zip(np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds))
+                parts = [np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds)]
+                out += zip(*parts, *([np.split(encoded.roles, bounds)] if encoded.roles is not None else []))
         self._count(skips)
         return out
 
@@ -353,12 +364,12 @@ class OnlinePackedDataset(IterableDataset):
         return np.concatenate([np.asarray(head, np.int64), ids, np.asarray(tail, np.int64)])
 
     def _pieces(self, docs: list[tuple]) -> list[tuple]:
-        """(ids, mask) pieces of the documents under the long-document policy; a piece's mask is its
-        slice of its document's."""
+        """(ids, mask[, roles]) pieces of the documents under the long-document policy; a piece's mask
+        (and role ids) is its slice of its document's."""
         docs = [d for d in docs if len(d[0])]
-        lengths = np.fromiter((len(ids) for ids, _ in docs), dtype=np.int64, count=len(docs))
+        lengths = np.fromiter((len(d[0]) for d in docs), dtype=np.int64, count=len(docs))
         piece_doc, piece_offset, piece_len = cut_long(lengths, self.context_length, self.long_docs)
-        return [(docs[d][0][o : o + n], None if docs[d][1] is None else docs[d][1][o : o + n])
+        return [tuple(None if x is None else x[o : o + n] for x in docs[d])
                 for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
 
     def __iter__(self):
@@ -376,31 +387,35 @@ class OnlinePackedDataset(IterableDataset):
         carry_masks = state.get("carry_masks") or [None] * len(state["carry"])  # older states: texts only
         carry = [(np.asarray(c, dtype=np.int64), None if m is None else np.asarray(m, dtype=np.uint8))
                  for c, m in zip(state["carry"], carry_masks)]
+        if self.return_role_ids:  # chat pieces: (ids, mask, roles)
+            carry = [(*piece, np.asarray(r, dtype=np.uint8)) for piece, r in zip(carry, state["carry_roles"])]
         source_pos, buffer_index, skip = state["source_pos"], state["buffer_index"], state["n_yielded"]
         docs = self._documents(source_pos, partition, n_partitions)
         while True:
             at_start = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": 0,
-                        **_carry_lists(carry), "skipped": dict(self._skipped)}  # resuming here re-reads this buffer
+                        **_carry_lists(carry, self.return_role_ids),
+                        "skipped": dict(self._skipped)}  # resuming here re-reads this buffer
             raw = list(itertools.islice(docs, self.buffer_docs))
             final = len(raw) < self.buffer_docs
             next_pos = raw[-1][0] if raw else source_pos
             pieces = carry + self._pieces(self._encode(raw))
-            lengths = np.fromiter((len(ids) for ids, _ in pieces), dtype=np.int64, count=len(pieces))
+            lengths = np.fromiter((len(p[0]) for p in pieces), dtype=np.int64, count=len(pieces))
             emitted, carried = pack_buffer(lengths, self.context_length, self.algorithm, policy=self.policy,
                                            final=final)
             carry = [tuple(None if x is None else x.copy() for x in pieces[i])  # a copy: a view would pin
                      for i in flat_indices(carried)]  # its whole document
             after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
-                     **_carry_lists(carry), "skipped": dict(self._skipped)}
+                     **_carry_lists(carry, self.return_role_ids), "skipped": dict(self._skipped)}
             order = np.random.default_rng([self.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))
             for j in range(skip, len(emitted)):
                 self._state = {**at_start, "n_yielded": j + 1} if j + 1 < len(emitted) else after
                 bin_pieces = [pieces[i] for i in emitted[order[j]]]
-                offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in bin_pieces])])
-                yield make_item(np.concatenate([ids for ids, _ in bin_pieces]), offsets,
+                offsets = np.concatenate([[0], np.cumsum([len(p[0]) for p in bin_pieces])])
+                roles = np.concatenate([p[2] for p in bin_pieces]) if self.return_role_ids else None
+                yield make_item(np.concatenate([p[0] for p in bin_pieces]), offsets,
                                 loss_mask=_bin_mask(bin_pieces), pad_to=self.pad_to, pad_id=self.pad_id,
                                 return_attention_mask=self.return_attention_mask,
-                                return_document_ids=self.return_document_ids)
+                                return_document_ids=self.return_document_ids, role_ids=roles)
             self._state = after  # also when the buffer emitted nothing (every bin carried)
             if final:
                 return
@@ -434,22 +449,28 @@ def _masked_ids(pos: int, ids, loss_mask, labels) -> tuple[np.ndarray, np.ndarra
 
 
 def _bin_mask(pieces: list[tuple]) -> np.ndarray | None:
-    """The loss mask of a bin of (ids, mask) pieces: None when no piece has one (all trained)."""
-    if all(mask is None for _, mask in pieces):
+    """The loss mask of a bin of (ids, mask[, roles]) pieces: None when no piece has one (all trained)."""
+    if all(p[1] is None for p in pieces):
         return None
-    return np.concatenate([np.ones(len(ids), np.uint8) if mask is None else mask for ids, mask in pieces])
+    return np.concatenate([np.ones(len(p[0]), np.uint8) if p[1] is None else p[1] for p in pieces])
 
 
-def _carry_lists(carry: list[tuple]) -> dict:
-    """Carried (ids, mask) pieces as the state's plain lists: "carry" (ids) and "carry_masks" (mask or None)."""
-    return {"carry": [ids.tolist() for ids, _ in carry],
-            "carry_masks": [None if mask is None else mask.tolist() for _, mask in carry]}
+def _carry_lists(carry: list[tuple], roles: bool = False) -> dict:
+    """Carried (ids, mask[, roles]) pieces as the state's plain lists: "carry" (ids), "carry_masks" (mask
+    or None) and, with `roles`, "carry_roles"."""
+    lists = {"carry": [p[0].tolist() for p in carry], "carry_masks": [None if p[1] is None else p[1].tolist()
+                                                                       for p in carry]}
+    if roles:
+        lists["carry_roles"] = [p[2].tolist() for p in carry]
+    return lists
 
 
 def _copy_carry(state: dict) -> dict:
     masks = state.get("carry_masks") or [None] * len(state["carry"])
+    roles = {"carry_roles": [list(r) for r in state["carry_roles"]]} if "carry_roles" in state else {}
     return {**state, "carry": [list(c) for c in state["carry"]],
-            "carry_masks": [None if m is None else list(m) for m in masks], "skipped": dict(state.get("skipped", {}))}
+            "carry_masks": [None if m is None else list(m) for m in masks], **roles,
+            "skipped": dict(state.get("skipped", {}))}
 
 
 class _Skips:
