@@ -2,13 +2,15 @@
 and with this checkout, then compares every output file; manifest.json minus its timestamps.
 
     python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
+    python benchmarks/compare_builds.py --ref main --cases chat,prompt-completion   # only those cases
 
 Against revisions before the streamed planner (2026-12-01), the `jsonl-drop` cases (the ones with
 --pack-group) differ by design: grouped plans shuffle bins by buckets (packer/preprocess/plan_groups.py).
 
 Cases: the sample job (context 2048) and the test corpora (sample JSONL, the same as Parquet,
 gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
-arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants. Prints one row per case.
+arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants,
+and the fine-tuning records of sample_data (chat, prompt-completion). Prints one row per case.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def _cases(corpora):
     yield "jsonl-bfd", corpora["jsonl"], ["--context-length", "1024", "--algorithm", "bfd"]
     yield "jsonl-truncate", corpora["jsonl"], ["--context-length", "512", "--long-docs", "truncate", "--no-eos"]
     yield "jsonl-drop", corpora["jsonl"], ["--context-length", "512", "--long-docs", "drop", "--pack-group", "500"]
+    yield "chat", [str(SAMPLE / "chat.jsonl")], ["--context-length", "512", "--input-kind", "chat"]
+    yield "prompt-completion", [str(SAMPLE / "prompt_completion.jsonl")], ["--context-length", "512",
+                                                                          "--input-kind", "prompt-completion"]
 
 
 def _build(code_root: Path, inputs, args, out: Path):
@@ -90,15 +95,19 @@ def _files(out: Path) -> dict[str, bytes]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", required=True, help="git revision to compare against")
+    ap.add_argument("--cases", default=None, help="comma-separated case names to run (default: all)")
     a = ap.parse_args()
+    wanted = set(a.cases.split(",")) if a.cases else None
     tmp = Path(tempfile.mkdtemp(prefix="packer-compare-"))
     ref = tmp / "ref"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), a.ref], check=True, capture_output=True)
     failed = 0
     try:
         corpora = _corpora(tmp)
-        print(f"{'case':<16} {'format':<8} {'workers':>7} {'files':>5}  result")
+        print(f"{'case':<18} {'format':<8} {'workers':>7} {'files':>5}  result")
         for name, inputs, args in _cases(corpora):
+            if wanted is not None and name not in wanted:
+                continue
             for fmt in ("arrow", "memmap"):
                 for workers in (1, 2):
                     outs = []
@@ -111,7 +120,7 @@ def main():
                     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in added)
                     failed += bool(diff)
                     result = "identical" if not diff else "DIFFER: " + ", ".join(diff)
-                    print(f"{name:<16} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(added)})" if added else ""))
+                    print(f"{name:<18} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(added)})" if added else ""))
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref)], capture_output=True)
     print(f"{'all identical' if not failed else f'{failed} cases differ'} (ref {a.ref})")

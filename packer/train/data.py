@@ -360,20 +360,18 @@ class PackedDataset(IterableDataset):
             self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
         return self._dss
 
-    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None, list | None]:
-        """(token views, offset views, loss masks, role ids) of the rows; the masks are None when no dataset
-        has one, and a row of a dataset without masks has None (all trained) beside masked ones; the
-        role ids None unless return_role_ids.
+    def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:
+        """(token views, offset views, loss masks) of the rows; the masks are None when no dataset has one,
+        and a row of a dataset without masks has None (all trained) beside masked ones.
 
         Several datasets: each one's rows read in one lookup, its views put back at their places:
             datasets [0 1 0 0 1]: dataset 0 reads rows at places [0 2 3], dataset 1 at [1 4]
         (a scatter by place: 20% faster than joining the parts and undoing an argsort; bench_blend)."""
         dss = self._open()
         if len(dss) == 1:
-            return (*read_rows(dss[0], rows), _loss_masks(dss[0], rows), self._role_views(dss[0], rows))
+            return (*read_rows(dss[0], rows), _loss_masks(dss[0], rows))
         n = len(rows)
         tokens, offsets, masks = [None] * n, [None] * n, None
-        roles = [None] * n if self.return_role_ids else None
         for d, ds in enumerate(dss):
             here = np.flatnonzero(datasets == d)
             if not len(here):
@@ -381,19 +379,27 @@ class PackedDataset(IterableDataset):
             places, mine = here.tolist(), rows[here]
             for k, t, o in zip(places, *read_rows(ds, mine)):
                 tokens[k], offsets[k] = t, o
-            if roles is not None:
-                for k, r in zip(places, self._role_views(ds, mine)):
-                    roles[k] = r
             mask = _loss_masks(ds, mine)
             if mask is not None:
                 masks = masks or [None] * n
                 for k, m in zip(places, mask):
                     masks[k] = m
-        return tokens, offsets, masks, roles
+        return tokens, offsets, masks
 
-    def _role_views(self, ds, rows) -> list | None:
-        """ds.role_views(rows) when role ids were asked for (every dataset has them: checked at init)."""
-        return ds.role_views(rows) if self.return_role_ids else None
+    def _read_roles(self, datasets: np.ndarray, rows: np.ndarray) -> list | None:
+        """The rows' role ids (every dataset has them: checked at init), or None unless return_role_ids;
+        put back at their places as _read does."""
+        if not self.return_role_ids:
+            return None
+        dss = self._open()
+        if len(dss) == 1:
+            return dss[0].role_views(rows)
+        roles = [None] * len(rows)
+        for d, ds in enumerate(dss):
+            here = np.flatnonzero(datasets == d)
+            for k, r in zip(here.tolist(), ds.role_views(rows[here]) if len(here) else ()):
+                roles[k] = r
+        return roles
 
     def _will_read(self, datasets: np.ndarray, rows: np.ndarray, sizes, units_per_block: int, first: bool):
         """Tell readers that read ahead (a streamed store: ds.prefetch, packer/store/stream.py) the rows
@@ -440,7 +446,8 @@ class PackedDataset(IterableDataset):
             for b in range(0, len(sizes), units_per_block):
                 lo, hi = bounds[b], bounds[min(b + units_per_block, len(sizes))]
                 n_units = min(units_per_block, len(sizes) - b)
-                out = self._block_units(self._read(datasets[lo:hi], rows[lo:hi]), sources[lo:hi])
+                out = self._block_units(self._read(datasets[lo:hi], rows[lo:hi]), sources[lo:hi],
+                                        self._read_roles(datasets[lo:hi], rows[lo:hi]))
                 self._block_iter = (iter(out), n_units, hi - lo)
                 del out  # only the iterator holds them: once it ends, the block's buffer is free for the next
                 yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
@@ -456,9 +463,10 @@ class PackedDataset(IterableDataset):
         last = unit_positions(np.array([mine[-1]]), n, self.unit, split["world_size"], split["rank"])[1]
         return (len(mine) - 1) * self.unit + int(last[0])
 
-    def _block_units(self, rows, sources) -> list:
-        """What one block of rows (tokens, offsets, loss masks, role ids) yields: its items, or with batch_size its batches."""
-        tokens, offsets, loss_masks, role_ids = rows
+    def _block_units(self, rows, sources, role_ids=None) -> list:
+        """What one block of rows (tokens, offsets, loss masks; role ids) yields: its items, or with batch_size its
+        batches."""
+        tokens, offsets, loss_masks = rows
         block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks,
                             role_ids=role_ids)
         if self.return_source_ids:

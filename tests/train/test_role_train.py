@@ -159,3 +159,31 @@ def test_loader_batches_train_as_each_stored_conversation_alone(chat_roles_datas
                  vocab=16384, roles=loader.roles)
     d = differences(model, batch, model, conversations, torch.float64)
     assert d["loss"] < 1e-9 and d["grads"] < 1e-9, d
+
+
+def test_role_ids_follow_their_rows_blended_padded_and_streamed(chat_roles_dataset, tmp_path):
+    """Each item's role_ids are its stored row's (padding masks.PAD_ROLE), through a blend of two datasets, and
+    the same read from a memory:// copy; a dataset without role ids is refused with the fix."""
+    import uuid
+
+    from packer.io import fs
+    from packer.masks import PAD_ROLE
+    from packer.store.dataset import open_dataset
+
+    ds = open_dataset(chat_roles_dataset)
+    stored = {ds[i][0].astype(np.int64).tobytes(): ds.role_views([i])[0].astype(np.int64) for i in range(len(ds))}
+    uri = f"memory://packer-role-train-{uuid.uuid4().hex}/ds"
+    for file in sorted(chat_roles_dataset.iterdir()):
+        fs.upload(file, fs.location(uri) / file.name)
+    blend = PackedDataset({"a": chat_roles_dataset, "b": uri}, weights=[1, 1], num_samples=40, pad_to=300,
+                          return_role_ids=True)
+    items = list(blend)
+    for item in items:
+        n = int(item["cu_seqlens"][-2])  # rows of <= 256 tokens padded to 300: the last segment is padding
+        row = stored[item["input_ids"][:n].numpy().tobytes()]
+        assert item["role_ids"][:n].tolist() == row.tolist() and (item["role_ids"][n:] == PAD_ROLE).all()
+    assert len(items) == 40 and {S, U, A} <= set(torch.cat([i["role_ids"] for i in items]).tolist())
+    with pytest.raises(ValueError, match="stores no role ids; build it with --input-kind chat --store-roles"):
+        from masked_data import build_masked
+
+        PackedDataset(build_masked(tmp_path / "plain"), return_role_ids=True)
