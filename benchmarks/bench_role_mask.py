@@ -14,8 +14,10 @@ The baseline is scaled_dot_product_attention of each row with its dense [L, L] h
 policy itself adds. Each prints forward and forward+backward time, best of REPEATS, and its ratio
 to the baseline timed in the same run.
 
-Measured 2026-12-03, busy 2-core CPU, 1 thread, 3 rows of 4096 (flop ratio 2.9x):
-(see the run's table; the headline is copied here when measured).
+Measured 2026-12-03, shared 2-core CPU, 1 thread, 3 rows of 4096 (9 conversations, flop ratio 2.9x),
+against the dense hybrid mask: bucketed + policy forward 7.6x, forward+backward 6.6x faster (sdpa +
+policy 3.9x / 4.3x; bucketed without a policy 10.4x / 7.6x); a second run at load 7.7: 5.8x / 4.9x
+(sdpa 2.4x / 2.7x; no policy 5.6x / 6.8x). Not yet run on a GPU (gpu_check.sh runs it).
 """
 
 from __future__ import annotations
