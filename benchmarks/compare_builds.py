@@ -2,15 +2,15 @@
 and with this checkout, then compares every output file; manifest.json minus its timestamps.
 
     python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
-    python benchmarks/compare_builds.py --ref main --cases chat,prompt-completion   # only those cases
+    python benchmarks/compare_builds.py --ref main --cases sft-chat,sft-prompt   # only those cases
 
 Against revisions before the streamed planner (2026-12-01), the `jsonl-drop` cases (the ones with
 --pack-group) differ by design: grouped plans shuffle bins by buckets (packer/preprocess/plan_groups.py).
 
 Cases: the sample job (context 2048) and the test corpora (sample JSONL, the same as Parquet,
 gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
-arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants,
-and the fine-tuning records of sample_data (chat, prompt-completion). Prints one row per case.
+arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants, two named
+sources, and the fine-tuning kinds (chat, prompt-completion, auto) on sample_data's records. Prints one row per case.
 """
 
 from __future__ import annotations
@@ -58,9 +58,12 @@ def _cases(corpora):
     yield "jsonl-bfd", corpora["jsonl"], ["--context-length", "1024", "--algorithm", "bfd"]
     yield "jsonl-truncate", corpora["jsonl"], ["--context-length", "512", "--long-docs", "truncate", "--no-eos"]
     yield "jsonl-drop", corpora["jsonl"], ["--context-length", "512", "--long-docs", "drop", "--pack-group", "500"]
-    yield "chat", [str(SAMPLE / "chat.jsonl")], ["--context-length", "512", "--input-kind", "chat"]
-    yield "prompt-completion", [str(SAMPLE / "prompt_completion.jsonl")], ["--context-length", "512",
-                                                                          "--input-kind", "prompt-completion"]
+    prose, code = corpora["jsonl"]
+    yield "sources", [], ["--source", f"prose={prose}", "--source", f"code={code}", "--context-length", "1024"]
+    sft = [str(SAMPLE / "chat.jsonl"), str(SAMPLE / "prompt_completion.jsonl")]
+    yield "sft-auto", sft, ["--context-length", "1024", "--input-kind", "auto", "--long-prompts", "drop"]
+    yield "sft-chat", sft[:1], ["--context-length", "512", "--input-kind", "chat", "--train-roles", "assistant"]
+    yield "sft-prompt", sft[1:], ["--context-length", "256", "--input-kind", "prompt-completion"]
 
 
 def _build(code_root: Path, inputs, args, out: Path):
