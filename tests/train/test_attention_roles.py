@@ -148,6 +148,8 @@ def test_refusals_name_the_fix():
         call(role_ids=role_ids, policy=POLICIES[0], causal=False)
     with pytest.raises(ValueError, match="one role id per token"):
         call(role_ids=role_ids[:-1], policy=POLICIES[0])
+    with pytest.raises(ValueError, match="a role id is 0..255"):
+        call(role_ids=role_ids.long() + 256, policy=POLICIES[0])
     with pytest.raises(ValueError, match="which the role table lacks"):
         call(role_ids=role_ids, policy=POLICIES[0], roles={"user": 0})
 

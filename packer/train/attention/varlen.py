@@ -56,6 +56,9 @@ def _key_windows(q, role_ids, policy, roles, causal: bool, window):
     if role_ids.shape[0] != q.shape[0]:
         raise ValueError(f"{role_ids.shape[0]} role ids for {q.shape[0]} tokens; give one role id per token "
                          "(the batch's role_ids, flattened like input_ids)")
+    if not role_ids.is_cuda and len(role_ids) and not 0 <= int(role_ids.min()) <= int(role_ids.max()) <= 255:
+        raise ValueError(f"role ids {int(role_ids.min())}..{int(role_ids.max())}: a role id is 0..255 (uint8; "
+                         "the manifest's \"roles\", padding 255)")  # on CUDA: not checked, as cu_seqlens
     return token_key_windows(role_ids, policy, DEFAULT_ROLES if roles is None else roles)
 
 
