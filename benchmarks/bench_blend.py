@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from packer import __version__  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.data import PackedDataset  # noqa: E402
+from packer.data import ItemFields, PackedDataset  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.train import blend as blend_module  # noqa: E402
 
@@ -124,8 +124,8 @@ def main():
             "blend A+B tokens": lambda: PackedDataset({"a": a, "b": b}, weights={"a": 0.7, "b": 0.3},
                                                       num_samples=n, mix_by="tokens", batch_size=BATCH),
             "sources of A": lambda: PackedDataset(named, weights={"first": 0.5, "rest": 0.5}, batch_size=BATCH),
-            "blend + source_ids": lambda: PackedDataset({"a": a, "b": b}, weights={"a": 0.7, "b": 0.3},
-                                                        num_samples=n, batch_size=BATCH, return_source_ids=True),
+            "blend + source_ids": lambda: PackedDataset({"a": a, "b": b}, weights={"a": 0.7, "b": 0.3}, num_samples=n,
+                                                        batch_size=BATCH, fields=ItemFields(source_ids=True)),
         }
         seconds, tokens = {k: [] for k in cases}, {}
         datasets = {k: make() for k, make in cases.items()}

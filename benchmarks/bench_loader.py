@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from packer import __version__  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.data import PackedDataset, collate_padded, collate_varlen, make_item  # noqa: E402
+from packer.data import ItemFields, PackedDataset, collate_padded, collate_varlen, make_item  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.data import permute  # noqa: E402
@@ -199,20 +199,25 @@ def main():
             return DataLoader(dataset(batch_size=BATCH, **kw), batch_size=None, num_workers=workers,
                               persistent_workers=workers > 0)
 
+        def first_read():  # a fresh reader: open, then every row once (the first-read checks of every block)
+            fresh = open_dataset(path)
+            return np.concatenate(fresh.views(order)[0])
+
         plain, starts_list, order_list = tokens.view(np.ndarray), starts.tolist(), order.tolist()
         cases = [("raw memmap (baseline)", lambda: raw_pass(tokens, starts, order), False, n_tok),
                  ("raw, tight (ndarray view, int indices)", lambda: raw_pass(plain, starts_list, order_list), False, n_tok),
+                 ("first full read (open + every row once)", first_read, False, n_tok),
                  case("num_workers=0, collate_varlen", dl(dataset())),
-                 case(f"num_workers=0, pad_to={context}", dl(dataset(pad_to=context))),
+                 case(f"num_workers=0, pad_to={context}", dl(dataset(fields=ItemFields(pad_to=context)))),
                  case("num_workers=0, batch_size=8 (batches)", batched()),
                  case(f"num_workers=0, batch_size=8, pad_to={context}",
-                      batched(pad_to=context, collate_fn=collate_padded))]
+                      batched(fields=ItemFields(pad_to=context), collate_fn=collate_padded))]
         if not args.only_varlen:
             cases += [
                 case("num_workers=2, collate_varlen", dl(dataset(), 2)),
                 case("num_workers=2, batch_size=8 (batches)", batched(2)),
                 case("num_workers=0, return_attention_mask",
-                     dl(dataset(pad_to=context, return_attention_mask=True), collate=collate_padded), slow=True),
+                     dl(dataset(fields=ItemFields(pad_to=context, attention_mask=True)), collate=collate_padded), slow=True),
                 case("per-item make_item (reference)", dl(PerItem(path, order)), slow=True),
                 case("num_workers=2, prebuilt batches (IPC floor)", dl(Prebuilt(n_seq), 2, prebuilt_collate)),
             ]

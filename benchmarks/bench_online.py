@@ -38,8 +38,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TQDM_DISABLE", "1")  # the build's progress bars would garble the tables
 
 from packer.binpack import pack, split_documents  # noqa: E402
+from packer.config import BuildConfig  # noqa: E402
 from packer.online_pack import online_fill_rate  # noqa: E402
 from packer.train.bucketing import BucketedBatchSampler, collate_documents  # noqa: E402
+from packer.train.items import ItemFields  # noqa: E402
 from packer.train.online import OnlinePackedDataset  # noqa: E402
 
 SEED = 0
@@ -122,7 +124,7 @@ def drain(iterable) -> tuple[int, int]:
 
 
 def throughput_table():
-    from packer.config import BuildConfig, Job
+    from packer.config import Job
     from packer.data import PackedDataset
     from packer.encode.tokenizer import load_tokenizer
     from packer.preprocess.pipeline import build
@@ -134,16 +136,16 @@ def throughput_table():
                   tokenizer=tokenizer, output=str(Path(tmp) / "ds"), workers=1,
                   config=BuildConfig(context_length=CONTEXT))
         _, build_s = timed(lambda: build(job, keep_work=False))
-        offline = PackedDataset(job.output, pad_to=CONTEXT, seed=SEED)
+        offline = PackedDataset(job.output, seed=SEED, fields=ItemFields(pad_to=CONTEXT))
         (n_off, t_off), s_off = timed(lambda: drain(offline), REPEATS)  # the first run warms the page cache
-        online = OnlinePackedDataset(texts, tokenizer=tokenizer, context_length=CONTEXT, pad_to=CONTEXT,
-                                     buffer_docs=THROUGHPUT_BUFFER, seed=SEED)
+        online = OnlinePackedDataset(texts, tokenizer=tokenizer, config=BuildConfig(context_length=CONTEXT, seed=SEED),
+                                     buffer_docs=THROUGHPUT_BUFFER, fields=ItemFields(pad_to=CONTEXT))
         (n_on, t_on), s_on = timed(lambda: drain(online))
         tok = load_tokenizer(tokenizer)
         eos = online.eos_id
         ids = [e.ids + [eos] for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-        pre = OnlinePackedDataset(ids, context_length=CONTEXT, pad_to=CONTEXT, buffer_docs=THROUGHPUT_BUFFER,
-                                  seed=SEED, eos=False, pad_id=eos)
+        pre = OnlinePackedDataset(ids, config=BuildConfig(context_length=CONTEXT, seed=SEED, eos=False),
+                                  buffer_docs=THROUGHPUT_BUFFER, fields=ItemFields(pad_to=CONTEXT, pad_id=eos))
         (n_pre, t_pre), s_pre = timed(lambda: drain(pre), REPEATS)
         pieces = [np.asarray(d[i : i + CONTEXT]) for d in ids for i in range(0, len(d), CONTEXT)]
         sampler = BucketedBatchSampler([len(p) for p in pieces], max_tokens=BATCH_ROWS * CONTEXT, seed=SEED)

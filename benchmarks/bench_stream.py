@@ -79,7 +79,7 @@ from packer.config import BuildConfig, Job  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store import stream  # noqa: E402
 from packer.train.data import PackedDataset  # noqa: E402
-from packer.train.order import spread  # noqa: E402
+from packer.train.order import BlockShuffle, spread  # noqa: E402
 
 CONTEXT, BATCH, SEED = 4096, 8, 0
 SAMPLE = ROOT / "sample_data"
@@ -197,12 +197,12 @@ BLOCK_WINDOW = 4  # blocks of 64 rows per shuffle window: 256 rows of 4096 token
 
 
 def _order_options(shuffle) -> dict:
-    return {"shuffle_window": BLOCK_WINDOW} if shuffle == "block" else {}
+    return {"shuffle": BlockShuffle(window=BLOCK_WINDOW)} if shuffle == "block" else {"shuffle": shuffle}
 
 
 def _spread(path, shuffle) -> float:
     """The shuffle-quality number of an order (packer/train/order.py spread) over the batches of BATCH."""
-    ds = PackedDataset(path, seed=SEED, shuffle=shuffle, **_order_options(shuffle))
+    ds = PackedDataset(path, seed=SEED, **_order_options(shuffle))
     return spread(ds.epoch_rows(ds.split()), ds.n_sequences, BATCH)
 
 
@@ -215,7 +215,7 @@ def run_case(path, kind, opts: dict, shuffle, memory: int, batches: int):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            make = lambda: kind(path, seed=SEED, shuffle=shuffle, batch_size=BATCH, **_order_options(shuffle))  # noqa: E731
+            make = lambda: kind(path, seed=SEED, batch_size=BATCH, **_order_options(shuffle))  # noqa: E731
             if "cache_dir" in opts and not Path(opts["cache_dir"]).exists():
                 timed(make, batches)
             return timed(make, batches)

@@ -3,7 +3,7 @@
     python examples/per_source_loss.py web=out/web code=out/code --weights web=0.7,code=0.3 --steps 40
     python examples/per_source_loss.py out/mixed --weights prose=0.5,code=0.5   # named sources of one build
 
-PackedDataset(..., return_source_ids=True) gives each batch `source_ids` (int64, one per token: the source
+PackedDataset(..., fields=ItemFields(source_ids=True)) gives each batch `source_ids` (int64, one per token: the source
 of the row it came from; names in dataset.source_names). The per-token loss (reduction="none"), grouped by
 the source of the token it predicts, gives one mean per source: what a mixture run watches to see whether a
 source is learned, or over-weighted.
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from packer.data import PackedDataset
+from packer.data import ItemFields, PackedDataset
 from packer.store.dataset import open_dataset
 from packer.train.model import GPTConfig, TinyGPT, next_token_loss
 
@@ -32,7 +32,7 @@ def source_losses(token_loss: torch.Tensor, labels: torch.Tensor, source_ids: to
 def train(paths, weights=None, *, steps=40, batch_size=4, dim=128, lr=1e-3, seed=0, log=print) -> dict:
     """Run `steps` optimizer steps; return {source name: mean loss over the run}."""
     torch.manual_seed(seed)
-    ds = PackedDataset(paths, weights=weights, seed=seed, batch_size=batch_size, return_source_ids=True)
+    ds = PackedDataset(paths, weights=weights, seed=seed, batch_size=batch_size, fields=ItemFields(source_ids=True))
     names = ds.source_names
     vocab = max(int(m["tokenizer"]["vocab_size"]) for m in ds.manifests)
     model = TinyGPT(GPTConfig(vocab_size=vocab, dim=dim))

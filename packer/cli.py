@@ -14,7 +14,7 @@ import warnings
 import click
 
 from packer._version import __version__
-from packer.config import CHOICES, RECORD_FIELDS, BuildConfig, Job, load_job, sources_from_options
+from packer.config import RECORD_FIELDS, BuildConfig, Job, choices, load_job, sources_from_options
 from packer.encode.tokenizer import describe_specials
 from packer.io import fs
 from packer.io.fs import redact, redact_text
@@ -150,8 +150,8 @@ def _option(name: str, *, prefix: str = "", **overrides):
     kwargs = {"default": spec.default, "help": prefix + spec.metadata["help"], "show_default": spec.default is not None}
     if isinstance(spec.default, bool) or spec.type == "bool | None":  # --bos/--no-bos; unset: None
         flag = f"{flag}/--no-{name.replace('_', '-')}"
-    elif name in CHOICES:
-        kwargs["type"] = click.Choice(CHOICES[name])
+    elif (allowed := choices(name)) is not None:  # a table's names (formats, executors) read from the table
+        kwargs["type"] = click.Choice(allowed)
     elif spec.type == "float | None":  # a share (max_skip_fraction): [minimum, 1)
         kwargs["type"] = click.FloatRange(min=spec.metadata["minimum"], max=1, max_open=True)
     elif spec.metadata.get("minimum") is not None:
@@ -197,7 +197,7 @@ QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on 
 @click.option("--source-field", "source_fields", multiple=True, metavar="NAME=FIELD",
               help="The text field of one source's records (default: --text-field).")
 @click.option("--source-split", "source_splits", multiple=True, metavar="NAME=SPLIT",
-              help=f"--text-split for one source's .txt files ({' or '.join(CHOICES['text_split'])}).")
+              help=f"--text-split for one source's .txt files ({' or '.join(choices('text_split'))}).")
 @click.option("--tokenizer", required=True, help="A tokenizer.json (HF tokenizers format), a directory holding one, "
               "or a hub name already in the local HF cache.")
 @click.option("--output", "-o", required=True, help="Output directory for shards and manifest, or a URI (s3://, gs://, ...).")
@@ -231,10 +231,10 @@ def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
     """Run the job described in a PIPELINE TOML file (e.g. pipelines/sample.toml): the same build,
     with the same outputs, as `packer build` with those settings."""
     job = load_job(pipeline)
-    overrides = {"workers": workers, "executor": executor, "ray_address": ray_address}
+    if executor is not None and executor != job.executor:  # the file's ray_address was for its own executor
+        job = dataclasses.replace(job, executor=executor, ray_address=None)
+    overrides = {"workers": workers, "ray_address": ray_address}
     job = dataclasses.replace(job, **{k: v for k, v in overrides.items() if v is not None})
-    if executor == "local":
-        job = dataclasses.replace(job, ray_address=None)
     _run_job(job, keep_work, overwrite, quiet)
 
 

@@ -1,4 +1,19 @@
-"""Build configuration: one frozen dataclass that the CLI and pipeline TOML files both produce."""
+"""Build configuration: one frozen dataclass that the CLI and pipeline TOML files both produce.
+
+Every choice list and default lives here, but for the names of the extension tables: a shard
+format or an executor (next, an encode engine) is one module plus one line in its table
+(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS), and `choices(field)` reads
+the names from the table each time a value is checked: no second list to keep in step.
+
+The table readers (TABLES) are this leaf's only imports of packer, each inside its function.
+config is imported by every layer and the tables sit in layers above it: a module-level import
+would load pyarrow and the executors with `import packer.config` and tie the leaf to those
+layers; read lazily, a BuildConfig reads the formats table and a Job the executors table, only
+when checked. tests/test_imports.py allows exactly these imports (one table, inside a TABLES
+reader), and no table module may import config back (a cycle). Checking these fields at the edge
+instead (CLI, build()) would let BuildConfig(format="parquet") construct and a pipeline file's
+typo surface only once a build starts.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +26,39 @@ from pathlib import Path
 
 ALGORITHMS = ("ffd", "bfd")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
-FORMATS = ("arrow", "memmap", "megatron")
-EXECUTORS = ("local", "ray")
 TEXT_SPLITS = ("file", "blank-line")
 ON_FILE_ERROR = ("fail", "skip")
 INPUT_KINDS = ("text", "prompt-completion", "chat", "tokens", "auto")
 LONG_PROMPT_POLICIES = ("split", "drop")
-CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "format": FORMATS, "text_split": TEXT_SPLITS,
-           "on_file_error": ON_FILE_ERROR, "executor": EXECUTORS, "input_kind": INPUT_KINDS,
-           "long_prompts": LONG_PROMPT_POLICIES}  # field -> allowed values (the CLI's too)
+CHOICES = {"algorithm": ALGORITHMS, "long_docs": LONG_DOC_POLICIES, "text_split": TEXT_SPLITS,
+           "on_file_error": ON_FILE_ERROR, "input_kind": INPUT_KINDS,
+           "long_prompts": LONG_PROMPT_POLICIES}  # field -> allowed values (the CLI's too); and TABLES below
+
+
+def _format_names() -> tuple[str, ...]:
+    from packer.store.formats import FORMATS
+
+    return tuple(FORMATS)
+
+
+def _executor_names() -> tuple[str, ...]:
+    from packer.preprocess.executors import EXECUTORS
+
+    return tuple(EXECUTORS)
+
+
+# field -> the names of its table, read when asked (module docstring); a table's field is one line here
+TABLES = {"format": _format_names, "executor": _executor_names}
+
+
+def choices(name: str) -> tuple[str, ...] | None:
+    """The values config field `name` allows (None: it is no choice), for the checks below and the
+    CLI's options: config's own list, or the names its table holds now."""
+    if name in TABLES:
+        return TABLES[name]()
+    return CHOICES.get(name)
+
+
 # Fields that only records (input_kind other than "text") read: a text build leaves them out of its
 # manifest and fingerprint, so raw-text datasets keep their bytes (docs/inputs.md).
 RECORD_FIELDS = ("input_kind", "prompt_field", "completion_field", "messages_field", "ids_field", "labels_field",
@@ -256,7 +295,7 @@ def _check_sources(sources):
 
 def _check_choices(obj):
     for f in dataclasses.fields(obj):
-        value, allowed = getattr(obj, f.name), CHOICES.get(f.name)
+        value, allowed = getattr(obj, f.name), choices(f.name)
         if allowed is not None and value not in allowed:
             raise ValueError(f"{f.name} must be one of {', '.join(allowed)}; got {value!r}")
 

@@ -4,10 +4,12 @@
     loader = DataLoader(PackedDataset("out/sample", batch_size=8), batch_size=None)
 """
 
+from packer.online_pack import CarryPolicy
 from packer.train.bucketing import BucketedBatchSampler, collate_documents
 from packer.train.data import PackedDataset
-from packer.train.items import collate_padded, collate_varlen, make_item, make_items
+from packer.train.items import ItemFields, collate_padded, collate_varlen, make_item, make_items
 from packer.train.online import OnlinePackedDataset
+from packer.train.order import BlockShuffle
 
-__all__ = ["BucketedBatchSampler", "OnlinePackedDataset", "PackedDataset", "collate_documents", "collate_padded",
-           "collate_varlen", "make_item", "make_items"]
+__all__ = ["BlockShuffle", "BucketedBatchSampler", "CarryPolicy", "ItemFields", "OnlinePackedDataset", "PackedDataset",
+           "collate_documents", "collate_padded", "collate_varlen", "make_item", "make_items"]

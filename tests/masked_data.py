@@ -54,10 +54,9 @@ def add_prompt_masks(out):
     manifest["shards"] = [write_shard(str(index.shard_path(work / PLAN_DIR, k)), k, str(work), str(out),
                                       manifest["config"]["token_dtype"], fmt, loss_mask=True)
                           for k in range(len(manifest["shards"]))]
-    if fmt == "arrow":  # datasets' files name the shards' sha256
-        from packer.store.formats import arrow
+    from packer.store import formats
 
-        for name, data in arrow.hf_metadata(manifest["shards"]).items():
-            (out / name).write_bytes(data)
+    for name, data in formats.derived_files(fmt, manifest["shards"]).items():  # arrow's name the shards' sha256
+        (out / name).write_bytes(data)
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out

@@ -270,3 +270,27 @@ def test_inspect_shows_untrained_spans_of_a_masked_dataset(tmp_path):
     body = [line for line in unmasked.output.splitlines()[1:] if not line.startswith("──── document")]
     assert "legend" not in unmasked.output and "trained" not in unmasked.output
     assert all(np.array(line.split(), dtype=np.int64).size for line in body)  # ids only, no brackets
+
+
+CHOICES_SCRIPT = """
+import sys, types
+from packer.preprocess.executors import EXECUTORS, InlineExecutor
+from packer.store import formats
+formats.FORMATS["rows"] = types.ModuleType("rows_format")
+EXECUTORS["in-order"] = lambda job: InlineExecutor()
+from packer.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_format_and_executor_choices_come_from_their_tables():
+    """`packer build --help` lists a format or executor registered in its table (one line there, none
+    in config or the CLI) among the choices of --format and --executor."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CHOICES_SCRIPT, "build", "--help"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = " ".join(done.stdout.split())
+    assert "[arrow|memmap|megatron|rows]" in text and "[local|ray|in-order]" in text
+    plain = CliRunner().invoke(main, ["build", "--help"])
+    assert "[arrow|memmap|megatron]" in " ".join(plain.output.split()) and "rows" not in plain.output

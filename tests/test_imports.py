@@ -11,6 +11,9 @@ The table is DESIGN.md's, exactly:
     cli        ->  anything          leaves (config, binpack, online_pack, masks, _version) -> config, leaves
 
 Every import counts, also one inside a function: a lazy import still ties two modules together.
+One exception, by design (packer/config.py's docstring): config reads the names of the extension
+tables (shard formats, executors, ...) from the tables, each import inside the function of
+config.TABLES that reads it, importing the table alone. Those are the only arrows out of config.
 """
 
 from __future__ import annotations
@@ -109,6 +112,30 @@ def test_a_cycle_is_found():
     assert _cycle({"packer.a": {"packer.b", "numpy"}, "packer.b": set()}) is None
 
 
+def _table_reads(source: str) -> dict[str, list[str]]:
+    """{module: [names]} of every packer import in config's source, when each one is a table read:
+    inside a function that config's TABLES dict names, importing one upper-case name (the table).
+    Any other packer import of config raises AssertionError naming it."""
+    tree = ast.parse(source)
+    readers = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TABLES" for t in node.targets):
+            readers = {v.id for v in node.value.values}
+    reads: dict[str, list[str]] = {}
+    for node in tree.body:
+        inside = isinstance(node, ast.FunctionDef) and node.name in readers
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.ImportFrom) and (sub.module or "").startswith("packer") or (
+                    isinstance(sub, ast.Import) and any(a.name.startswith("packer") for a in sub.names)):
+                names = [a.name for a in sub.names]
+                assert inside and isinstance(sub, ast.ImportFrom) and len(names) == 1 and names[0].isupper(), (
+                    f"packer/config.py line {sub.lineno}: config imports packer only to read a table's names, inside "
+                    f"a function of its TABLES (found {ast.unparse(sub)})")
+                reads[sub.module] = names
+    return reads
+
+
+CONFIG_TABLES = set(_table_reads((PACKAGE / "config.py").read_text(encoding="utf-8")))
 LEAF_LAYERS = {name.split(".")[1] for name in LEAVES}
 ALLOWED = {  # layer -> the other packer layers its modules may import (besides the leaves); DESIGN.md's list
     "io": set(),
@@ -134,7 +161,7 @@ def _violations(graph: dict[str, set[str]]) -> list[str]:
         if name in FACES:
             continue
         if name in LEAVES:
-            allowed_names = LEAVES if name != "packer.config" else set()
+            allowed_names = LEAVES if name != "packer.config" else CONFIG_TABLES
             found += [f"{name} -> {d}" for d in sorted(deps) if d.startswith("packer.") and d not in allowed_names]
             continue
         layer = _layer(name)
@@ -171,8 +198,23 @@ def test_no_torch_outside_train(layer):
 
 def test_leaves_import_no_packer_module():
     """Leaves import nothing of packer but config (the one home of the choice lists) and other leaves
-    (online_pack packs with binpack); config itself nothing."""
+    (online_pack packs with binpack); config itself nothing but the tables whose names it reads."""
     graph = _graph()
     for leaf in LEAVES:
-        inner = [d for d in graph[leaf] if d.startswith("packer") and (leaf == "packer.config" or d not in LEAVES)]
+        allowed = CONFIG_TABLES if leaf == "packer.config" else LEAVES
+        inner = [d for d in graph[leaf] if d.startswith("packer") and d not in allowed]
         assert not inner, f"{leaf} must stay a leaf, but imports {inner}"
+
+
+def test_config_reads_the_tables_and_nothing_else():
+    """config's packer imports are its table reads (one table each, inside its TABLES reader): the
+    shard formats and the executors today; a module-level import, or one of anything else, is refused."""
+    reads = _table_reads((PACKAGE / "config.py").read_text(encoding="utf-8"))
+    assert reads["packer.store.formats"] == ["FORMATS"] and reads["packer.preprocess.executors"] == ["EXECUTORS"]
+    table = "def _names():\n    from packer.store.formats import FORMATS\n    return FORMATS\nTABLES = {'format': _names}\n"
+    assert _table_reads(table) == {"packer.store.formats": ["FORMATS"]}
+    for bad in ("from packer.store.formats import FORMATS\n" + table,  # at module level
+                table.replace("import FORMATS", "import get"),  # not a table
+                table.replace("TABLES = {'format': _names}", "TABLES = {}")):  # not a table reader
+        with pytest.raises(AssertionError, match="config imports packer only to read a table's names"):
+            _table_reads(bad)

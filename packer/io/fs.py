@@ -253,6 +253,9 @@ class RemotePath:
         return self.open_input()
 
 
+Place = Path | RemotePath  # what `location` gives: inner code takes a Place, never a string to resolve again
+
+
 def rmtree(loc):
     loc = location(loc)
     if isinstance(loc, RemotePath):

@@ -23,7 +23,6 @@ from packer.io import fs
 from packer.online_pack import online_fill_rate
 from packer.preprocess import readers
 from packer.preprocess.inputs import expand_inputs
-from packer.preprocess.record_reader import read_records
 from packer.preprocess.tokenize import unit_kind
 from packer.stats import figures
 from packer.store.dataset import open_dataset
@@ -128,7 +127,7 @@ def record_lengths(inputs, tokenizer: str, config: BuildConfig):
             continue
         encoder = RecordEncoder(kind, info, config, encode_texts)
         skips = readers.SkipLog.empty(strict=config.strict)
-        records = read_records(unit, skips, encoder.fields(), max_doc_bytes=config.max_doc_bytes)
+        records = readers.read_records(unit, skips, encoder.fields(), max_doc_bytes=config.max_doc_bytes)
         try:
             for batch in iter(lambda: list(itertools.islice(records, RECORD_BATCH)), []):
                 enc = encoder.encode(batch, skips)

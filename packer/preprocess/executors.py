@@ -330,7 +330,7 @@ def _ray(job):
     return RayExecutor(n_workers=job.workers, address=job.ray_address)
 
 
-# The executors a Job names (config.EXECUTORS lists the same keys, for the CLI and TOML checks):
+# The executors a Job names (config.choices("executor") reads the keys, for Job, the CLI and TOML):
 # name -> factory(job) reading job.workers, job.n_workers and job.ray_address.
 EXECUTORS = {
     "local": _local,
@@ -348,6 +348,12 @@ class _Workers:
     @property
     def n_workers(self) -> int:
         return self.workers
+
+
+def runs_inline(job) -> bool:
+    """Every stage call of the job runs in this process (the local executor with one worker): only
+    then do the calls see what lives in this process's memory (a memory:// output)."""
+    return job.executor == "local" and job.n_workers <= 1
 
 
 def make_executor(job_or_workers):

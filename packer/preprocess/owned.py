@@ -39,7 +39,6 @@ import re
 
 from packer.io import atomic, failpoints, fs, lock
 from packer.store import formats
-from packer.store.formats import arrow
 from packer.store.manifest import MANIFEST, REPORT, STATS, TOKENIZER, sha256_file
 
 RECORD = ".packer-owned.json"
@@ -160,7 +159,7 @@ def _described(staged, manifest: dict) -> dict:
     """{name: {bytes, sha256}} of every file in `staged`, the shards' sha256 taken from the
     manifest (computed as they were written), the few small others hashed here."""
     known = {TOKENIZER: manifest["tokenizer"]["sha256"]}
-    fmt = manifest["config"].get("format", "arrow")
+    fmt = formats.manifest_format(manifest["config"])
     for files in formats.manifest_files(fmt, manifest["shards"]):
         known.update(files)
     files = {}
@@ -219,7 +218,7 @@ def _legacy(out) -> dict:
         _adopt_marked_shards(out, work, record)
     try:
         manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-        fmt = manifest["config"].get("format", "arrow")
+        fmt = formats.manifest_format(manifest["config"])
         listed = [f for files in formats.manifest_files(fmt, manifest["shards"]) for f in files]
         listed.append((TOKENIZER, manifest["tokenizer"]["sha256"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -228,7 +227,7 @@ def _legacy(out) -> dict:
     if len(verified) < len(listed):
         return record
     _adopt(out, MANIFEST, sha256_file(out / MANIFEST), record)
-    for name, data in (arrow.hf_metadata(manifest["shards"]) if fmt == "arrow" else {}).items():
+    for name, data in formats.derived_files(fmt, manifest["shards"]).items():
         _adopt(out, name, _sha(data), record)
     stats = _legacy_stats(out, manifest)
     if stats is not None:
@@ -252,7 +251,7 @@ def _adopt_marked_shards(out, work, record: dict):
     """Shards an unfinished build of an older packer wrote into OUTPUT, each listed with its sha256
     in its _work/shards/*.json."""
     try:
-        fmt = json.loads((work / "fingerprint.json").read_text(encoding="utf-8"))["config"].get("format", "arrow")
+        fmt = formats.manifest_format(json.loads((work / "fingerprint.json").read_text(encoding="utf-8"))["config"])
         markers = sorted((work / "shards").iterdir()) if (work / "shards").is_dir() else []
         for marker in markers:
             if marker.name.endswith(".json"):

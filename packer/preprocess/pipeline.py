@@ -8,7 +8,7 @@
     OUTPUT/_work/plan.npz                                         plan index: shard -> plan file, counts per shard
     OUTPUT/_work/dataset/shard-XXXXX.{arrow | bin+idx}, _work/shards/*.json
                                                                   write (one per shard; the .json says done)
-    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [arrow: state.json, dataset_info.json], manifest.json}
+    OUTPUT/_work/dataset/{stats.json, report.html, tokenizer.json, [the format's derived files], manifest.json}
                                                                   finalize (manifest last)
     OUTPUT/...                                                    publish: moved in, manifest last (owned.publish)
 
@@ -32,18 +32,18 @@ import numpy as np
 from packer._version import __version__
 from packer.config import Job
 from packer.encode.chat_source import chat_template_manifest
-from packer.encode.tokenizer import resolved_config, specials_manifest, tokenizer_info
+from packer.encode.tokenizer import TokenizerInfo, resolved_config, specials_manifest, tokenizer_info
 from packer.io import atomic, failpoints, fs, lock
 from packer.io.progress import Progress
 from packer.preprocess import changed, owned, plan_groups, readers, resume, sources, writer
-from packer.preprocess.executors import make_executor
+from packer.preprocess.executors import make_executor, runs_inline
 from packer.preprocess.plan import Plan
 from packer.preprocess.plan_groups import PlanIndex
 from packer.preprocess.tokenize import tokenize_unit, trained_totals, unit_paths
 from packer.stats import report
 from packer.stats.figures import add_trained, plan_source_figures
 from packer.stats.streamed import finalize_stats
-from packer.store.formats import arrow
+from packer.store import formats
 from packer.store.manifest import FORMAT_VERSION, MANIFEST, REPORT, STATS, read_manifest
 
 WORK = "_work"
@@ -218,10 +218,29 @@ def _shipped(info) -> dict:
     return out
 
 
-def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, out, work,
-              skipped_files=(), named=None) -> dict:
-    config = job.config
-    length_files = [unit_paths(work / "units", u.index)["lengths.npy"] for u in units]
+@dataclasses.dataclass
+class _Run:
+    """One build as its stages hand it on: what it reads (inputs, tokenizer, sources), where it writes
+    (`work`, and `staged` = work/dataset/), and what each stage produced; finalize reads it whole."""
+
+    job: Job
+    files: list
+    info: TokenizerInfo
+    work: fs.Place
+    staged: fs.Place
+    named: sources.Named | None = None
+    units: list = dataclasses.field(default_factory=list)
+    skipped_files: list = dataclasses.field(default_factory=list)
+    counters: list = dataclasses.field(default_factory=list)  # tokenize: each unit's counters
+    plan: PlanIndex | None = None
+    entries: list = dataclasses.field(default_factory=list)  # write: each shard's manifest entry
+
+
+def _finalize(run: _Run) -> dict:
+    """stats.json, report.html, tokenizer.json and a format's extra files into run.staged; the manifest (returned)."""
+    config, info, counters, plan, named = run.job.config, run.info, run.counters, run.plan, run.named
+    out, work, files = run.staged, run.work, run.files
+    length_files = [unit_paths(work / "units", u.index)["lengths.npy"] for u in run.units]
 
     def unit_lengths():  # one unit's lengths in memory at a time
         return (np.load(fs.for_numpy(p)) for p in length_files)
@@ -241,9 +260,8 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
         atomic.write_json(out / STATS, figures)
         atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
-    if config.format == "arrow":  # state.json, dataset_info.json: datasets.load_from_disk(out) maps the shards
-        for name, data in arrow.hf_metadata(entries).items():
-            atomic.write_bytes(out / name, data)
+    for name, data in formats.derived_files(config.format, run.entries).items():  # arrow: HF datasets' files
+        atomic.write_bytes(out / name, data)
     manifest = {
         "format_version": FORMAT_VERSION,
         "tool": {"name": "packer", "version": __version__},
@@ -258,8 +276,8 @@ def _finalize(job: Job, files, units, info, counters, plan: PlanIndex, entries, 
                       **_shipped(info), **specials_manifest(info),
                       **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
-        "shards": entries,
-        "totals": _totals(counters, plan, config, work, skipped_files),
+        "shards": run.entries,
+        "totals": _totals(counters, plan, config, work, run.skipped_files),
     }
     if named:
         manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
@@ -283,7 +301,7 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
     out = fs.location(job.output)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {fs.redact(out)} is a file; give a directory (new, or one packer wrote)")
-    if fs.is_process_local(out) and (job.executor == "ray" or job.n_workers > 1):
+    if fs.is_process_local(out) and not runs_inline(job):
         raise ValueError(f"--output {fs.redact(out)} is in this process's memory, which worker processes do not share; use --workers 1")
     named = sources.Named.of(job) if job.sources else None  # None: one unnamed source, the build as it always was
     files = named.files if named else readers.expand_inputs(job.inputs)
@@ -379,7 +397,9 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         for d in (work / "units", work / "shards", staged):  # left by a worker stopped mid-write
             if d.exists():
                 atomic.remove_leftovers(d)
-    manifest = _finalize(job, files, units, info, counters, plan, entries, staged, work, skipped_files or (), named)
+    run = _Run(job=job, files=files, info=info, work=work, staged=staged, named=named, units=units,
+               skipped_files=skipped_files or [], counters=counters, plan=plan, entries=entries)
+    manifest = _finalize(run)
     manifest["created_unix"] = round(time.time(), 3)
     manifest["build_seconds"] = round(time.time() - started, 3)
     atomic.write_json(staged / MANIFEST, manifest)  # last: the new dataset is complete

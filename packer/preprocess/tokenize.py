@@ -25,12 +25,12 @@ import struct
 import numpy as np
 
 from packer.config import BuildConfig
-from packer.encode.records import RECORD_BATCH, RecordEncoder
+from packer.encode.records import RECORD_BATCH, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_parts, encode_texts
 from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
 from packer.io import atomic, fs
 from packer.preprocess import changed
-from packer.preprocess.readers import FileError, SkipLog, Unit, read_unit
+from packer.preprocess.readers import FileError, SkipLog, Unit, field_names, read_records, read_unit
 
 
 def unit_paths(work_dir, index: int) -> dict:
@@ -106,7 +106,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
     skips = SkipLog.empty(strict=config.strict)
     files = open_files()
     file_error = None
-    # what was read, hashed (packer/preprocess/changed.py); record kinds' reader (record_reader) does not hash yet
+    # what was read, hashed (packer/preprocess/changed.py); records (readers' `records`) are not hashed yet
     sums = changed.InputSum() if changed.ENABLED and kind == "text" else None
     try:
         n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind, sums=sums)
@@ -146,11 +146,10 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
 
 
 def unit_kind(unit: Unit, config: BuildConfig) -> str:
+    """config.input_kind; under auto, the kind the unit's file shows by its fields (its reader's field_names)."""
     if config.input_kind != "auto":
         return config.input_kind
-    from packer.preprocess.record_reader import detect_kind
-
-    return detect_kind(unit, config)
+    return kind_of_fields(field_names(unit, max_doc_bytes=config.max_doc_bytes), config)
 
 
 def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender,
@@ -173,8 +172,6 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
 
 def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, roles=None) -> tuple[int, int]:
     """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/encode/records.py)."""
-    from packer.preprocess.record_reader import read_records
-
     encoder = RecordEncoder(kind, info, config, encode_texts)
     fields = encoder.fields()
     fix = {"chat": "choose the column with --messages-field", "prompt-completion": "choose it with --prompt-field",

@@ -32,10 +32,18 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.io import fs
 from packer.store.dataset import open_dataset, read_rows
-from packer.store.manifest import read_manifest
+from packer.store.manifest import load_manifest
 from packer.train.blend import Blend, Source
-from packer.train.items import _POOL, _block_batch, _block_items, _make_block, collate_padded, collate_varlen
-from packer.train.order import check_shuffle, epoch_order, permute
+from packer.train.items import (
+    _POOL,
+    ItemFields,
+    _block_batch,
+    _block_items,
+    _make_block,
+    collate_padded,
+    collate_varlen,
+)
+from packer.train.order import BlockShuffle, check_shuffle, epoch_order, permute
 from packer.train.partition import (
     Progress,
     check_rank,
@@ -47,7 +55,7 @@ from packer.train.partition import (
     unit_positions,
 )
 
-__all__ = ["PackedDataset", "permute"]
+__all__ = ["BlockShuffle", "ItemFields", "PackedDataset", "permute"]
 
 # Rows built per vectorized step: about this many tokens (64 rows of 4096). Measured 2026-11-29
 # (busy 2-core box, context 4096, bench_loader): blocks of 8 / 32 / 64 / 128 rows gave 7 / 10 /
@@ -69,6 +77,10 @@ def _sources_of(manifest: dict, dataset: int, name: str) -> list[Source]:
     return out
 
 
+def _manifest_of(ds) -> tuple[dict, str]:
+    return ds.manifest, ds.generation
+
+
 def _loss_masks(ds, rows) -> list | None:
     """ds.mask_views(rows) where the dataset stores loss masks (fine-tuning data), else None."""
     return ds.mask_views(rows) if getattr(ds, "has_loss_mask", False) else None
@@ -78,10 +90,10 @@ def _role_table(manifests: list[dict], paths) -> dict:
     """The one role table (name -> id) of datasets built with --store-roles; ValueError naming the fix."""
     for m, p in zip(manifests, paths):
         if not m.get("roles"):
-            raise ValueError(f"return_role_ids=True, but {p} stores no role ids; build it with --input-kind chat "
+            raise ValueError(f"ItemFields(role_ids=True), but {p} stores no role ids; build it with --input-kind chat "
                              "--store-roles (docs/role_masks.md)")
     if any(m["roles"] != manifests[0]["roles"] for m in manifests):
-        raise ValueError("return_role_ids=True over datasets with different role tables (manifest \"roles\"); "
+        raise ValueError("ItemFields(role_ids=True) over datasets with different role tables (manifest \"roles\"); "
                          "build them with the same --role-names")
     return dict(manifests[0]["roles"])
 
@@ -95,8 +107,15 @@ class PackedDataset(IterableDataset):
     the named sources of one dataset (manifest["sources"]). `num_samples` is a blend's epoch length
     (default: the sources' rows together); `source_names` names the sources, in the order of their ids.
 
-    shuffle: True (a full seeded shuffle), "block" (blocks of `shuffle_block` consecutive rows in a seeded
-    order, rows shuffled within each `shuffle_window` blocks: coalesced reads from object stores), False.
+    shuffle: True (a full seeded shuffle), "block" or BlockShuffle(block=64, window=16) (blocks of `block`
+    consecutive rows in a seeded order, rows shuffled within each `window` blocks: coalesced reads from
+    object stores; packer/train/order.py), False.
+
+    fields: what each item carries beyond its five fields (ItemFields, packer/train/items.py): pad_to,
+    pad_id (default: the manifest's), attention_mask, document_ids, source_ids (int64, one per token:
+    the source of its row), role_ids (int64, one per token: its chat role, padding masks.PAD_ROLE; a
+    dataset built with --store-roles; `roles` is then its role table (name -> id), for a
+    packer.masks.RolePolicy: docs/role_masks.md).
 
     rank / world_size default to torch.distributed's when it is initialised, else 0 / 1.
     state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: the state is that of
@@ -113,30 +132,31 @@ class PackedDataset(IterableDataset):
     from each block of rows, with no per-item tensors or dicts (several times faster;
     benchmarks/bench_loader.py). `len()` then counts the rank's batches.
 
-    return_source_ids=True adds `source_ids` (int64, one per token: the source of its row).
-    return_role_ids=True adds `role_ids` (int64, one per token: its chat role, padding masks.PAD_ROLE)
-    of a dataset built with --store-roles; `roles` is then its role table (name -> id), for a
-    packer.masks.RolePolicy (docs/role_masks.md).
+    The datasets' generations (their manifests' sha256) are pinned at construction: a DataLoader
+    worker, or a later epoch's reopen, of a dataset another build replaced meanwhile raises
+    "the dataset at X was replaced after this loader opened it; restart from a checkpoint" instead
+    of mixing rows of two builds (docs/format.md, Block checksums).
     """
 
     def __init__(self, path, *, weights=None, num_samples: int | None = None, mix_by: str = "sequences",
-                 shuffle=True, shuffle_block: int = 64, shuffle_window: int = 16, seed: int = 0, epoch: int = 0,
-                 pad_to: int | None = None, rank: int | None = None, world_size: int | None = None,
-                 drop_last: bool = False, return_attention_mask: bool = False, return_document_ids: bool = False,
-                 return_source_ids: bool = False, batch_size: int | None = None, collate_fn=None,
-                 return_role_ids: bool = False):
+                 shuffle: bool | str | BlockShuffle = True, seed: int = 0, epoch: int = 0, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False, fields: ItemFields = ItemFields(),
+                 batch_size: int | None = None, collate_fn=None):
         self.path = path
         names, self.paths = self._paths(path)
-        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes
-        self.manifests = [read_manifest(p) if fs.is_remote(p) else open_dataset(p).manifest for p in self.paths]
+        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes.
+        # Each one's generation is pinned: every process opens that dataset or raises (DatasetReplaced).
+        opened = [load_manifest(p) if fs.is_remote(p) else _manifest_of(open_dataset(p)) for p in self.paths]
+        self.manifests, self.generations = [m for m, _ in opened], [g for _, g in opened]
         self.manifest = self.manifests[0]
         self._row_base = np.cumsum([0] + [int(m["totals"]["sequences"]) for m in self.manifests])
         self.context_length = max(int(m["config"]["context_length"]) for m in self.manifests)
+        pad_to = fields.pad_to
         pad_ids = {int(m["config"].get("pad_id", 0)) for m in self.manifests}
-        if len(pad_ids) > 1 and pad_to is not None:
+        if len(pad_ids) > 1 and pad_to is not None and fields.pad_id is None:
             raise ValueError(f"the blended datasets pad with different ids {sorted(pad_ids)}; rebuild them with "
-                             "one pad id, or leave pad_to=None")
-        self.pad_id = int(self.manifest["config"].get("pad_id", 0))
+                             "one pad id, give ItemFields(pad_id=ID), or leave pad_to=None")
+        self.pad_id = int(self.manifest["config"].get("pad_id", 0)) if fields.pad_id is None else fields.pad_id
         if pad_to is not None and pad_to < self.context_length:
             raise ValueError(f"pad_to={pad_to} is shorter than the dataset's context length {self.context_length} "
                              f"({path}); use pad_to >= {self.context_length}, or None")
@@ -145,8 +165,9 @@ class PackedDataset(IterableDataset):
         self.blend = self._blend(weights, num_samples, mix_by)
         self.n_sequences = self.blend.length if self.blend else int(self._row_base[-1])
         check_rank(rank, world_size)
-        self.order = check_shuffle(shuffle, shuffle_block, shuffle_window)
-        self.shuffle, self.shuffle_block, self.shuffle_window = shuffle, shuffle_block, shuffle_window
+        self.order, sizes = check_shuffle(shuffle)
+        self.shuffle = "block" if isinstance(shuffle, BlockShuffle) else shuffle  # as a state saves it
+        self.shuffle_block, self.shuffle_window = sizes.block, sizes.window
         self.seed, self.epoch, self.pad_to, self.drop_last = seed, epoch, pad_to, drop_last
         self.rank, self.world_size = rank, world_size
         if batch_size is not None and batch_size < 1:
@@ -155,10 +176,11 @@ class PackedDataset(IterableDataset):
             raise ValueError("collate_fn is used only with batch_size: pass batch_size=B too, or give collate_fn "
                              "to the DataLoader")
         self.batch_size, self.collate_fn = batch_size, collate_fn or collate_varlen
-        self.return_attention_mask, self.return_document_ids = return_attention_mask, return_document_ids
-        self.return_source_ids = return_source_ids
-        self.return_role_ids = return_role_ids
-        self.roles = _role_table(self.manifests, self.paths) if return_role_ids else None
+        self.fields = fields
+        self.return_attention_mask, self.return_document_ids = fields.attention_mask, fields.document_ids
+        self.return_source_ids = fields.source_ids
+        self.return_role_ids = fields.role_ids
+        self.roles = _role_table(self.manifests, self.paths) if fields.role_ids else None
         self._dss = None
         self._done = (0, 0)  # (units, items) this process yielded in the current epoch before the current block
         self._block_iter = None  # (iterator over the block's items or batches, their count, items)
@@ -356,8 +378,8 @@ class PackedDataset(IterableDataset):
         return datasets, rows, np.searchsorted(starts, rows, side="right")
 
     def _open(self):
-        if self._dss is None:
-            self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
+        if self._dss is None:  # per process (memory maps do not pickle), of the generations opened first
+            self._dss = [open_dataset(p, generation=g) for p, g in zip(self.paths, self.generations)]
         return self._dss
 
     def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:
@@ -387,7 +409,7 @@ class PackedDataset(IterableDataset):
         return tokens, offsets, masks
 
     def _read_roles(self, datasets: np.ndarray, rows: np.ndarray) -> list | None:
-        """The rows' role ids (every dataset has them: checked at init), or None unless return_role_ids;
+        """The rows' role ids (every dataset has them: checked at init), or None unless fields.role_ids;
         put back at their places as _read does."""
         if not self.return_role_ids:
             return None

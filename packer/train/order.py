@@ -16,6 +16,7 @@ shuffle, about 0 for storage order.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -140,14 +141,30 @@ def epoch_order(positions: np.ndarray, n: int, shuffle: str, seed: int, epoch, b
     return permute(positions, n, seed, epoch)
 
 
-def check_shuffle(shuffle, block: int, window: int) -> str:
-    """The order's name for a `shuffle` argument (True / False / a name), or a ValueError saying what works."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockShuffle:
+    """The block order with its sizes: shuffle=BlockShuffle(block=64, window=16) (shuffle="block" is
+    BlockShuffle()): blocks of `block` consecutive stored rows in a seeded order, the rows of each
+    `window` consecutive blocks shuffled among themselves (the module docstring draws it)."""
+
+    block: int = 64
+    window: int = 16
+
+    def __post_init__(self):
+        if self.block < 1 or self.window < 1:
+            raise ValueError(f"BlockShuffle(block={self.block}, window={self.window}): both must be at least 1")
+
+
+def check_shuffle(shuffle) -> tuple[str, BlockShuffle]:
+    """(the order's name, the block sizes) for a `shuffle` argument (True / False / a name / a
+    BlockShuffle), or a ValueError saying what works."""
+    if isinstance(shuffle, BlockShuffle):
+        return "block", shuffle
     name = {True: "full", False: "none"}.get(shuffle, shuffle) if isinstance(shuffle, bool) else shuffle
     if name not in ORDERS:
-        raise ValueError(f"shuffle={shuffle!r} is not an order; use True (full), False (none) or one of {ORDERS}")
-    if block < 1 or window < 1:
-        raise ValueError(f"shuffle_block={block} and shuffle_window={window} must be at least 1")
-    return name
+        raise ValueError(f"shuffle={shuffle!r} is not an order; use True (full), False (none), one of {ORDERS} "
+                         "or BlockShuffle(block=..., window=...)")
+    return name, BlockShuffle()
 
 
 def spread(rows: np.ndarray, n: int, batch: int) -> float:

@@ -118,7 +118,8 @@ def _online_documents(texts, tokenizer) -> list[tuple[int, ...]]:
     torch = pytest.importorskip("torch")  # noqa: F841
     from packer.train.online import OnlinePackedDataset
 
-    ds = OnlinePackedDataset(texts, tokenizer=tokenizer, context_length=CONFIG.context_length, buffer_docs=16)
+    ds = OnlinePackedDataset(texts, tokenizer=tokenizer, config=BuildConfig(context_length=CONFIG.context_length),
+                             buffer_docs=16)
     docs = []
     for item in ds:
         ids, cu = item["input_ids"].tolist(), item["cu_seqlens"].tolist()

@@ -322,11 +322,12 @@ def test_online_packing_adds_the_builds_eos_and_bos(tmp_path):
     d = _tokenizer_dir(tmp_path / "deepseek", DEEPSEEK)
     bos, eos = _ids(d, BOS, EOS)
     built, _ = _built_docs(tmp_path, d, bos=None)
-    items = OnlinePackedDataset(TEXTS, tokenizer=str(d), context_length=512, buffer_docs=len(TEXTS))
+    items = OnlinePackedDataset(TEXTS, tokenizer=str(d), config=BuildConfig(context_length=512), buffer_docs=len(TEXTS))
     online = sorted(item["input_ids"][a:b].tolist() for item in items
                     for a, b in zip(item["cu_seqlens"][:-1].tolist(), item["cu_seqlens"][1:].tolist()))
     assert online == built and all(doc[0] == bos and doc[-1] == eos for doc in online)
-    off = OnlinePackedDataset(TEXTS, tokenizer=str(d), context_length=512, bos=False, eos_id=7)
+    off = OnlinePackedDataset(TEXTS, tokenizer=str(d), config=BuildConfig(context_length=512, bos=False), eos_id=7)
     assert (off.eos_id, off.bos_id) == (7, None)
-    obj = OnlinePackedDataset(TEXTS, tokenizer=Tokenizer.from_file(str(d / "tokenizer.json")), context_length=512)
+    obj = OnlinePackedDataset(TEXTS, tokenizer=Tokenizer.from_file(str(d / "tokenizer.json")),
+                              config=BuildConfig(context_length=512))
     assert obj.bos_id is None  # an object carries no add_bos_token

@@ -33,7 +33,7 @@ def test_describe_call_names_the_unit_or_shard():
     assert describe_call(tokenize_unit, (unit, None, None, "w"), 3) == (
         "tokenize_unit, unit 3 (a.jsonl bytes 0-65536)"
     )
-    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16"), 2) == "write_shard, shard 2"
+    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16", "arrow"), 2) == "write_shard, shard 2"
     assert describe_call(slow_square, (1, 0.0), 5) == "slow_square, item 5"
     assert describe_call(slow_square, (1, 2, 3), 6) == "slow_square, item 6"  # arguments do not bind
 
@@ -76,15 +76,35 @@ def test_make_executor_from_workers_or_job(tmp_path):
 
 
 def test_the_executor_table_is_the_one_config_checks_names_against(monkeypatch, tmp_path):
-    """config.EXECUTORS (what a Job, the CLI and TOML files accept) are the table's keys, and
+    """config.choices("executor") (what a Job, the CLI and TOML files accept) are the table's keys, and
     make_executor builds what the table's entry builds: a new executor is one line here."""
-    assert tuple(EXECUTORS) == config.EXECUTORS
+    assert tuple(EXECUTORS) == config.choices("executor")
     built = []
     monkeypatch.setitem(EXECUTORS, "local", lambda job: built.append(job) or InlineExecutor())
     job = Job(inputs=("a.jsonl",), tokenizer="t.json", output=str(tmp_path), workers=3)
     ex = make_executor(job)
     assert isinstance(ex, InlineExecutor) and built == [job]
     ex.close()
+
+
+def test_a_new_executor_is_one_line_in_the_table(monkeypatch, tmp_path):
+    """Registered in EXECUTORS and nowhere else, an executor is a Job choice and runs a build: the same
+    shards as the local executor's; an unknown name is refused with the table's names."""
+    from conftest import sample_heads
+
+    from packer.preprocess.pipeline import build
+
+    with pytest.raises(ValueError, match="executor must be one of local, ray; got 'in-order'"):
+        Job(inputs=("a",), tokenizer="t", output="o", executor="in-order")
+    ran = []
+    monkeypatch.setitem(EXECUTORS, "in-order", lambda job: ran.append(job.executor) or InlineExecutor())
+    (tmp_path / "in").mkdir()
+    inputs = tuple(sample_heads(tmp_path / "in", 30_000))
+    manifests = [build(Job(inputs=inputs, tokenizer=TOKENIZER, output=str(tmp_path / name), executor=name, workers=1,
+                           config=BuildConfig(context_length=256, shard_size=10_000)))
+                 for name in ("in-order", "local")]
+    assert ran == ["in-order"] and len(manifests[0]["shards"]) > 1
+    assert manifests[0]["shards"] == manifests[1]["shards"]
 
 
 def test_job_checks_executor_keys():

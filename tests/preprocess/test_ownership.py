@@ -71,7 +71,7 @@ def _cli(*args):
 def test_packer_names_alone_make_no_file_packers(tmp_path):
     """Every format's shard names (and their temporary names), packer's other names: without a record
     listing them, all are foreign."""
-    names = [name for fmt in FORMATS for _, _, name in formats.file_names(fmt, 3)] + sorted(formats.RESERVED)
+    names = [name for fmt in FORMATS for _, _, name in formats.file_names(fmt, 3)] + sorted(formats.reserved())
     for name in names:
         (tmp_path / name).write_text("mine")
         (tmp_path / f"{name}.tmp123").write_text("mine")

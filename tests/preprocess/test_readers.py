@@ -89,6 +89,50 @@ def test_every_format_yields_the_same_documents(tmp_path, fmt):
     assert got == texts and not skips.counts
 
 
+def _records_of(files, unit_bytes=10**9, fields=("text",), fix=""):
+    skips = SkipLog.empty()
+    got = [r for u in plan_units(files, unit_bytes) for r in readers.read_records(u, skips, fields, fix=fix)]
+    return got, skips
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_yields_the_same_records(tmp_path, fmt):
+    """The record way of reading, from the same reader module: each document's record, in file order,
+    once at any unit size; a table gives the asked-for columns, JSONL the whole object; the fields
+    --input-kind auto reads are the first record's keys or the columns, the same for every unit."""
+    texts = [t for t in _docs() if t.strip()]
+    files = expand_inputs(write_format(tmp_path, fmt, texts))
+    for unit_bytes in (10**9, 97):
+        got, skips = _records_of(files, unit_bytes)
+        assert [r["text"] for _, r in got] == texts and not skips.counts
+    assert set(got[0][1]) == ({"text", "id"} if fmt.startswith("jsonl") else {"text"})
+    assert got[0][0] == (f"{files[0]}:1" if fmt.startswith("jsonl") else f"{files[0]} row 0")
+    names = [readers.field_names(u) for u in plan_units(files, 97)]
+    assert names[0] == {"jsonl": {"text", "id"}, "parquet": {"text", "id"}, "arrow": {"text"}, "hf": {"text", "n"}}[
+        fmt.split(".")[0]]
+    assert all(n == names[0] for n in names) and (len(names) > 1 or fmt != "jsonl")  # a later byte range too
+
+
+def test_records_errors_and_skips(tmp_path):
+    """A text file holds no records (FileError, no fields); a table without the first field names the
+    fix; JSONL lines and array elements that are no object are counted, as the text way counts them."""
+    (tmp_path / "a.txt").write_text("just text", encoding="utf-8")
+    with pytest.raises(FileError, match="a txt input holds text, not records; use --input-kind text"):
+        _records_of([str(tmp_path / "a.txt")])
+    assert readers.field_names(plan_units([str(tmp_path / "a.txt")], 10**9)[0]) == set()
+    pq.write_table(pa.table({"prompt": ["p"]}), tmp_path / "b.parquet")
+    with pytest.raises(FileError, match=r"no column 'messages' \(columns: prompt; choose it with --x\)"):
+        _records_of([str(tmp_path / "b.parquet")], fields=("messages",), fix="choose it with --x")
+    (tmp_path / "c.jsonl").write_bytes(b'{"a": 1}\n[1]\n{"a": \n\n"s"\n{"b": 2}\n')
+    got, skips = _records_of([str(tmp_path / "c.jsonl")])
+    assert got == [(f"{tmp_path / 'c.jsonl'}:1", {"a": 1}), (f"{tmp_path / 'c.jsonl'}:6", {"b": 2})]
+    assert dict(skips.counts) == {"missing_field": 2, "malformed_json": 1}
+    (tmp_path / "d.json").write_text('[{"a": 1}, 2, {"b": 3}]', encoding="utf-8")
+    got, skips = _records_of([str(tmp_path / "d.json")])
+    assert got == [(f"{tmp_path / 'd.json'} record 0", {"a": 1}), (f"{tmp_path / 'd.json'} record 2", {"b": 3})]
+    assert dict(skips.counts) == {"missing_field": 1}
+
+
 def test_text_files_one_document_each(tmp_path):
     texts = [t for t in _docs() if t.strip()]
     got, _ = _read_all(expand_inputs(write_format(tmp_path, "txt", texts)))
@@ -292,7 +336,7 @@ def test_a_new_format_is_one_module_and_one_line_in_the_table(tmp_path, monkeypa
 
 def test_every_reader_module_is_in_the_table():
     """Each module of packer/preprocess/readers/ but the shared ones is a reader in READERS, with the
-    interface of common.Reader; and the table's suffixes name the formats the docs list."""
+    interface of common.Reader (texts and records both); and the table's suffixes name the formats the docs list."""
     import inspect
     import pkgutil
 
@@ -304,7 +348,9 @@ def test_every_reader_module_is_in_the_table():
         assert isinstance(reader.NAME, str) and isinstance(reader.COMPRESSIBLE, bool)
         assert readers.reader_for(reader.NAME) is reader
         for fn, params in ((reader.plan, ["place", "unit_bytes", "compression", "text_split"]),
-                           (reader.texts, ["unit", "place", "skips", "text_field", "text_split", "max_doc_bytes"])):
+                           (reader.texts, ["unit", "place", "skips", "text_field", "text_split", "max_doc_bytes"]),
+                           (reader.records, ["unit", "place", "skips", "fields", "max_doc_bytes", "fix"]),
+                           (reader.field_names, ["unit", "place", "max_doc_bytes"])):
             assert list(inspect.signature(fn).parameters) == params, reader.NAME
     assert sorted(readers.READERS) == [".arrow", ".json", ".jsonl", ".ndjson", ".parquet", ".txt"]
 

@@ -21,7 +21,9 @@ from packer.encode.text import encode_texts
 from packer.encode.tokenizer import tokenizer_info
 from packer.io import fs
 from packer.preprocess.pipeline import build
+from packer.store import checksums, formats
 from packer.store.dataset import open_dataset
+from packer.store.manifest import sha256_file
 from packer.store.verify import verify_dataset
 
 ROLES = role_table()
@@ -103,11 +105,16 @@ def test_verify_and_open_refuse_bad_role_ids(tmp_path):
     role_file.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="role id 200, but the manifest's role table has 6 roles"):
         verify_dataset(out, checksums=False)
+    with pytest.raises(ValueError, match=r"role_ids\.bin bytes 0-\d+: checksum mismatch"):  # before its values
+        open_dataset(out)[0]
+    _attest(out)  # as a writer that wrote the bad role id, checksums and all: the value check still refuses it
     with pytest.raises(ValueError, match="role id 200"):
         open_dataset(out)[0]
     role_file.write_bytes(bytes(data[:-1]))
-    with pytest.raises(ValueError, match="one role byte per token"):
+    with pytest.raises(ValueError, match=rf"role_ids\.bin: {len(data) - 1} bytes, its checksums file says {len(data)}"):
         open_dataset(out)
+    with pytest.raises(ValueError, match="one role byte per token"):  # the length check behind the checksums
+        verify_dataset(out, checksums=False)
     manifest = json.loads((out / "manifest.json").read_text())
     for roles, message in (({"system": 0, "user": 2}, "not a table of role names"),
                            (None, "has role ids but the manifest no \"roles\" table")):
@@ -116,6 +123,23 @@ def test_verify_and_open_refuse_bad_role_ids(tmp_path):
         (out / "manifest.json").write_text(json.dumps(edited))
         with pytest.raises(ValueError, match=message):
             verify_dataset(out, checksums=False)
+
+
+def _attest(out):
+    """The checksums files and the manifest made to attest every shard file as it is now."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        files, (sums_name, sums_sha) = formats.data_files(manifest["config"]["format"], entry)
+        sums = checksums.read_sums(out / sums_name, sums_sha, len(files))
+        fresh = []
+        for (name, _), old in zip(files, sums.files):
+            data, cuts = (out / name).read_bytes(), old.cuts.tolist()
+            digests = [checksums.digest(data[a:b]) for a, b in zip(cuts, cuts[1:])]
+            fresh.append(checksums.FileSums(old.first, old.cuts, np.array(digests, np.uint64)))
+        (out / sums_name).write_bytes(b"".join(checksums.sums_bytes(sums.rows, fresh)))
+        for key in [k for k in entry if k == "file" or k.endswith("_file")]:
+            entry[key[: -len("file")] + "sha256"] = sha256_file(out / entry[key])
+    (out / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("fmt", ["arrow", "memmap"])

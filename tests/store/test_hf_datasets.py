@@ -1,5 +1,5 @@
 """HF `datasets` maps a built Arrow dataset as it is: `Dataset.from_file(shard)` and, with the two small
-files `arrow.hf_metadata` writes, `load_from_disk(DIR)`; nothing allocated, nothing in datasets' cache,
+files `arrow.derived_files` gives, `load_from_disk(DIR)`; nothing allocated, nothing in datasets' cache,
 and every row (input_ids, offsets, doc_ids) equal to open_dataset's and to PackedDataset's items."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def built(tmp_path_factory):
     (the files the build's finalize writes)."""
     out = tmp_path_factory.mktemp("hfds") / "ds"
     manifest = build_sample(out, workers=1, shard_size=200_000)
-    for name, data in arrow.hf_metadata(manifest["shards"]).items():
+    for name, data in arrow.derived_files(manifest["shards"]).items():
         (out / name).write_bytes(data)
     return out
 
@@ -108,15 +108,15 @@ def test_hf_rows_equal_packed_dataset_items(built):
         assert np.array_equal(item["cu_seqlens"].numpy(), row["offsets"])
 
 
-def test_hf_metadata_lists_the_shards_and_only_depends_on_them():
+def test_derived_files_list_the_shards_and_only_depends_on_them():
     shards = [{"file": f"shard-{i:05d}.arrow", "sha256": f"{i:064x}", "sequences": 3} for i in range(3)]
-    files = arrow.hf_metadata(shards)
+    files = arrow.derived_files(shards)
     assert list(files) == ["state.json", "dataset_info.json"]
     state = json.loads(files["state.json"])
     assert state["_data_files"] == [{"filename": "shard-00000.arrow"}, {"filename": "shard-00001.arrow"},
                                     {"filename": "shard-00002.arrow"}]
     assert len(state["_fingerprint"]) == 16 and json.loads(files["dataset_info.json"])["features"] is None
-    assert arrow.hf_metadata([dict(s) for s in shards]) == files  # the same bytes for the same shards
+    assert arrow.derived_files([dict(s) for s in shards]) == files  # the same bytes for the same shards
     changed = [*shards[:2], {**shards[2], "sha256": "f" * 64}]
-    assert json.loads(arrow.hf_metadata(changed)["state.json"])["_fingerprint"] != state["_fingerprint"]
-    assert arrow.hf_metadata([]) == {}
+    assert json.loads(arrow.derived_files(changed)["state.json"])["_fingerprint"] != state["_fingerprint"]
+    assert arrow.derived_files([]) == {}

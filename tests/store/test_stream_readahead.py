@@ -113,12 +113,13 @@ def test_packed_dataset_reads_no_more_with_read_ahead(fmt, shuffle, datasets, mo
     every batch equals the local dataset's."""
     torch = pytest.importorskip("torch")
     from packer.train.data import PackedDataset
+    from packer.train.order import BlockShuffle
 
     torch.set_num_threads(1)
     path, uri = datasets[fmt]
     monkeypatch.setenv("PACKER_BLOCK_BYTES", str(BLOCK_BYTES))
     monkeypatch.setenv("PACKER_STREAM_MEMORY_BYTES", str(_memory_for(uri, 0.25)))
-    order = {"shuffle": shuffle, **({"shuffle_window": 2, "shuffle_block": 16} if shuffle == "block" else {})}
+    order = {"shuffle": BlockShuffle(block=16, window=2) if shuffle == "block" else shuffle}
     want = list(PackedDataset(path, seed=5, batch_size=4, **order))
     stats = {}
     for read_ahead in (0, 4):

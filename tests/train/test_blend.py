@@ -11,7 +11,7 @@ import torch
 from conftest import build_sample
 from test_elastic import _keys_of, run_job, workers  # noqa: F401  (workers: a fixture)
 
-from packer.data import PackedDataset
+from packer.data import ItemFields, PackedDataset
 from packer.store.dataset import open_dataset
 from packer.train import blend as blend_module
 from packer.train.blend import Blend, Source, apportion, greedy_pattern
@@ -83,7 +83,7 @@ def test_blended_order_is_one_global_order_over_ranks_and_workers(two_datasets, 
 
     def make(**kw):
         return PackedDataset(two_datasets, weights=weights, seed=1, batch_size=4, collate_fn=_keys_of,
-                             return_source_ids=False, **kw)
+                             fields=ItemFields(source_ids=False), **kw)
 
     whole, _ = run_job(make, 1, 1, None)
     assert len(whole) == make().n_sequences == sum(len(open_dataset(p)) for p in two_datasets.values())
@@ -162,7 +162,8 @@ def test_blended_read_puts_each_row_back_in_place(two_datasets):
 def test_source_ids_name_the_dataset_of_each_token(two_datasets):
     keys = {name: {open_dataset(p)[i][0].astype(np.int64).tobytes() for i in range(len(open_dataset(p)))}
             for name, p in two_datasets.items()}
-    ds = PackedDataset(two_datasets, weights={"long": 1, "short": 3}, num_samples=800, return_source_ids=True)
+    ds = PackedDataset(two_datasets, weights={"long": 1, "short": 3}, num_samples=800,
+                       fields=ItemFields(source_ids=True))
     assert ds.source_names == ["long", "short"]
     counts = [0, 0]
     for item in ds:
@@ -171,13 +172,14 @@ def test_source_ids_name_the_dataset_of_each_token(two_datasets):
         assert item["input_ids"].numpy().tobytes() in keys[ds.source_names[int(sid[0])]]
         counts[int(sid[0])] += 1
     assert counts == [200, 600]
-    batch = next(iter(PackedDataset(two_datasets, weights=[1, 1], return_source_ids=True, batch_size=3)))
+    batch = next(iter(PackedDataset(two_datasets, weights=[1, 1], batch_size=3, fields=ItemFields(source_ids=True))))
     assert batch["source_ids"].shape == batch["input_ids"].shape
 
 
 def test_named_sources_of_one_dataset(named_sources):
-    ds = PackedDataset(named_sources, weights={"head": 0.5, "tail": 0.5}, num_samples=600, return_source_ids=True,
-                       batch_size=6, collate_fn=lambda items: [(int(it["source_ids"][0]), it) for it in items])
+    ds = PackedDataset(named_sources, weights={"head": 0.5, "tail": 0.5}, num_samples=600, batch_size=6,
+                       collate_fn=lambda items: [(int(it["source_ids"][0]), it) for it in items],
+                       fields=ItemFields(source_ids=True))
     assert ds.source_names == ["head", "tail"]
     raw = open_dataset(named_sources)
     head = {raw[i][0].astype(np.int64).tobytes() for i in range(100)}
@@ -187,7 +189,7 @@ def test_named_sources_of_one_dataset(named_sources):
             seen[s] += 1
             assert (item["input_ids"].numpy().tobytes() in head) == (s == 0)
     assert seen == [300, 300]  # 'head' (100 rows) three passes
-    plain = PackedDataset(named_sources, return_source_ids=True, shuffle=False)
+    plain = PackedDataset(named_sources, shuffle=False, fields=ItemFields(source_ids=True))
     assert [int(it["source_ids"][0]) for it in plain][99:101] == [0, 1]
     with pytest.raises(ValueError, match="not sources of"):
         PackedDataset(named_sources, weights={"web": 1})
@@ -196,7 +198,8 @@ def test_named_sources_of_one_dataset(named_sources):
 def test_hf_batches_over_a_blend(two_datasets):
     from packer.train.hf import HFBatches
 
-    ds = PackedDataset(two_datasets, weights=[1, 1], num_samples=64, return_source_ids=True, rank=0, world_size=2)
+    ds = PackedDataset(two_datasets, weights=[1, 1], num_samples=64, rank=0, world_size=2,
+                       fields=ItemFields(source_ids=True))
     batches = list(HFBatches(ds, 4, return_row_ids=True))
     assert len(batches) == len(HFBatches(ds, 4)) and sum(len(b["row_ids"]) for b in batches) == 32
     assert all(b["source_ids"].shape == b["input_ids"].shape for b in batches)

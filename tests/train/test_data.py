@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packer import masks  # noqa: E402
-from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
+from packer.data import BlockShuffle, ItemFields, PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train import data  # noqa: E402
 from packer.train import items as train_items  # noqa: E402
@@ -154,7 +154,7 @@ def _all_keys(path):
 
 def test_items_follow_loader_semantics(sample_dataset):
     raw = open_dataset(sample_dataset)
-    ds = PackedDataset(sample_dataset, shuffle=False, pad_to=1024)
+    ds = PackedDataset(sample_dataset, shuffle=False, fields=ItemFields(pad_to=1024))
     seen_pad = 0
     for i, item in enumerate(ds):
         tokens, offsets = raw[i]
@@ -297,7 +297,7 @@ def test_views_path_equals_row_by_row(sample_dataset):
 
 def test_bad_arguments_say_what_to_do(sample_dataset):
     with pytest.raises(ValueError, match="context length 1024"):
-        PackedDataset(sample_dataset, pad_to=1000)
+        PackedDataset(sample_dataset, fields=ItemFields(pad_to=1000))
     with pytest.raises(ValueError, match="rank and world_size together"):
         PackedDataset(sample_dataset, rank=1)
     with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world_size=2\)"):
@@ -324,7 +324,8 @@ def test_buffer_pool_never_hands_out_memory_in_use():
 def test_batches_cross_worker_processes_intact(sample_dataset):
     """Batches are views of pooled block buffers; moved to shared memory they must arrive whole."""
     def batches(num_workers):
-        loader = DataLoader(PackedDataset(sample_dataset, seed=7, pad_to=1024), batch_size=8, num_workers=num_workers,
+        loader = DataLoader(PackedDataset(sample_dataset, seed=7, fields=ItemFields(pad_to=1024)), batch_size=8,
+                            num_workers=num_workers,
                             collate_fn=collate_varlen)
         out = []
         for batch in loader:
@@ -368,15 +369,15 @@ def test_batch_size_yields_the_dataloaders_batches(sample_dataset, num_workers):
     """PackedDataset(batch_size=B) through DataLoader(batch_size=None, any num_workers) gives the batches
     that DataLoader(batch_size=B, collate_fn=...) makes of the items without workers: for both built-in collates (cut
     from blocks), another collate (built from items), document ids, padding and the short last batch."""
-    cases = [(3, collate_varlen, {}), (8, collate_varlen, {"return_document_ids": True}),
-             (5, collate_padded, {"pad_to": 1024, "return_document_ids": True}), (4, _by_a_function, {}),
-             (2, collate_padded, {"pad_to": 1024, "return_attention_mask": True, "shuffle": False})]
+    cases = [(3, collate_varlen, {}), (8, collate_varlen, {"fields": ItemFields(document_ids=True)}),
+             (5, collate_padded, {"fields": ItemFields(pad_to=1024, document_ids=True)}), (4, _by_a_function, {}),
+             (2, collate_padded, {"fields": ItemFields(pad_to=1024, attention_mask=True), "shuffle": False})]
     if num_workers:
         cases = cases[:2]
     for size, collate, kw in cases:
         items = PackedDataset(sample_dataset, seed=7, **kw)
         batched = PackedDataset(sample_dataset, seed=7, batch_size=size, collate_fn=collate, **kw)
-        n = 3 if kw.get("return_attention_mask") else None  # dense masks: a prefix is enough
+        n = 3 if "fields" in kw and kw["fields"].attention_mask else None  # dense masks: a prefix is enough
         # The rank's batches are its units of the global order, whichever worker cuts them: with workers too
         # they equal the item loader's batches without workers (item loaders with workers batch each
         # worker's own items, a different grouping).
@@ -444,7 +445,7 @@ def test_block_order_is_a_bijection_reading_whole_blocks():
 
 def test_block_shuffle_loads_and_hints_reads(sample_dataset):
     keys = _all_keys(sample_dataset)
-    ds = PackedDataset(sample_dataset, shuffle="block", shuffle_block=8, shuffle_window=4, seed=1)
+    ds = PackedDataset(sample_dataset, shuffle=BlockShuffle(block=8, window=4), seed=1)
     hints = []
     ds._open()[0].prefetch = lambda rows, reset, calls=None: hints.append((np.asarray(rows).copy(), reset))
     got = _keys_of(ds)
@@ -455,3 +456,22 @@ def test_block_shuffle_loads_and_hints_reads(sample_dataset):
     assert len({r // 8 for r in stored}) == 4
     with pytest.raises(ValueError, match="is not an order"):
         PackedDataset(sample_dataset, shuffle="blocks")
+    named = PackedDataset(sample_dataset, shuffle="block", seed=1)  # the name: BlockShuffle's default sizes
+    assert _keys_of(named) == _keys_of(PackedDataset(sample_dataset, shuffle=BlockShuffle(), seed=1)) != got
+    assert named.state_dict()["shuffle"] == ds.state_dict()["shuffle"] == "block"  # states keep their plain form
+    with pytest.raises(ValueError, match="both must be at least 1"):
+        BlockShuffle(block=0)
+
+
+def test_item_fields_pad_id_overrides_the_manifests(sample_dataset):
+    stored = PackedDataset(sample_dataset, shuffle=False, fields=ItemFields(pad_to=1030))
+    own = PackedDataset(sample_dataset, shuffle=False, fields=ItemFields(pad_to=1030, pad_id=7))
+    n_padded = 0
+    for a, b in zip(stored, own):
+        pad = a["input_ids"] != b["input_ids"]
+        assert (a["input_ids"][pad] == stored.pad_id).all() and (b["input_ids"][pad] == 7).all()
+        assert all(torch.equal(a[k], b[k]) for k in ("labels", "position_ids", "cu_seqlens"))
+        n_padded += int(pad.sum() > 0)
+    assert n_padded > 0 and stored.pad_id != 7
+    with pytest.raises(ValueError, match="pad_to must be a number of tokens >= 1"):
+        ItemFields(pad_to=0)

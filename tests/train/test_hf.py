@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 import torch.nn.functional as F  # noqa: E402
 from conftest import SAMPLE, TOKENIZER  # noqa: E402
 
-from packer.data import PackedDataset  # noqa: E402
+from packer.data import ItemFields, PackedDataset  # noqa: E402
 from packer.hf import HFBatches, collate_hf  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.hf import _split_sizes  # noqa: E402
@@ -155,7 +155,7 @@ def test_collate_hf_is_the_dataloader_collate(small_dataset):
 
 
 def test_attention_mask_is_refused(small_dataset):
-    items = list(PackedDataset(small_dataset, shuffle=False, return_attention_mask=True))[:2]
+    items = list(PackedDataset(small_dataset, shuffle=False, fields=ItemFields(attention_mask=True)))[:2]
     with pytest.raises(ValueError, match="attention_mask"):
         collate_hf(items)
 

@@ -12,8 +12,10 @@ torch = pytest.importorskip("torch")
 from conftest import TOKENIZER, sample_texts  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from packer.config import BuildConfig  # noqa: E402
 from packer.online_pack import online_fill_rate  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
+from packer.train.items import ItemFields  # noqa: E402
 from packer.train.online import OnlinePackedDataset  # noqa: E402
 
 
@@ -39,7 +41,8 @@ def segments(item) -> list[list[int]]:
 @pytest.mark.parametrize("seed", range(4))
 def test_every_token_once_within_context_and_loader_semantics(seed):
     docs = numbered_docs(seed, 300, 90)
-    ds = OnlinePackedDataset(docs, context_length=64, buffer_docs=40, eos=False, seed=seed, pad_to=64)
+    ds = OnlinePackedDataset(docs, config=BuildConfig(context_length=64, eos=False, seed=seed), buffer_docs=40,
+                             fields=ItemFields(pad_to=64))
     seen, n_multi, n_split, n_padded = [], 0, 0, 0
     for item in ds:
         assert item["input_ids"].shape == (64,) and item["input_ids"].dtype == torch.int64
@@ -67,7 +70,8 @@ def test_every_token_once_within_context_and_loader_semantics(seed):
 
 def test_single_buffer_gives_the_offline_build_rows(sample_dataset):
     texts = [{"text": t, "id": i} for i, t in enumerate(sample_texts())]  # HF datasets style records
-    online = OnlinePackedDataset(texts, tokenizer=TOKENIZER, context_length=1024, buffer_docs=len(texts) + 1)
+    online = OnlinePackedDataset(texts, tokenizer=TOKENIZER, config=BuildConfig(context_length=1024),
+                                 buffer_docs=len(texts) + 1)
     offline = open_dataset(sample_dataset)
     expected = sorted(tuple(tokens.tolist()) for tokens, _ in offline)
     got = list(online)
@@ -78,8 +82,8 @@ def test_single_buffer_gives_the_offline_build_rows(sample_dataset):
 
 def test_texts_get_eos_and_document_ids_and_masks():
     texts = ["hello world", "a b c", "the end"]
-    ds = OnlinePackedDataset(texts, tokenizer=TOKENIZER, context_length=64, return_attention_mask=True,
-                             return_document_ids=True, pad_to=64)
+    ds = OnlinePackedDataset(texts, tokenizer=TOKENIZER, config=BuildConfig(context_length=64),
+                             fields=ItemFields(attention_mask=True, document_ids=True, pad_to=64))
     (item,) = list(ds)
     eos = ds.eos_id
     cu = item["cu_seqlens"].tolist()
@@ -96,7 +100,7 @@ def test_texts_encode_as_the_build_does_also_in_a_pickled_copy():
     from tokenizers import Tokenizer
 
     texts = ["a <|endoftext|> b", "plain text", "<|endoftext|>"]
-    ds = OnlinePackedDataset(texts, tokenizer=Tokenizer.from_file(TOKENIZER), context_length=64)
+    ds = OnlinePackedDataset(texts, tokenizer=Tokenizer.from_file(TOKENIZER), config=BuildConfig(context_length=64))
     (item,) = list(ds)
     docs = segments(item)
     assert len(docs) == 3 and all(d.count(ds.eos_id) == 1 and d[-1] == ds.eos_id for d in docs)
@@ -106,7 +110,7 @@ def test_texts_encode_as_the_build_does_also_in_a_pickled_copy():
 @pytest.mark.parametrize("buffer_docs", [50, 60])  # 500 docs: the stream ends on a full buffer, or not
 def test_online_fill_rate_counts_what_the_dataset_yields(buffer_docs):
     docs = numbered_docs(9, 500, 150)
-    ds = OnlinePackedDataset(docs, context_length=128, buffer_docs=buffer_docs, eos=False)
+    ds = OnlinePackedDataset(docs, config=BuildConfig(context_length=128, eos=False), buffer_docs=buffer_docs)
     out = rows(ds)
     r = online_fill_rate([len(d) for d in docs], 128, buffer_docs=buffer_docs)
     assert r["sequences"] == len(out) and r["tokens"] == sum(map(len, out)) and r["max_carry_bins"] > 0
@@ -115,7 +119,7 @@ def test_online_fill_rate_counts_what_the_dataset_yields(buffer_docs):
 def test_hf_datasets_map_style_and_iterable():
     datasets = pytest.importorskip("datasets")
     texts = sample_texts()[:300]
-    kwargs = dict(tokenizer=TOKENIZER, context_length=512, buffer_docs=64, rank=1, world_size=2)
+    kwargs = dict(tokenizer=TOKENIZER, config=BuildConfig(context_length=512), buffer_docs=64, rank=1, world_size=2)
     expected = rows(OnlinePackedDataset(texts, **kwargs))
     table = datasets.Dataset.from_dict({"text": texts})
     assert rows(OnlinePackedDataset(table, **kwargs)) == expected
@@ -124,16 +128,18 @@ def test_hf_datasets_map_style_and_iterable():
 
 def test_same_seed_same_output_other_seed_same_rows_reordered():
     docs = numbered_docs(7, 400, 50)
-    kwargs = dict(context_length=64, buffer_docs=100, eos_id=0)
-    a, b = rows(OnlinePackedDataset(docs, seed=5, **kwargs)), rows(OnlinePackedDataset(docs, seed=5, **kwargs))
-    c = rows(OnlinePackedDataset(docs, seed=6, **kwargs))
+    kwargs = dict(buffer_docs=100, eos_id=0)
+    seeded = lambda seed: BuildConfig(context_length=64, seed=seed)  # noqa: E731
+    a, b = rows(OnlinePackedDataset(docs, config=seeded(5), **kwargs)), rows(OnlinePackedDataset(docs, config=seeded(5), **kwargs))
+    c = rows(OnlinePackedDataset(docs, config=seeded(6), **kwargs))
     assert a == b and a != c and sorted(a) == sorted(c)
 
 
 @pytest.mark.parametrize("policy", ["split", "truncate", "drop"])
 def test_long_doc_policies(policy):
     docs = numbered_docs(3, 100, 200)
-    out = rows(OnlinePackedDataset(docs, context_length=64, buffer_docs=30, eos=False, long_docs=policy))
+    out = rows(OnlinePackedDataset(docs, config=BuildConfig(context_length=64, eos=False, long_docs=policy),
+                                   buffer_docs=30))
     tokens = sorted(t for r in out for t in r)
     assert max(len(r) for r in out) <= 64
     if policy == "split":
@@ -147,7 +153,8 @@ def test_long_doc_policies(policy):
 
 def test_resume_anywhere_gives_the_uninterrupted_stream():
     docs = numbered_docs(11, 120, 60)
-    make = lambda: OnlinePackedDataset(docs, context_length=64, buffer_docs=25, eos_id=0, seed=2)  # noqa: E731
+    make = lambda: OnlinePackedDataset(docs, config=BuildConfig(context_length=64, seed=2), buffer_docs=25,  # noqa: E731
+                                       eos_id=0)
     full = rows(make())
     carried = 0
     for stop in range(len(full) + 1):
@@ -167,7 +174,8 @@ def test_resume_through_stateful_dataloader_workers():
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     docs = numbered_docs(4, 200, 60)
     make = lambda: stateful.StatefulDataLoader(  # noqa: E731
-        OnlinePackedDataset(docs, context_length=64, buffer_docs=20, eos_id=0, seed=1), batch_size=None, num_workers=2)
+        OnlinePackedDataset(docs, config=BuildConfig(context_length=64, seed=1), buffer_docs=20,
+                            eos_id=0), batch_size=None, num_workers=2)
     full = rows(make())
     for stop in (7, len(full) // 2 + 1):  # each worker is mid-buffer at the first stop
         first = make()
@@ -179,11 +187,13 @@ def test_resume_through_stateful_dataloader_workers():
 
 def test_resume_rejects_another_config_or_partition():
     docs = numbered_docs(0, 50, 20)
-    ds = OnlinePackedDataset(docs, context_length=32, buffer_docs=10, eos_id=0)
+    ds = OnlinePackedDataset(docs, config=BuildConfig(context_length=32), buffer_docs=10, eos_id=0)
     state = ds.state_dict()
     with pytest.raises(ValueError, match="buffer_docs=10"):
-        OnlinePackedDataset(docs, context_length=32, buffer_docs=20, eos_id=0).load_state_dict(state)
-    other = OnlinePackedDataset(docs, context_length=32, buffer_docs=10, eos_id=0, rank=1, world_size=2)
+        OnlinePackedDataset(docs, config=BuildConfig(context_length=32), buffer_docs=20,
+                            eos_id=0).load_state_dict(state)
+    other = OnlinePackedDataset(docs, config=BuildConfig(context_length=32), buffer_docs=10, eos_id=0, rank=1,
+                                world_size=2)
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="partition 0 of 1"):
         next(iter(other))
@@ -193,7 +203,8 @@ def test_ranks_and_workers_see_disjoint_parts_that_cover_the_stream():
     docs = numbered_docs(5, 200, 40)
     seen = []
     for rank in range(2):
-        ds = OnlinePackedDataset(docs, context_length=64, buffer_docs=20, eos=False, rank=rank, world_size=2)
+        ds = OnlinePackedDataset(docs, config=BuildConfig(context_length=64, eos=False), buffer_docs=20, rank=rank,
+                                 world_size=2)
         loader = DataLoader(ds, batch_size=None, num_workers=2)
         part = [seg[0] for item in loader for seg in segments(item)]
         seen.append(set(part))
@@ -205,26 +216,28 @@ def test_ranks_and_workers_see_disjoint_parts_that_cover_the_stream():
 
 def test_a_function_returning_an_iterator_is_a_source():
     docs = numbered_docs(2, 60, 30)
-    ds = OnlinePackedDataset(lambda: iter(docs), context_length=32, buffer_docs=16, eos=False, rank=1, world_size=3)
-    listed = OnlinePackedDataset(docs, context_length=32, buffer_docs=16, eos=False, rank=1, world_size=3)
+    ds = OnlinePackedDataset(lambda: iter(docs), config=BuildConfig(context_length=32, eos=False), buffer_docs=16,
+                             rank=1, world_size=3)
+    listed = OnlinePackedDataset(docs, config=BuildConfig(context_length=32, eos=False), buffer_docs=16, rank=1,
+                                 world_size=3)
     assert rows(ds) == rows(listed) and rows(ds)
 
 
 def test_bad_inputs_name_the_fix():
     with pytest.raises(ValueError, match="tokenizer=None"):
-        list(OnlinePackedDataset(["text"], context_length=8, eos_id=0))
+        list(OnlinePackedDataset(["text"], config=BuildConfig(context_length=8), eos_id=0))
     with pytest.raises(ValueError, match="eos_id=ID"):
-        OnlinePackedDataset([[1, 2]], context_length=8)
+        OnlinePackedDataset([[1, 2]], config=BuildConfig(context_length=8))
     with pytest.raises(ValueError, match="source document 1"):
-        list(OnlinePackedDataset([[1], 3.5], context_length=8, eos=False))
+        list(OnlinePackedDataset([[1], 3.5], config=BuildConfig(context_length=8, eos=False)))
     with pytest.raises(ValueError, match="pad_to=4"):
-        OnlinePackedDataset([[1]], context_length=8, eos=False, pad_to=4)
+        OnlinePackedDataset([[1]], config=BuildConfig(context_length=8, eos=False), fields=ItemFields(pad_to=4))
     with pytest.raises(ValueError, match="buffer_docs"):
-        OnlinePackedDataset([[1]], context_length=8, eos=False, buffer_docs=0)
+        OnlinePackedDataset([[1]], config=BuildConfig(context_length=8, eos=False), buffer_docs=0)
     with pytest.raises(ValueError, match="rank and world_size together"):
-        OnlinePackedDataset([[1]], context_length=8, eos=False, rank=1)
+        OnlinePackedDataset([[1]], config=BuildConfig(context_length=8, eos=False), rank=1)
     with pytest.raises(ValueError, match="a path to a tokenizer.json or a tokenizers.Tokenizer; got dict"):
-        OnlinePackedDataset(["text"], tokenizer={}, context_length=8)
+        OnlinePackedDataset(["text"], tokenizer={}, config=BuildConfig(context_length=8))
 
 
 def test_stats_cli_reports_online_fill_rate(tmp_path):

@@ -5,6 +5,7 @@ skipped and counted as the build counts them; resume and DataLoader workers stay
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from packer.config import BuildConfig, Job  # noqa: E402
 from packer.encode.chat import TemplateRefused  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
+from packer.train.items import ItemFields  # noqa: E402
 from packer.train.online import OnlinePackedDataset  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
@@ -109,7 +111,8 @@ def test_every_example_equals_the_build(tmp_path, kind):
     records = make()
     built = _stored(_build(tmp_path, [_write_jsonl(tmp_path / "in.jsonl", records)], input_kind=kind,
                            context_length=context, bos=False))
-    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=context, buffer_docs=50, input_kind=kind)
+    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=context, input_kind=kind),
+                             buffer_docs=50)
     online = _emitted(ds)
     assert online == built
     _check_exercised(online, context)
@@ -121,7 +124,8 @@ def test_auto_reads_each_record_as_the_build_reads_each_file(tmp_path):
     files = [_write_jsonl(tmp_path / f"{name}.jsonl", r) for name, r in (("chat", chat), ("pc", pc), ("prose", prose))]
     built = _stored(_build(tmp_path, files, input_kind="auto", context_length=128, bos=False))
     interleaved = [r for group in itertools_zip(chat, pc, prose) for r in group]
-    ds = OnlinePackedDataset(interleaved, tokenizer=TOKENIZER, context_length=128, buffer_docs=64, input_kind="auto")
+    ds = OnlinePackedDataset(interleaved, tokenizer=TOKENIZER, config=BuildConfig(context_length=128,
+                                                                                  input_kind="auto"), buffer_docs=64)
     online = _emitted(ds)
     assert online == built
     _check_exercised(online, 128)
@@ -161,8 +165,8 @@ def test_bad_records_are_counted_as_the_build_counts_them(tmp_path):
                      context_length=128, bos=False)
         expected = json.loads((out / "manifest.json").read_text())["totals"]["docs_skipped"]
         for as_kind in (kind, "auto"):
-            ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, buffer_docs=7,
-                                     input_kind=as_kind)
+            ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=128,
+                                                                                      input_kind=as_kind), buffer_docs=7)
             with pytest.warns(UserWarning, match=r"the first: source document (10|5): "):
                 online = _emitted(ds)
             assert ds.skipped == expected, as_kind
@@ -177,9 +181,10 @@ def test_ids_as_arrays_or_tensors_are_the_ids_as_lists():
     records = _token_records()[:60]
     arrays = [{k: np.asarray(v) for k, v in r.items()} for r in records]
     tensors = [{k: torch.tensor(v) for k, v in r.items()} for r in records]
-    kwargs = dict(tokenizer=TOKENIZER, context_length=64, input_kind="tokens")
+    kwargs = dict(tokenizer=TOKENIZER, config=BuildConfig(context_length=64, input_kind="tokens"))
     expected = _emitted(OnlinePackedDataset(records, **kwargs))
-    assert _emitted(OnlinePackedDataset(arrays, **kwargs)) == expected == _emitted(OnlinePackedDataset(tensors, **kwargs))
+    assert _emitted(OnlinePackedDataset(arrays, **kwargs)) == expected == _emitted(OnlinePackedDataset(tensors,
+                                                                                                       **kwargs))
     floats = [{"input_ids": np.asarray(r["input_ids"], float), **{k: v for k, v in r.items() if k != "input_ids"}}
               for r in records[:3]]
     ds = OnlinePackedDataset(floats, **kwargs)
@@ -191,11 +196,12 @@ def test_ids_as_arrays_or_tensors_are_the_ids_as_lists():
 def test_records_of_another_shape_are_skipped_not_raised():
     records = [*_records("prompt_completion.jsonl", 5), "a text", [1, 2, 3], {"other": 1},
                {"input_ids": [1, 2], "labels": [1]}, {"input_ids": [1, 10**9], "loss_mask": [1, 1]}]
-    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=64, input_kind="prompt-completion")
+    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=64,
+                                                                              input_kind="prompt-completion"))
     with pytest.warns(UserWarning, match="source document 5: missing_field"):
         assert len(list(ds))
     assert ds.skipped == {"missing_field": 5}
-    auto = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=64, input_kind="auto")
+    auto = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=64, input_kind="auto"))
     with pytest.warns(UserWarning, match="source document 7: missing_field"):
         list(auto)  # the text and the ids are texts' kind; the dict with no kind's field is missing_field
     assert auto.skipped == {"missing_field": 1, "bad_labels": 1, "id_out_of_range": 1}
@@ -206,8 +212,8 @@ def test_long_prompts_drop_is_counted_as_the_build_counts_it(tmp_path):
     out = _build(tmp_path, [_write_jsonl(tmp_path / "pc.jsonl", records)], input_kind="prompt-completion",
                  context_length=12, long_prompts="drop", bos=False)
     expected = json.loads((out / "manifest.json").read_text())["totals"]["docs_skipped"]
-    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=12, buffer_docs=64,
-                             input_kind="prompt-completion", long_prompts="drop")
+    config = BuildConfig(context_length=12, input_kind="prompt-completion", long_prompts="drop")
+    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=config, buffer_docs=64)
     with pytest.warns(UserWarning, match="prompt_too_long"):
         assert _emitted(ds) == _stored(out)
     assert ds.skipped == expected and expected["prompt_too_long"] > 0
@@ -215,7 +221,8 @@ def test_long_prompts_drop_is_counted_as_the_build_counts_it(tmp_path):
 
 def test_padding_is_its_own_untrained_segment():
     records = _records("chat.jsonl", 40)
-    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=256, pad_to=256, input_kind="chat")
+    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=256, input_kind="chat"),
+                             fields=ItemFields(pad_to=256))
     n_padded = 0
     for item in ds:
         cu, labels = item["cu_seqlens"].tolist(), item["labels"]
@@ -223,7 +230,7 @@ def test_padding_is_its_own_untrained_segment():
         n_padded += cu[-2] < 256 and bool((labels[cu[-2]:] == IGNORE).all()) and bool(
             (item["input_ids"][cu[-2]:] == ds.pad_id).all())
     assert n_padded
-    plain = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=256, input_kind="chat")
+    plain = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=256, input_kind="chat"))
     assert _emitted(ds, pad_id=ds.pad_id) == _emitted(plain)
 
 
@@ -235,8 +242,8 @@ def _rows(items) -> list[tuple]:
 def test_resume_with_skipped_records_gives_the_uninterrupted_stream():
     chat, pc = _bad_records()
     records = [r for group in itertools_zip(chat, pc) for r in group]
-    make = lambda: OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, buffer_docs=9,  # noqa: E731
-                                       input_kind="auto", seed=3)
+    config = BuildConfig(context_length=128, input_kind="auto", seed=3)
+    make = lambda: OnlinePackedDataset(records, tokenizer=TOKENIZER, config=config, buffer_docs=9)  # noqa: E731
     whole = make()
     full = _rows(whole)
     assert whole.skipped and sum(whole.skipped.values()) == 9
@@ -253,8 +260,8 @@ def test_resume_with_skipped_records_gives_the_uninterrupted_stream():
         assert second.skipped == whole.skipped, stop
     assert recounted  # some stop fell inside a buffer whose skips the resumed run counts again
     with pytest.raises(ValueError, match="input_kind='auto'"):
-        OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, buffer_docs=9, input_kind="chat",
-                            seed=3).load_state_dict(state)
+        OnlinePackedDataset(records, tokenizer=TOKENIZER, config=dataclasses.replace(config, input_kind="chat"),
+                            buffer_docs=9).load_state_dict(state)
 
 
 @pytest.mark.filterwarnings("ignore:OnlinePackedDataset skips bad records")
@@ -264,7 +271,8 @@ def test_dataloader_workers_give_the_same_examples_as_one_process(monkeypatch):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     chat, pc = _bad_records()
     records = [r for group in itertools_zip(chat, pc) for r in group]
-    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, buffer_docs=16, input_kind="auto")
+    ds = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=128, input_kind="auto"),
+                             buffer_docs=16)
     one = _emitted(ds)
     two = _emitted(DataLoader(ds, batch_size=None, num_workers=2))
     assert one == two and sum(one.values()) > len(records) - 9
@@ -274,14 +282,17 @@ def test_a_tokenizer_object_needs_a_chat_template_for_chat(tmp_path):
     tok = Tokenizer.from_file(TOKENIZER)
     records = _records("chat.jsonl", 30)
     with pytest.raises(ValueError, match="chat_template=FILE"):
-        OnlinePackedDataset(records, tokenizer=tok, context_length=128, input_kind="chat")
-    from_object = OnlinePackedDataset(records, tokenizer=tok, context_length=128, input_kind="chat",
-                                      chat_template=str(SAMPLE / "tokenizer_config.json"))
-    from_path = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, input_kind="chat")
+        OnlinePackedDataset(records, tokenizer=tok, config=BuildConfig(context_length=128, input_kind="chat"))
+    config = BuildConfig(context_length=128, input_kind="chat", chat_template=str(SAMPLE / "tokenizer_config.json"))
+    from_object = OnlinePackedDataset(records, tokenizer=tok, config=config)
+    from_path = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=128,
+                                                                                     input_kind="chat"))
     assert _emitted(from_object) == _emitted(from_path)
     pc = _records("prompt_completion.jsonl", 30)
-    assert _emitted(OnlinePackedDataset(pc, tokenizer=tok, context_length=64, input_kind="prompt-completion")) == \
-        _emitted(OnlinePackedDataset(pc, tokenizer=TOKENIZER, context_length=64, input_kind="prompt-completion"))
+    assert _emitted(OnlinePackedDataset(pc, tokenizer=tok, config=BuildConfig(context_length=64,
+                                                                              input_kind="prompt-completion"))) == \
+        _emitted(OnlinePackedDataset(pc, tokenizer=TOKENIZER, config=BuildConfig(context_length=64,
+                                                                                 input_kind="prompt-completion")))
 
 
 def test_a_refused_template_raises(tmp_path):
@@ -291,18 +302,20 @@ def test_a_refused_template_raises(tmp_path):
                       r"{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '\n' }}{% endif %}"
                       r"{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
     (tmp_path / "last.jinja").write_text(last_different, encoding="utf-8")
-    ds = OnlinePackedDataset(_records("chat.jsonl", 10), tokenizer=TOKENIZER, context_length=128, input_kind="chat",
-                             chat_template=str(tmp_path / "last.jinja"))
+    config = BuildConfig(context_length=128, input_kind="chat", chat_template=str(tmp_path / "last.jinja"))
+    ds = OnlinePackedDataset(_records("chat.jsonl", 10), tokenizer=TOKENIZER, config=config)
     with pytest.raises(TemplateRefused, match="source document 0"):
         list(ds)
 
 
 def test_bad_settings_name_the_fix():
     with pytest.raises(ValueError, match="input_kind must be one of"):
-        OnlinePackedDataset([], tokenizer=TOKENIZER, context_length=8, input_kind="records")
+        OnlinePackedDataset([], tokenizer=TOKENIZER, config=BuildConfig(context_length=8, input_kind="records"))
     with pytest.raises(ValueError, match="long_prompts must be one of"):
-        OnlinePackedDataset([], tokenizer=TOKENIZER, context_length=8, input_kind="chat", long_prompts="cut")
+        OnlinePackedDataset([], tokenizer=TOKENIZER, config=BuildConfig(context_length=8, input_kind="chat",
+                                                                        long_prompts="cut"))
     with pytest.raises(ValueError, match="tokenizer=PATH_TO_tokenizer.json"):
-        OnlinePackedDataset([], context_length=8, eos=False, input_kind="tokens")
+        OnlinePackedDataset([], config=BuildConfig(context_length=8, eos=False, input_kind="tokens"))
     with pytest.raises(FileNotFoundError, match="no such file"):
-        OnlinePackedDataset([], tokenizer=TOKENIZER, context_length=8, input_kind="chat", chat_template="nope.jinja")
+        OnlinePackedDataset([], tokenizer=TOKENIZER, config=BuildConfig(context_length=8, input_kind="chat",
+                                                                        chat_template="nope.jinja"))

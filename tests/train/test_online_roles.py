@@ -1,4 +1,4 @@
-"""Online packing of chat records with return_role_ids: every emitted piece's role ids equal what a build with
+"""Online packing of chat records with ItemFields(role_ids=True): every emitted piece's role ids equal what a build with
 --store-roles stores for it, carried pieces keep theirs through state_dict / load_state_dict, padding has
 masks.PAD_ROLE."""
 
@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from conftest import SAMPLE, TOKENIZER  # noqa: E402
 
 from packer.config import BuildConfig, Job, role_table  # noqa: E402
+from packer.data import ItemFields  # noqa: E402
 from packer.masks import PAD_ROLE  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
@@ -49,8 +50,8 @@ def test_every_piece_has_the_role_ids_the_build_stores(tmp_path):
     (tokens, offsets), roles = ds.views(rows), ds.role_views(rows)
     stored = collections.Counter((tuple(t[a:b].tolist()), tuple(r[a:b].tolist()))
                                  for t, o, r in zip(tokens, offsets, roles) for a, b in zip(o[:-1], o[1:]))
-    online = OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=128, input_kind="chat", pad_to=128,
-                                 return_role_ids=True, buffer_docs=16)
+    online = OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=128, input_kind="chat"),
+                                 fields=ItemFields(pad_to=128, role_ids=True), buffer_docs=16)
     assert online.roles == role_table()
     items = list(online)
     assert _segments(items) == stored and sum(stored.values()) > len(records)  # split pieces among them
@@ -59,8 +60,9 @@ def test_every_piece_has_the_role_ids_the_build_stores(tmp_path):
 
 def test_resume_keeps_the_carried_pieces_roles():
     records = _records(50)
-    make = lambda: OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=256, input_kind="chat",  # noqa: E731
-                                       buffer_docs=7, return_role_ids=True, seed=1)
+    config = BuildConfig(context_length=256, input_kind="chat", seed=1)
+    make = lambda: OnlinePackedDataset(records, tokenizer=TOKENIZER, config=config, buffer_docs=7,  # noqa: E731
+                                       fields=ItemFields(role_ids=True))
     full = [(i["input_ids"].tolist(), i["role_ids"].tolist()) for i in make()]
     carried = 0
     for stop in (1, 3, len(full) // 2, len(full) - 1):
@@ -75,8 +77,8 @@ def test_resume_keeps_the_carried_pieces_roles():
         assert head + [(i["input_ids"].tolist(), i["role_ids"].tolist()) for i in second] == full, stop
     assert carried
     with pytest.raises(ValueError, match="store_roles"):
-        OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=256, input_kind="chat", buffer_docs=7,
-                            seed=1).load_state_dict(state)
-    with pytest.raises(ValueError, match="return_role_ids=True gives the roles of chat messages"):
-        OnlinePackedDataset(records, tokenizer=TOKENIZER, context_length=256, return_role_ids=True)
+        OnlinePackedDataset(records, tokenizer=TOKENIZER, config=config, buffer_docs=7).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"ItemFields\(role_ids=True\) gives the roles of chat messages"):
+        OnlinePackedDataset(records, tokenizer=TOKENIZER, config=BuildConfig(context_length=256),
+                            fields=ItemFields(role_ids=True))
     assert np.array_equal(np.unique(np.concatenate([np.array(r) for _, r in full])), [0, 1, 2])

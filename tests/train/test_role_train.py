@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 from conftest import SAMPLE, TOKENIZER  # noqa: E402
 
 from packer.attention import available_backends  # noqa: E402
-from packer.data import PackedDataset, collate_padded, collate_varlen, make_items  # noqa: E402
+from packer.data import ItemFields, PackedDataset, collate_padded, collate_varlen, make_items  # noqa: E402
 from packer.masks import DEFAULT_ROLES, RolePolicy  # noqa: E402
 from packer.train.model import GPTConfig, TinyGPT  # noqa: E402
 
@@ -140,11 +140,11 @@ def chat_roles_dataset(tmp_path_factory):
 
 
 def test_loader_batches_train_as_each_stored_conversation_alone(chat_roles_dataset):
-    """PackedDataset(return_role_ids=True, batch_size=3) on a --store-roles build: TinyGPT's float64 loss and
+    """PackedDataset(fields=ItemFields(role_ids=True), batch_size=3) on a --store-roles build: TinyGPT's float64 loss and
     gradients under a policy equal the stored conversations (their pieces) run alone under it."""
     from packer.store.dataset import open_dataset
 
-    loader = PackedDataset(chat_roles_dataset, shuffle=False, batch_size=3, return_role_ids=True)
+    loader = PackedDataset(chat_roles_dataset, shuffle=False, batch_size=3, fields=ItemFields(role_ids=True))
     batches = list(loader)
     k = max(range(len(batches)), key=lambda j: len(batches[j]["cu_seqlens"]))  # the batch with most segments
     ds = open_dataset(chat_roles_dataset)
@@ -175,8 +175,8 @@ def test_role_ids_follow_their_rows_blended_padded_and_streamed(chat_roles_datas
     uri = f"memory://packer-role-train-{uuid.uuid4().hex}/ds"
     for file in sorted(chat_roles_dataset.iterdir()):
         fs.upload(file, fs.location(uri) / file.name)
-    blend = PackedDataset({"a": chat_roles_dataset, "b": uri}, weights=[1, 1], num_samples=40, pad_to=300,
-                          return_role_ids=True)
+    blend = PackedDataset({"a": chat_roles_dataset, "b": uri}, weights=[1, 1], num_samples=40,
+                          fields=ItemFields(pad_to=300, role_ids=True))
     items = list(blend)
     for item in items:
         n = int(item["cu_seqlens"][-2])  # rows of <= 256 tokens padded to 300: the last segment is padding
@@ -186,4 +186,4 @@ def test_role_ids_follow_their_rows_blended_padded_and_streamed(chat_roles_datas
     with pytest.raises(ValueError, match="stores no role ids; build it with --input-kind chat --store-roles"):
         from masked_data import build_masked
 
-        PackedDataset(build_masked(tmp_path / "plain"), return_role_ids=True)
+        PackedDataset(build_masked(tmp_path / "plain"), fields=ItemFields(role_ids=True))

@@ -12,10 +12,15 @@ torch = pytest.importorskip("torch")
 from masked_data import build_masked  # noqa: E402
 
 from packer import masks  # noqa: E402
-from packer.data import PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
+from packer.config import BuildConfig  # noqa: E402
+from packer.data import ItemFields, PackedDataset, collate_padded, collate_varlen, make_item, make_items  # noqa: E402
+from packer.online_pack import CarryPolicy  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.store.formats import FORMATS  # noqa: E402
-from packer.train.items import _block_batch, _make_block  # noqa: E402
+from packer.train.items import (  # noqa: E402
+    _block_batch,
+    _make_block,
+)
 from packer.train.online import OnlinePackedDataset  # noqa: E402
 
 IGNORE = -100
@@ -191,10 +196,11 @@ def test_packed_dataset_items_and_batches_follow_the_stored_mask(masked_dataset)
                                                                "num_workers": 1})
     for pad_to in (None, 160):
         want = stored_reference(masked_dataset, pad_to)
-        items = list(PackedDataset(masked_dataset, seed=1, pad_to=pad_to))
+        items = list(PackedDataset(masked_dataset, seed=1, fields=ItemFields(pad_to=pad_to)))
         assert [item["labels"].tolist() for item in items] == [want[i] for i in order.tolist()]
         collate = collate_padded if pad_to else collate_varlen
-        batches = list(PackedDataset(masked_dataset, seed=1, pad_to=pad_to, batch_size=5, collate_fn=collate))
+        batches = list(PackedDataset(masked_dataset, seed=1, batch_size=5, collate_fn=collate,
+                                     fields=ItemFields(pad_to=pad_to)))
         got = [row for b in batches for row in (b["labels"].tolist() if pad_to else [b["labels"][0].tolist()])]
         if pad_to:
             assert got == [want[i] for i in order.tolist()]
@@ -243,7 +249,8 @@ def check_online_item(item, padded=False):
 @pytest.mark.parametrize("long_docs", ["split", "truncate"])
 def test_online_pre_tokenized_examples_keep_their_masks(long_docs):
     examples = sft_examples(0, 300)
-    ds = OnlinePackedDataset(examples, context_length=16, buffer_docs=64, eos=False, long_docs=long_docs)
+    ds = OnlinePackedDataset(examples, config=BuildConfig(context_length=16, eos=False, long_docs=long_docs),
+                             buffer_docs=64)
     items = list(ds)
     for item in items:
         check_online_item(item)
@@ -264,24 +271,25 @@ def test_online_labels_form_pairs_and_padding_with_no_specials_added():
     as_pairs = [(np.array(ex["input_ids"]), np.array(ex["loss_mask"], np.uint8)) for ex in examples]
     runs = []
     for source in (examples, as_labels, as_pairs):
-        ds = OnlinePackedDataset(source, context_length=32, buffer_docs=20, eos_id=eos, bos=True, bos_id=bos,
-                                 pad_to=40, pad_id=0)
+        ds = OnlinePackedDataset(source, config=BuildConfig(context_length=32, bos=True), buffer_docs=20, eos_id=eos,
+                                 bos_id=bos, fields=ItemFields(pad_to=40, pad_id=0))
         items = list(ds)
         for item in items:
             assert len(item["input_ids"]) == 40
             check_online_item(item, padded=True)
         runs.append([(item["input_ids"].tolist(), item["labels"].tolist()) for item in items])
-        assert sorted(t for ids, _ in runs[-1] for t in ids if t) == sorted(t for ex in examples for t in ex["input_ids"])
+        assert sorted(t for ids,
+                      _ in runs[-1] for t in ids if t) == sorted(t for ex in examples for t in ex["input_ids"])
     assert runs[0] == runs[1] == runs[2]
-    (mixed,) = OnlinePackedDataset([[1, 2], {"input_ids": [4, 5], "loss_mask": [0, 1]}], context_length=16,
-                                   eos_id=eos, bos=True, bos_id=bos)
+    (mixed,) = OnlinePackedDataset([[1, 2], {"input_ids": [4, 5], "loss_mask": [0, 1]}],
+                                   config=BuildConfig(context_length=16, bos=True), eos_id=eos, bos_id=bos)
     assert sorted(mixed["input_ids"].tolist()) == sorted([bos, 1, 2, eos, 4, 5])
 
 
 def test_online_texts_and_masked_examples_mix():
     """A raw token list (all trained) beside masked examples in one bin."""
     source = [list(range(100, 105)), {"input_ids": [3, 4, 5, 6], "loss_mask": [0, 0, 1, 1]}]
-    (item,) = OnlinePackedDataset(source, context_length=16, eos=False)
+    (item,) = OnlinePackedDataset(source, config=BuildConfig(context_length=16, eos=False))
     by_doc = dict(zip(map(tuple, np.split(item["input_ids"].numpy(), item["cu_seqlens"][1:-1].numpy())),
                       np.split(item["labels"].numpy(), item["cu_seqlens"][1:-1].numpy())))
     assert by_doc[(100, 101, 102, 103, 104)].tolist() == [IGNORE, 101, 102, 103, 104]
@@ -290,7 +298,8 @@ def test_online_texts_and_masked_examples_mix():
 
 def test_online_resume_keeps_carried_masks():
     examples = sft_examples(2, 200, high=20)
-    make = lambda: OnlinePackedDataset(examples, context_length=24, buffer_docs=16, eos=False, min_fill=1.0)  # noqa: E731
+    config, policy = BuildConfig(context_length=24, eos=False), CarryPolicy(min_fill=1.0)
+    make = lambda: OnlinePackedDataset(examples, config=config, buffer_docs=16, policy=policy)  # noqa: E731
     full = [(item["input_ids"].tolist(), item["labels"].tolist()) for item in make()]
     ds, states = make(), []
     for _ in ds:
@@ -304,8 +313,11 @@ def test_online_resume_keeps_carried_masks():
 
 def test_online_bad_masks_name_the_document():
     with pytest.raises(ValueError, match="source document 1: loss_mask needs one 0/1 value per token"):
-        list(OnlinePackedDataset([[1, 2], {"input_ids": [1, 2, 3], "loss_mask": [1, 0]}], context_length=8, eos=False))
+        list(OnlinePackedDataset([[1, 2], {"input_ids": [1, 2, 3], "loss_mask": [1, 0]}],
+                                 config=BuildConfig(context_length=8, eos=False)))
     with pytest.raises(ValueError, match="source document 0: labels must equal input_ids except -100"):
-        list(OnlinePackedDataset([{"input_ids": [1, 2, 3], "labels": [1, 5, -100]}], context_length=8, eos=False))
+        list(OnlinePackedDataset([{"input_ids": [1, 2, 3], "labels": [1, 5, -100]}],
+                                 config=BuildConfig(context_length=8, eos=False)))
     with pytest.raises(ValueError, match="source document 0: loss_mask needs one 0/1"):
-        list(OnlinePackedDataset([{"input_ids": [1, 2], "loss_mask": [2, 1]}], context_length=8, eos=False))
+        list(OnlinePackedDataset([{"input_ids": [1, 2], "loss_mask": [2, 1]}], config=BuildConfig(context_length=8,
+                                                                                                  eos=False)))

@@ -1,15 +1,17 @@
-"""Input files -> streams of document texts, one work unit at a time, with bad records counted.
+"""Input files -> streams of document texts or of records, one work unit at a time, with bad records counted.
 
 The one table of input formats, by the end of the file name (a .gz/.zst after it means that
 codec, for the readers that allow one):
 
     .jsonl .json .ndjson   jsonl.py     one JSON object per line       units: byte ranges (~unit_bytes); compressed: one per file
-    .txt                   text.py      one document per file, or blank-line separated (text_split)
-    .parquet               parquet.py   the text column                units: runs of row groups (~unit_bytes)
+    .txt                   text.py      one document per file, or blank-line separated (text_split); no records
+    .parquet               parquet.py   the text column / record columns   units: runs of row groups (~unit_bytes)
     .arrow                 arrow.py     Arrow IPC file or stream (HF save_to_disk data files): one per file
 
-A reader is a module with NAME, COMPRESSIBLE, plan(place, ...) and texts(unit, place, ...)
-(common.Reader); a new format is one module and one line in READERS. Places are resolved
+A reader is a module with NAME, COMPRESSIBLE, plan(place, ...), texts(unit, place, ...),
+records(unit, place, ...) and field_names(unit, place, ...) (common.Reader): every way of
+reading its format; a new format is one module and one line in READERS. read_unit, read_records
+and field_names below find a unit's reader. Places are resolved
 here, once per file when units are planned and once per unit when it is read: readers open
 the place they are given (packer/io/fs.py), never a name.
 
@@ -152,10 +154,34 @@ def read_unit(unit: Unit, skips: SkipLog, *, text_field: str = "text", text_spli
                                 max_doc_bytes=max_doc_bytes)
 
 
+def read_records(unit: Unit, skips: SkipLog, fields: tuple[str, ...], *, max_doc_bytes: int = UNBOUNDED,
+                 fix: str = ""):
+    """Yield (where, record) for each record of the unit, in file order, for the record kinds
+    (packer/encode/records.py): a JSONL object whole, a table's `fields` columns (the first one
+    required: FileError naming `fix` without it). What is no record is counted in `skips`; a text
+    file holds none (FileError).
+
+        a.jsonl    {"messages": [{"role": "user", "content": "Hi"}, ...]}\\n  -> ("a.jsonl:1", {"messages": [...]})
+        b.parquet  columns prompt, completion                          -> ("b.parquet row 0", {"prompt": ..., "completion": ...})
+    """
+    reader = reader_for(unit.format)
+    with file_errors(unit):
+        yield from reader.records(unit, fs.location(unit.path), skips, fields=fields, max_doc_bytes=max_doc_bytes,
+                                  fix=fix)
+
+
+def field_names(unit: Unit, *, max_doc_bytes: int = UNBOUNDED) -> set[str]:
+    """The fields of the unit's file (the first record's keys, a table's columns; none for text):
+    what --input-kind auto reads the kind from (packer/encode/records.py kind_of_fields)."""
+    reader = reader_for(unit.format)
+    with file_errors(unit):
+        return set(reader.field_names(unit, fs.location(unit.path), max_doc_bytes=max_doc_bytes))
+
+
 @contextlib.contextmanager
 def file_errors(unit: Unit):
     """Problems reading the unit's file (OSError, a truncated stream, a damaged Arrow/Parquet file)
-    as one FileError naming it; a FileError passes as it is. read_unit's and read_records' one rule."""
+    as one FileError naming it; a FileError passes as it is. the one rule of read_unit, read_records and field_names."""
     import pyarrow as pa
 
     try:

@@ -96,7 +96,9 @@ class SkipLog:
 
 class Reader(Protocol):
     """What one input family does (a module of this package is one): `NAME` is `Unit.format`,
-    `COMPRESSIBLE` says whether a .gz/.zst variant of its suffix exists."""
+    `COMPRESSIBLE` says whether a .gz/.zst variant of its suffix exists. Every way of reading the
+    format is the reader's: documents (`texts`), records (`records`) and the fields --input-kind
+    auto chooses by (`field_names`)."""
 
     NAME: str
     COMPRESSIBLE: bool
@@ -108,6 +110,18 @@ class Reader(Protocol):
               max_doc_bytes: int) -> Iterator[str]:
         """The unit's valid documents in file order; every other record counted in `skips`, and, when
         `skips.sums` is set, every stored byte read hashed into it as it is read."""
+
+    def records(self, unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_doc_bytes: int,
+                fix: str) -> Iterator[tuple[str, dict]]:
+        """(where, record) of each record of the unit in file order, for the record kinds
+        (packer/encode/records.py); what is no record counted in `skips`. A table reads the columns
+        `fields` (the first one required: FileError naming `fix` without it); a format that holds
+        no records raises FileError. Nothing is hashed (skips.sums is left alone)."""
+
+    def field_names(self, unit: Unit, place, *, max_doc_bytes: int) -> set[str]:
+        """The fields of the unit's file (a table's columns, the first record's keys; none for
+        text), the same for every unit of the file: what --input-kind auto chooses the kind by
+        (packer/encode/records.py kind_of_fields)."""
 
 
 def whole_file(place) -> list[tuple[int, int, int]]:

@@ -8,6 +8,9 @@ of the file yields every document once. Invalid UTF-8 (raw surrogates included) 
 invalid_utf8, a document of only whitespace as empty_text, and one over max_doc_bytes as
 too_large (not held whole). A UTF-8 BOM is dropped; UTF-16/32 text (by its BOM) is decoded
 (common.open_lines).
+
+A text file holds no records: `records` refuses it (FileError), and it has no fields (--input-kind
+auto reads it as text).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from packer.io.lines import iter_lines, previous_line_blank
 from packer.preprocess.readers.common import (
     HUGE_TEXT_BYTES,
+    FileError,
     SkipLog,
     Unit,
     Utf8Text,
@@ -46,6 +50,15 @@ def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str
             yield from _paragraph_texts(f, pos, end, unit, skips, max_doc_bytes)
         else:
             yield from _whole_file_text(f, unit, skips, max_doc_bytes)
+
+
+def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_doc_bytes: int, fix: str):
+    raise FileError(unit.path, f"a {unit.format} input holds text, not records; use --input-kind text, "
+                               "or give records as JSONL, Parquet or Arrow")
+
+
+def field_names(unit: Unit, place, *, max_doc_bytes: int) -> set[str]:
+    return set()
 
 
 def _paragraph_texts(f, pos, end, unit: Unit, skips: SkipLog, max_bytes: int):

@@ -12,6 +12,8 @@ keep their files.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 from packer.io import fs
@@ -37,16 +39,20 @@ def read_loss_mask(path, n_tokens: int, name: str = "loss_mask") -> np.ndarray:
     return raw.view(np.uint8) if len(raw) else np.zeros(0, np.uint8)
 
 
-def read_source_ids(path, n_segments: int) -> np.ndarray:
-    return load_npy(path, "source_ids", "<u2", n_segments, "segment")
+def read_source_ids(path, n_segments: int, raw=None) -> np.ndarray:
+    return load_npy(path, "source_ids", "<u2", n_segments, "segment", raw)
 
 
-def load_npy(path, name: str, dtype: str, n: int, per: str) -> np.ndarray:
-    """A 1-D .npy sidecar of exactly `dtype` and n values (memory-mapped when local); ValueError
-    naming the file for a damaged header, another dtype or another length."""
+def load_npy(path, name: str, dtype: str, n: int, per: str, raw=None) -> np.ndarray:
+    """A 1-D .npy sidecar of exactly `dtype` and n values (memory-mapped when local; parsed from
+    `raw`, its bytes, when given); ValueError naming the file for a damaged header, another dtype
+    or another length."""
     try:
-        values = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
-                         allow_pickle=False)
+        if raw is not None:
+            values = np.load(io.BytesIO(memoryview(raw)), allow_pickle=False)
+        else:
+            values = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
+                             allow_pickle=False)
     except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
         raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
     if values.dtype != np.dtype(dtype) or values.shape != (n,):

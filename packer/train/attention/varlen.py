@@ -16,7 +16,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, window=Non
     (flash-attn `window_size=(W, 0)`; `(W, W)` when `causal=False`). `max_seqlen` may exceed
     the true longest document (it is a bound, as in flash-attn).
 
-    `role_ids` [T] (a chat dataset's, `PackedDataset(..., return_role_ids=True)`) with `policy`, a
+    `role_ids` [T] (a chat dataset's, `PackedDataset(..., fields=ItemFields(role_ids=True))`) with `policy`, a
     packer.masks.RolePolicy, give the hybrid mask masks.hybrid_mask draws (causal; the window is
     the policy's), under the role table `roles` (the manifest's "roles"; default DEFAULT_ROLES).
     Run by the backends whose table entry says roles=True (flex, bucketed, sdpa); others refuse.

@@ -1,6 +1,6 @@
-"""JSONL records: the orjson path reads every line as the json path reads it (the same record, or
-the same skip reason and message), hostile lines included; a line holding a long integer is read by
-json, whose integers have no 64-bit limit."""
+"""JSONL records (packer/preprocess/readers/jsonl.py): the orjson path reads every line as the json
+path reads it (the same record, or the same skip reason and message), hostile lines included; a line
+holding a long integer is read by json, whose integers have no 64-bit limit."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import math
 import random
 
-from packer.preprocess.readers import SkipLog
+from packer.preprocess.readers import SkipLog, read_records
 from packer.preprocess.readers.common import Unit
-from packer.preprocess.record_reader import _orjson_reads_as_json, _parse_line, read_records
+from packer.preprocess.readers.jsonl import _orjson_reads_as_json, _parse_line
 
 HOSTILE = [
     b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": "\\ud800"}', b'{"a": "\\udc00x\\ud83d\\ude00"}', b'{"a": 1e400}',
