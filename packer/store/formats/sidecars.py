@@ -13,6 +13,7 @@ keep their files.
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 
@@ -39,6 +40,12 @@ def read_loss_mask(path, n_tokens: int, name: str = "loss_mask") -> np.ndarray:
     return raw.view(np.uint8) if len(raw) else np.zeros(0, np.uint8)
 
 
+# np.load parses a header with ast.literal_eval, which CPython 3.11 does not make safe across threads
+# (SystemError "AST constructor recursion depth mismatch" when a streamed dataset's shard indexes were
+# read in parallel: benchmarks/corruption_matrix.py, 2026-12-03); headers are tiny, so one at a time.
+_HEADER_LOCK = threading.Lock()
+
+
 def read_source_ids(path, n_segments: int, raw=None) -> np.ndarray:
     return load_npy(path, "source_ids", "<u2", n_segments, "segment", raw)
 
@@ -47,11 +54,10 @@ def load_npy(path, name: str, dtype: str, n: int, per: str, raw=None) -> np.ndar
     """A 1-D .npy sidecar of exactly `dtype` and n values (memory-mapped when local; parsed from
     `raw`, its bytes, when given); ValueError naming the file for a damaged header, another dtype
     or another length."""
+    source = io.BytesIO(memoryview(raw)) if raw is not None else fs.for_numpy(path)
     try:
-        if raw is not None:
-            values = np.load(io.BytesIO(memoryview(raw)), allow_pickle=False)
-        else:
-            values = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
+        with _HEADER_LOCK:
+            values = np.load(source, mmap_mode=None if raw is not None or isinstance(path, fs.RemotePath) else "r",
                              allow_pickle=False)
     except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
         raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
