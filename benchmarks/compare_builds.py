@@ -2,6 +2,7 @@
 and with this checkout, then compares every output file; manifest.json minus its timestamps.
 
     python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
+    python benchmarks/compare_builds.py --ref main --cases sft-chat,sft-prompt   # only those cases
 
 Against revisions before the streamed planner (2026-12-01), the `jsonl-drop` cases (the ones with
 --pack-group) differ by design: grouped plans shuffle bins by buckets (packer/preprocess/plan_groups.py).
@@ -123,15 +124,19 @@ def _without_checksums(files: dict[str, bytes]) -> dict[str, bytes]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", required=True, help="git revision to compare against")
+    ap.add_argument("--cases", default=None, help="comma-separated case names to run (default: all)")
     a = ap.parse_args()
+    wanted = set(a.cases.split(",")) if a.cases else None
     tmp = Path(tempfile.mkdtemp(prefix="packer-compare-"))
     ref = tmp / "ref"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), a.ref], check=True, capture_output=True)
     failed = 0
     try:
         corpora = _corpora(tmp)
-        print(f"{'case':<16} {'format':<8} {'workers':>7} {'files':>5}  result")
+        print(f"{'case':<18} {'format':<8} {'workers':>7} {'files':>5}  result")
         for name, inputs, args in _cases(corpora):
+            if wanted is not None and name not in wanted:
+                continue
             for fmt in ("arrow", "memmap"):
                 one_worker = None
                 for workers in (1, 2):
@@ -153,7 +158,7 @@ def main():
                     failed += bool(diff)
                     result = "identical" if not diff else "DIFFER: " + ", ".join(diff)
                     shown = sorted({k if not k.endswith(SUMS) else f"shard-*{SUMS}" for k in added})
-                    print(f"{name:<16} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(shown)})" if added else ""))
+                    print(f"{name:<18} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(shown)})" if added else ""))
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref)], capture_output=True)
     print(f"{'all identical' if not failed else f'{failed} cases differ'} (ref {a.ref})")

@@ -72,6 +72,17 @@ RECORD_FIELDS = ("input_kind", "prompt_field", "completion_field", "messages_fie
                  "loss_mask_field", "train_roles", "chat_template", "long_prompts")
 
 
+DEFAULT_ROLE_NAMES = "system,user,assistant,tool"
+ROLE_EXTRAS = ("template", "other")  # the ids after the named roles: tokens outside every message; unnamed roles
+MAX_ROLE_NAMES = 253  # role ids are uint8; 255 is padding's (packer.masks.PAD_ROLE)
+
+
+def role_table(role_names: str = DEFAULT_ROLE_NAMES) -> dict[str, int]:
+    """The role table of a chat build with --store-roles: "system,user" -> {system: 0, user: 1, template: 2, other: 3}."""
+    names = [r.strip() for r in role_names.split(",") if r.strip()]
+    return {name: i for i, name in enumerate([*names, *ROLE_EXTRAS])}
+
+
 # Tokenizer threads a default worker gets: one encode_batch_fast keeps about 1.5 cores busy, and on
 # this 2-core box 1 worker x 2 threads built 1.9x faster than 2 x 1 (benchmarks/bench_cores.py, 2026-12-01).
 THREADS_PER_WORKER = 2
@@ -129,6 +140,11 @@ class BuildConfig:
     long_prompts: str = _field("split", "Examples whose prompt (the untrained tokens before the first trained one) "
                                         "leaves no room in the context for a trained token: split like any long "
                                         "document, or drop (counted as prompt_too_long).")
+    store_roles: bool = _field(False, "chat: store each token's role id (role_ids) beside the tokens, the role table "
+                                      "in the manifest, for role-aware attention masks (docs/role_masks.md).")
+    role_names: str = _field(DEFAULT_ROLE_NAMES, "chat with --store-roles: the message roles given their own id, in "
+                                                 "order (then 'template' for the template's own tokens, 'other' for "
+                                                 "any role not named).")
 
     def __post_init__(self):
         if self.context_length < 1:
@@ -164,6 +180,27 @@ class BuildConfig:
         if not isinstance(self.train_roles, str) or not self.roles:
             raise ValueError(f"train_roles must name at least one role, e.g. \"assistant\" or \"assistant,tool\"; "
                              f"got {self.train_roles!r}")
+        self._check_roles()
+
+    def _check_roles(self):
+        if isinstance(self.role_names, (list, tuple)):  # a TOML list, as train_roles
+            object.__setattr__(self, "role_names", ",".join(map(str, self.role_names)))
+        if self.store_roles not in (True, False):
+            raise ValueError(f"store_roles must be true or false, got {self.store_roles!r}")
+        if self.store_roles and self.input_kind != "chat":
+            raise ValueError(f"store_roles keeps the roles of chat messages: it needs input_kind=\"chat\" (got "
+                             f"{self.input_kind!r}); pass --input-kind chat, or drop --store-roles")
+        names = [r.strip() for r in self.role_names.split(",") if r.strip()] if isinstance(self.role_names, str) else []
+        bad = [n for n in names if n in ROLE_EXTRAS] or [n for n in names if names.count(n) > 1]
+        if not names or bad or len(names) > MAX_ROLE_NAMES:
+            why = f"{bad[0]!r} is reserved or named twice" if bad else f"{len(names)} names (1..{MAX_ROLE_NAMES})"
+            raise ValueError(f"role_names {self.role_names!r}: {why}; give distinct roles, e.g. "
+                             f"\"{DEFAULT_ROLE_NAMES}\"")
+
+    @property
+    def role_table(self) -> dict[str, int]:
+        """The role id of each role name a build with store_roles stores (config.role_table)."""
+        return role_table(self.role_names)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -183,6 +220,8 @@ class BuildConfig:
         if d["input_kind"] == "text":  # records settings mean nothing to text: raw-text builds keep their bytes
             for key in RECORD_FIELDS:
                 del d[key]
+        if not d["store_roles"]:  # off: builds without roles keep their bytes
+            del d["store_roles"], d["role_names"]
         return d
 
 

@@ -8,6 +8,11 @@
         (packer/encode/chat.py), encoded once with special tokens read as such, and a token is trained
         iff it lies inside a trained turn's span; packer adds no bos/eos (the template places them).
 
+        With store_roles each token also gets its turn's role id (role_ids: the role table of the
+        config; turns as ChatTemplate.turn_bounds cuts them, a token belonging where it starts):
+        text   <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
+        roles  user ............................ assistant ....................................
+
     tokens  {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}   or   {"input_ids": [...], "loss_mask": [0, 1, 1]}
         ids   [5, 6, 7]   mask [0, 1, 1]      taken as they are: no bos/eos added; ids checked < vocab
 
@@ -27,7 +32,7 @@ import numpy as np
 
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
-from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask  # noqa: F401  (spans_to_mask: re-exported)
+from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask, token_roles  # noqa: F401  (spans_to_mask: re-exported)
 from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
 from packer.io.utf8 import encodable
 
@@ -56,11 +61,13 @@ SKIP_REASONS = {
 
 @dataclass
 class Encoded:
-    """One batch: flat ids, the length of each example, the flat 0/1 mask aligned with ids."""
+    """One batch: flat ids, the length of each example, the flat 0/1 mask aligned with ids, and
+    (chat with store_roles) the flat uint8 role ids aligned with them."""
 
     ids: np.ndarray
     lengths: np.ndarray
     mask: np.ndarray
+    roles: np.ndarray | None = None
 
 
 class RecordEncoder:
@@ -71,6 +78,7 @@ class RecordEncoder:
     def __init__(self, kind: str, info: TokenizerInfo, config, encode_texts):
         self.kind, self.info, self.config, self.encode_texts = kind, info, config, encode_texts
         self.tok = load_encoder(info.path, info.engine)  # prompts and completions: the build's engine
+        self.role_table = config.role_table if getattr(config, "store_roles", False) else None
         if kind == "chat":
             source, _ = chat_template_of(info.path, config.chat_template)
             self.template = ChatTemplate(source, template_specials(info), config.roles)
@@ -109,10 +117,11 @@ class RecordEncoder:
         if keep.all():
             return e
         tokens = np.repeat(keep, e.lengths)
-        return Encoded(e.ids[tokens], e.lengths[keep], e.mask[tokens])
+        return Encoded(e.ids[tokens], e.lengths[keep], e.mask[tokens], None if e.roles is None else e.roles[tokens])
 
     def _empty(self) -> tuple[list, Encoded]:
-        return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8))
+        roles = np.zeros(0, np.uint8) if self.role_table is not None else None
+        return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8), roles)
 
     def _prompt_completion(self, batch, skips):
         c = self.config
@@ -145,34 +154,39 @@ class RecordEncoder:
         return [w for w, _, _ in good], Encoded(ids, lengths, mask)
 
     def _chat(self, batch, skips):
-        rendered = []
+        rendered, turns = [], []
         for where, record in batch:
             messages = self._messages(record, where, skips)
             if messages is None:
                 continue
             try:
-                text, spans = self.template.spans(messages, where)
+                got = self.template.spans(messages, where, turns=self.role_table is not None)
             except RecordError as e:
                 skips.add(e.reason, f"{where}: {e.detail}"[:300])
                 continue
+            text, spans = got[0], got[1]
             try:
                 data = text.encode("utf-8")
             except UnicodeEncodeError:
                 skips.add("invalid_utf8", where)
                 continue
             rendered.append((where, text, spans, data))
+            if self.role_table is not None:
+                turns.append((got[2], [m["role"] for m in messages]))
         if not rendered:
             return self._empty()
         texts = [text for _, text, _, _ in rendered]
         spans = [s for _, _, s, _ in rendered]
-        got = None
-        if self.offsets is not None:  # ids only, offsets from the ids (ByteOffsets): the same mask, 1.7x faster
+        got, roles = None, None
+        if self.offsets is not None and self.role_table is None:  # ids only, offsets from the ids (ByteOffsets):
             encoded = self._added_ids(texts) if self.added is not None else \
                 self.chat_tok.encode_batch_fast(texts, add_special_tokens=False)
-            got = self.offsets.batch_masks(encoded, texts, spans, [d for _, _, _, d in rendered])
+            got = self.offsets.batch_masks(encoded, texts, spans, [d for _, _, _, d in rendered])  # same mask, 1.7x faster
         if got is None:
-            got = batch_masks(self.chat_tok.encode_batch(texts, add_special_tokens=False), [len(t) for t in texts],
-                              spans)
+            encodings = self.chat_tok.encode_batch(texts, add_special_tokens=False)
+            got = batch_masks(encodings, [len(t) for t in texts], spans)
+            if self.role_table is not None:
+                roles = token_roles(encodings, [len(t) for t in texts], turns, self.role_table)
         ids, lengths, mask, bad = got
         for i in np.flatnonzero(bad).tolist():
             skips.add("span_inside_token", rendered[i][0])
@@ -180,7 +194,8 @@ class RecordEncoder:
         if bad.any():
             tokens = np.repeat(~bad, lengths)
             ids, lengths, mask = ids[tokens], lengths[~bad], mask[tokens]
-        return wheres, Encoded(ids.astype(self.info.dtype, copy=False), lengths, mask)
+            roles = None if roles is None else roles[tokens]
+        return wheres, Encoded(ids.astype(self.info.dtype, copy=False), lengths, mask, roles)
 
     def _added_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(flat ids, lengths) of rendered chats as the chat tokenizer gives them: cut at its added

@@ -108,6 +108,7 @@ def _plan_stage(n_units: int, config, work, executor, source_units=(0,), progres
 
 def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="auto", unit_sources=None,
                  loss_mask: bool = False):
+    role_ids = loss_mask and config.store_roles  # chat with --store-roles (every unit then holds records)
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
     with Progress("write", plan.n_tokens, "tok", mode=progress) as bar:
@@ -124,6 +125,7 @@ def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="a
         ]
         if unit_sources or loss_mask:  # named and described as write_shard in errors (executors.describe_call)
             options = {"unit_sources": unit_sources} if unit_sources else {}
+            options.update({"role_ids": True} if role_ids else {})
             write = functools.update_wrapper(functools.partial(writer.write_shard, loss_mask=loss_mask, **options),
                                              writer.write_shard)
         else:
@@ -282,6 +284,8 @@ def _finalize(run: _Run) -> dict:
     if named:
         manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
                                                      config.context_length)
+    if config.store_roles:  # what the shards' role_ids mean (docs/role_masks.md)
+        manifest["roles"] = config.role_table
     failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 

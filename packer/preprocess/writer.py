@@ -35,7 +35,8 @@ def _load_plan(path: fs.Place, stamp: tuple) -> Plan:
 def _gather_tokens(plan: Plan, p0: int, p1: int, units_dir, dtype, units: dict, kind: str = "tokens") -> np.ndarray:
     """Concatenate the tokens of pieces p0..p1 from the unit token files (packer/io/ranged.py: memory
     maps locally, ranged reads remotely); with kind "loss_mask", their masks from the units'
-    loss_mask.npy files (a unit without one: all 1). Returns a read-only array over the joined bytes."""
+    loss_mask.npy files (a unit without one: all 1); with kind "role_ids", their role ids from the
+    units' role_ids.npy files. Returns a read-only array over the joined bytes."""
     itemsize = np.dtype(dtype).itemsize
     piece_unit = plan.piece_unit[p0:p1]
     begin = plan.piece_start[p0:p1] * itemsize
@@ -72,16 +73,18 @@ def _close_all(files):
         raise error
 
 
-def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str, *, loss_mask: bool = False) -> dict:
+def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str, *, loss_mask: bool = False,
+               role_ids: bool = False) -> dict:
     """Write one shard's files atomically (temporary names, then renames; in place on a remote
     filesystem, where the caller's marker says complete); return its entry's file names and sha256.
 
     `tokens_of(r0, r1)` gives the tokens of rows r0..r1 (a new array each call, in the
-    stored dtype; with `loss_mask`, (tokens, uint8 mask)): the format (packer/store/formats/) asks
+    stored dtype; with `loss_mask`, (tokens, uint8 mask); with `role_ids` too, (tokens, mask, uint8
+    roles)): the format (packer/store/formats/) asks
     for rows in chunks of ROWS_PER_BATCH, gathered while the previous chunk is written and hashed,
     so the whole shard never sits in memory. `layout.source_ids`, when set, is stored too, and
     last the shard's checksums file (an xxh3_64 per read block of each file: packer/store/checksums.py)."""
-    extras = extras_of(layout, loss_mask)
+    extras = extras_of(layout, loss_mask, role_ids)
     names = formats.file_names(fmt, shard, extras)
     files = []
     try:
@@ -113,10 +116,11 @@ def _complete(entry: dict, out, fmt: str) -> bool:
 
 
 def write_shard(plan_path: fs.Place, shard: int, work: fs.Place, out: fs.Place, dtype: str, fmt: str = formats.DEFAULT, *,
-                loss_mask: bool = False, unit_sources: tuple[int, ...] | None = None) -> dict:
+                loss_mask: bool = False, unit_sources: tuple[int, ...] | None = None, role_ids: bool = False) -> dict:
     """Write one shard (skipped if a finished run of this call left its entry); return its entry.
 
-    `loss_mask`: gather each piece's mask from the units' loss_mask.npy files and store it.
+    `loss_mask`: gather each piece's mask from the units' loss_mask.npy files and store it;
+    `role_ids` (with loss_mask: chat): each piece's role ids from the units' role_ids.npy files.
     `unit_sources[u]`: the source index of unit u; every segment stores its unit's source."""
     failpoints.hit("shard", shard)
     done = work / "shards" / f"shard-{shard:05d}.json"
@@ -134,16 +138,20 @@ def write_shard(plan_path: fs.Place, shard: int, work: fs.Place, out: fs.Place, 
     pieces = p0 + np.concatenate([[0], np.cumsum(np.diff(layout.offset_starts) - 1)])  # first piece of each row
     units: dict[int, np.ndarray] = {}
     masks: dict[int, np.ndarray] = {}
+    roles: dict[int, np.ndarray] = {}
 
     def tokens_of(r0: int, r1: int):
         a, b = int(pieces[r0]), int(pieces[r1])
         tokens = _gather_tokens(plan, a, b, work / "units", np.dtype(dtype), units)
         if not loss_mask:
             return tokens
-        return tokens, _gather_tokens(plan, a, b, work / "units", np.dtype(np.uint8), masks, "loss_mask")
+        mask = _gather_tokens(plan, a, b, work / "units", np.dtype(np.uint8), masks, "loss_mask")
+        if not role_ids:
+            return tokens, mask
+        return tokens, mask, _gather_tokens(plan, a, b, work / "units", np.dtype(np.uint8), roles, "role_ids")
 
     entry = {
-        **write_rows(layout, tokens_of, out, shard, fmt, loss_mask=loss_mask),
+        **write_rows(layout, tokens_of, out, shard, fmt, loss_mask=loss_mask, role_ids=role_ids),
         "sequences": len(layout),
         "tokens": int(layout.token_starts[-1]),
         "documents": len(layout.doc_ids),

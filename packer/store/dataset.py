@@ -58,6 +58,8 @@ class ShardDataset:
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.source_names = [s.get("name") for s in self.manifest.get("sources") or []]
+        self.roles = self.manifest.get("roles")  # role name -> id of a build with --store-roles, else None
+        self._n_roles = checks.role_count(self.manifest, fs.redact(self.path))
         self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
         dtype = np.dtype(config["token_dtype"])
         self._blocks: list[Rows] = []
@@ -75,7 +77,8 @@ class ShardDataset:
                 for rows, doc_ids in shard_blocks(self.path, entry, self.format, sums):
                     checks.check_bounds(rows, where, counts["sequences"], self.context_length)
                     checks.check_dtype(rows, where, dtype)
-                    checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False)
+                    checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False,
+                                        n_roles=self._n_roles)
                     self._blocks.append(rows)
                     self._doc_ids.append(doc_ids)
                     self._where.append((where, counts["sequences"]))
@@ -101,6 +104,7 @@ class ShardDataset:
         check_generation(self.path, self.generation)
         self.has_loss_mask = self._has("loss_mask")
         self.has_source_ids = self._has("source_ids")
+        self.has_role_ids = self._has("role_ids")
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
         self._n = starts[-1]
@@ -132,7 +136,7 @@ class ShardDataset:
         return sums, [(raw, fs.redact(path)) for raw, path in zip(mapped, paths)]  # held while the format maps them too
 
     def _has(self, field: str) -> bool:
-        """Whether the blocks hold `field` (loss_mask, source_ids): all of them, or none."""
+        """Whether the blocks hold `field` (loss_mask, source_ids, role_ids): all of them, or none."""
         have = [getattr(rows, field) is not None for rows in self._blocks]
         if any(have) and not all(have):
             where = self._where[have.index(not have[0])][0]
@@ -153,7 +157,7 @@ class ShardDataset:
         checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
         checks.check_doc_ids(self._doc_ids[b], where, self._n_docs)
-        checks.check_extras(rows, len(self._doc_ids[b]), where, len(self.source_names))
+        checks.check_extras(rows, len(self._doc_ids[b]), where, len(self.source_names), n_roles=self._n_roles)
         self._unread[b] = False
         self._n_unread -= 1
 
@@ -214,12 +218,12 @@ class ShardDataset:
         return tokens, offsets
 
     def _extra_views(self, indices, field: str) -> list:
-        """Per row of `indices`, a view of its `field`: loss_mask (per token) or source_ids (per segment)."""
+        """Per row of `indices`, a view of its `field`: loss_mask or role_ids (per token), source_ids (per segment)."""
         out = []
         for b, r in zip(*self._locate(self._checked(indices))):
             rows = self._blocks[b]
-            if field == "loss_mask":
-                out.append(rows.loss_mask[rows.token_starts[r] : rows.token_starts[r + 1]])
+            if field in ("loss_mask", "role_ids"):
+                out.append(getattr(rows, field)[rows.token_starts[r] : rows.token_starts[r + 1]])
             else:  # a row's segments: its offsets less one, counted from the block's first row
                 a = rows.offset_starts[r] - r - (rows.offset_starts[0])
                 out.append(rows.source_ids[a : a + rows.offset_starts[r + 1] - rows.offset_starts[r] - 1])
@@ -235,10 +239,15 @@ class ShardDataset:
         or None when the build named no sources."""
         return self._extra_views(indices, "source_ids") if self.has_source_ids else None
 
+    def role_views(self, indices) -> list | None:
+        """Rows `indices`' role ids (uint8 views, one per token: ids of the manifest's "roles"), or None
+        when the build stored none (docs/role_masks.md)."""
+        return self._extra_views(indices, "role_ids") if self.has_role_ids else None
+
     def get_many(self, indices) -> Rows:
         """Rows `indices` (any order, repeats allowed) as one CSR batch: `Rows.row(k)` equals
-        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32; loss_mask and
-        source_ids are filled where the dataset has them."""
+        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32; loss_mask,
+        source_ids and role_ids are filled where the dataset has them."""
         tokens, offsets = self.views(indices)
         token_starts = np.zeros(len(tokens) + 1, np.int64)
         offset_starts = np.zeros(len(offsets) + 1, np.int64)
@@ -246,9 +255,10 @@ class ShardDataset:
         np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
         dtype = self._blocks[0].tokens.dtype if self._blocks else np.uint16
         joined = np.concatenate(tokens).astype(dtype, copy=False) if tokens else np.zeros(0, dtype)
-        masks, sources = self.mask_views(indices), self.source_views(indices)
+        masks, sources, roles = self.mask_views(indices), self.source_views(indices), self.role_views(indices)
         return Rows(joined, token_starts, np.concatenate(offsets) if offsets else np.zeros(0, np.int32), offset_starts,
-                    loss_mask=_joined(masks, np.uint8), source_ids=_joined(sources, np.uint16))
+                    loss_mask=_joined(masks, np.uint8), source_ids=_joined(sources, np.uint16),
+                    role_ids=_joined(roles, np.uint8))
 
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order (reads

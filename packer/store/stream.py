@@ -109,6 +109,8 @@ class StreamDataset:
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.dtype = np.dtype(config["token_dtype"])
         self.source_names = [source.get("name") for source in self.manifest.get("sources") or []]
+        self.roles = self.manifest.get("roles")  # role name -> id of a build with --store-roles, else None
+        self._n_roles = checks.role_count(self.manifest, fs.redact(self.path))
         self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
         self._module = formats.get(self.format)
         self._cache = (BlockCache(self.options["cache_dir"], int(self.options["cache_bytes"]))
@@ -166,7 +168,8 @@ class StreamDataset:
         if n_tokens is None:  # an Arrow dataset: tokens are in the bodies, checked by `packer verify`
             totals["tokens"] = self.manifest["totals"].get("tokens_out")
         checks.check_totals(totals, self.manifest["totals"])
-        self.has_loss_mask, self.has_source_ids = (_all_or_none(fields, f) for f in ("loss_mask", "source_ids"))
+        self.has_loss_mask, self.has_source_ids, self.has_role_ids = (
+            _all_or_none(fields, f) for f in ("loss_mask", "source_ids", "role_ids"))
 
     def _check_shard(self, entry, name, state, counts):
         for key, value in counts.items():
@@ -267,7 +270,7 @@ class StreamDataset:
         checks.check_rows(rows, len(doc_ids), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
         checks.check_doc_ids(doc_ids, where, self._n_docs)
-        checks.check_extras(rows, len(doc_ids), where, len(self.source_names))
+        checks.check_extras(rows, len(doc_ids), where, len(self.source_names), n_roles=self._n_roles)
         self.stats["blocks fetched"] += 1
         return rows, doc_ids
 
@@ -303,7 +306,8 @@ class StreamDataset:
     def _now(self) -> int:
         """The plan's first row still to be read: after the call in progress or the last one (but
         before the last one between calls of a dataset with loss masks: data.py reads them again)."""
-        return self._plan.read if self.has_loss_mask and not self._in_call else self._plan.next
+        again = self.has_loss_mask or self.has_role_ids
+        return self._plan.read if again and not self._in_call else self._plan.next
 
     def _room(self, nbytes: int, b: int, use: int | None = None, must: bool = False) -> bool:
         """Make room (lock held) for block b: `nbytes` more held, read by the call in progress (`use`
@@ -524,7 +528,7 @@ class StreamDataset:
             for p in order[firsts[g] : ends[g]].tolist():
                 r = local[p]
                 for field in fields:
-                    if field in ("tokens", "loss_mask"):
+                    if field in ("tokens", "loss_mask", "role_ids"):
                         out[field][p] = getattr(rows, field)[ts[r] : ts[r + 1]].copy()
                     elif field == "offsets":
                         out[field][p] = rows.offsets[ost[r] : ost[r + 1]].copy()
@@ -548,9 +552,14 @@ class StreamDataset:
         """Rows `indices`' source ids (uint16, one per segment), or None when the build named none."""
         return self._gather(indices, ("source_ids",))["source_ids"] if self.has_source_ids else None
 
+    def role_views(self, indices) -> list | None:
+        """Rows `indices`' role ids (uint8, one per token), or None when the build stored none."""
+        return self._gather(indices, ("role_ids",))["role_ids"] if self.has_role_ids else None
+
     def get_many(self, indices) -> Rows:
         """Rows `indices` as one CSR batch (ShardDataset.get_many), in one pass over their blocks."""
-        fields = ("tokens", "offsets") + ("loss_mask",) * self.has_loss_mask + ("source_ids",) * self.has_source_ids
+        fields = ("tokens", "offsets") + ("loss_mask",) * self.has_loss_mask + ("source_ids",) * self.has_source_ids \
+            + ("role_ids",) * self.has_role_ids
         got = self._gather(indices, fields)
         tokens, offsets = got["tokens"], got["offsets"]
         token_starts = np.zeros(len(tokens) + 1, np.int64)
@@ -558,7 +567,8 @@ class StreamDataset:
         np.cumsum([len(t) for t in tokens], out=token_starts[1:])
         np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
         return Rows(_joined(tokens, self.dtype), token_starts, _joined(offsets, np.int32), offset_starts,
-                    loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16))
+                    loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16),
+                    role_ids=_joined(got.get("role_ids"), np.uint8))
 
     def _block_in_order(self, b: int):
         """Block b read whole, as the plan of a pass over every row in stored order says (then _done_with)."""

@@ -10,7 +10,9 @@ the row length; one doc_id per segment; token ids below the vocabulary size (ful
 only); sequence, token and segment counts equal the manifest's, per shard and in total
 (`sequences`, `tokens_out`, `pieces`); distinct doc_ids equal `docs_accepted` less
 `docs_dropped_long`; loss masks 0/1, one per token, summing to `trained_tokens` where the totals
-have it; source ids one per segment, below the number of the manifest's sources. Beside the shards: tokenizer.json present, its sha256 the manifest's
+have it; source ids one per segment, below the number of the manifest's sources; role ids one per
+token, below the number of the manifest's roles (a table of names to ids 0..n-1), in every shard
+when the manifest has that table and in none otherwise. Beside the shards: tokenizer.json present, its sha256 the manifest's
 `tokenizer.sha256` (where it records one); stats.json present when documents were accepted, a JSON object of
 packer's stats schema whose context length, document and token counts are the manifest's; an Arrow
 dataset's state.json and dataset_info.json equal to what its shard entries give (`packer verify`
@@ -41,6 +43,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     dtype = np.dtype(config["token_dtype"])
     totals = {"sequences": 0, "tokens": 0, "documents": 0}
     doc_ids, trained = [], 0
+    n_roles = checks.role_count(manifest, fs.redact(path))
     for entry, files in zip(manifest["shards"], formats.manifest_files(fmt, manifest["shards"])):
         sums = _check_files(path, fmt, entry, files, checksums)
         where = fs.redact(path / entry["file"])  # no credentials of a URI in messages
@@ -48,7 +51,9 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
         try:
             for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt, sums):
                 checks.check_rows(rows, len(block_doc_ids), where, counts["sequences"], config["context_length"])
-                checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []))
+                _check_has_roles(rows, where, n_roles)
+                checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []),
+                                    n_roles=n_roles)
                 checks.check_doc_ids(block_doc_ids, where, manifest["totals"].get("docs_accepted"))
                 trained += _trained(rows)
                 if checksums:
@@ -71,6 +76,14 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     stats = _check_stats(path, manifest)
     _check_derived(path, manifest, stats)
     return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
+
+
+def _check_has_roles(rows, where: str, n_roles: int):
+    """A manifest with a role table has role ids in every shard (and one without, none)."""
+    if (rows.role_ids is not None) != bool(n_roles):
+        has = "has role ids but the manifest no \"roles\" table" if n_roles == 0 else \
+            "lacks role ids, which the manifest's \"roles\" table says the build stored"
+        raise ValueError(f"{where}: {has} (shards of another build, or the manifest was edited; rebuild the dataset)")
 
 
 def _trained(rows) -> int:

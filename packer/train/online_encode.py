@@ -1,4 +1,4 @@
-"""Source documents of an online stream -> (ids, loss mask), exactly as `packer build` encodes them:
+"""Source documents of an online stream -> (ids, loss mask[, role ids]), as `packer build` encodes them:
 texts through the one text path, records through the build's RecordEncoder, pre-tokenized ids as given.
 
 A document is a text, token ids, an (ids, loss_mask) pair, or a dict: {text_field: ...},
@@ -6,6 +6,7 @@ A document is a text, token ids, an (ids, loss_mask) pair, or a dict: {text_fiel
 
     ids   int64 [T]   bos/eos added as the build adds them (texts, plain ids; records by their encoder)
     mask  uint8 [T]   1 = trained; None when every token is (texts, plain ids)
+    roles uint8 [T]   chat records with config.store_roles only: each token's role id (the build's role_ids)
 """
 
 from __future__ import annotations
@@ -89,11 +90,11 @@ class DocumentEncoder:
         if self.tokenizer is not None:
             configure(self.tokenizer)
 
-    def encode(self, docs: list[tuple[int, object]]) -> tuple[list[tuple[np.ndarray, np.ndarray | None]], Skips]:
-        """(ids int64 [T], loss mask uint8 [T] or None for all trained) of each accepted document of a
-        buffer of (source position + 1, document): the texts and plain ids first, in source order, then
-        each record kind's examples, in source order, encoded RECORD_BATCH at a time by the build's
-        RecordEncoder; and the bad records skipped, by reason."""
+    def encode(self, docs: list[tuple[int, object]]) -> tuple[list[tuple], Skips]:
+        """(ids int64 [T], loss mask uint8 [T] or None for all trained[, role ids uint8 [T]: chat records
+        with config.store_roles]) of each accepted document of a buffer of (source position + 1, document):
+        the texts and plain ids first, in source order, then each record kind's examples, in source order,
+        encoded RECORD_BATCH at a time by the build's RecordEncoder; and the bad records skipped, by reason."""
         plain, records = [], collections.defaultdict(list)
         skips = Skips()
         for pos, doc in docs:
@@ -109,7 +110,8 @@ class DocumentEncoder:
             for start in range(0, len(records[kind]), RECORD_BATCH):
                 encoded = self._encoder(kind).encode(records[kind][start : start + RECORD_BATCH], skips)
                 bounds = np.cumsum(encoded.lengths)[:-1]
-                out += zip(np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds))
+                parts = [np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds)]
+                out += zip(*parts, *([np.split(encoded.roles, bounds)] if encoded.roles is not None else []))
         return out, skips
 
     def _kind_of(self, doc) -> str | None:

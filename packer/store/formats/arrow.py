@@ -7,6 +7,7 @@
                         doc_ids:   list<int64>           global document index of each segment (audits)
                         loss_mask: list<uint8>           1 = trained, one per token   (only in SFT builds)
                         source_ids: list<uint16>         source of each segment       (only with named sources)
+                        role_ids:  list<uint8>           chat role of each token      (only with --store-roles)
 
     state.json,         derived_files: written next to the shards by the build's finalize, so that
     dataset_info.json   `datasets.load_from_disk(DIR)` maps every shard; `Dataset.from_file(shard)`
@@ -34,17 +35,18 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from packer.io import fs
-from packer.store.rows import Layout, Rows, row_chunks, split_chunk
+from packer.store.rows import EXTRAS, Layout, Rows, row_chunks, split_chunk
 
 FILES = (("file", "sha256", ".arrow"),)
-EXTRA_FILES: dict = {}  # loss_mask and source_ids are columns of the one file
+EXTRA_FILES: dict = {}  # loss_mask, source_ids and role_ids are columns of the one file
 FILE_MAGIC = b"ARROW1"  # the first bytes of an IPC file (a shard of packer before 2026-12)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the last 8 bytes of every IPC stream
 HF_STATE, HF_INFO = "state.json", "dataset_info.json"  # what datasets.load_from_disk reads first
 DERIVED_FILES = (HF_STATE, HF_INFO)
 
 
-def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarray | None, extras) -> pa.RecordBatch:
+def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarray | None, roles: np.ndarray | None,
+           extras) -> pa.RecordBatch:
     value_type = pa.uint16() if tokens.dtype.itemsize == 2 else pa.uint32()
     o0, o1 = int(layout.offset_starts[r0]), int(layout.offset_starts[r1])
 
@@ -62,6 +64,8 @@ def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarra
     if "source_ids" in extras:
         columns["source_ids"] = column(segment_bounds, np.asarray(layout.source_ids[o0 - r0 : o1 - r1], np.uint16),
                                        pa.uint16())
+    if "role_ids" in extras:
+        columns["role_ids"] = column(layout.token_starts[r0 : r1 + 1], np.asarray(roles, np.uint8), pa.uint8())
     return pa.record_batch(columns)
 
 
@@ -263,7 +267,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     schema = ipc.read_schema(pa.py_buffer(schema_bytes))
     bounds = np.concatenate([[0], np.cumsum([m[3] for m in messages[1:]], dtype=np.int64)]).astype(np.int64)
     ranges = [((0, start, stop),) for _, start, stop, _ in messages[1:]]
-    fields = tuple(name for name in ("loss_mask", "source_ids") if schema.get_field_index(name) >= 0)
+    fields = tuple(name for name in EXTRAS if schema.get_field_index(name) >= 0)
     return bounds, ranges, (schema, fs.redact(path)), {"sequences": int(bounds[-1])}, fields
 
 
@@ -275,7 +279,7 @@ def _summed_index(read, size, path, sums):
     schema = ipc.read_schema(pa.py_buffer(read(path, int(cuts[0]), int(cuts[1]))))
     bounds = np.asarray(sums.rows, np.int64)
     ranges = [((0, int(a), int(b)),) for a, b in zip(cuts[1:-2], cuts[2:-1])]
-    fields = tuple(name for name in ("loss_mask", "source_ids") if schema.get_field_index(name) >= 0)
+    fields = tuple(name for name in EXTRAS if schema.get_field_index(name) >= 0)
     return bounds, ranges, (schema, where), {"sequences": int(bounds[-1])}, fields
 
 
@@ -291,5 +295,6 @@ def _batch_rows(batch, where) -> tuple[Rows, np.ndarray]:
     ids, offs, doc_ids = batch.column("input_ids"), batch.column("offsets"), batch.column("doc_ids")
     rows = Rows(ids.values.to_numpy(zero_copy_only=True), ids.offsets.to_numpy(),
                 offs.values.to_numpy(zero_copy_only=True), offs.offsets.to_numpy(),
-                loss_mask=_extra(batch, "loss_mask", ids, where), source_ids=_extra(batch, "source_ids", doc_ids, where))
+                loss_mask=_extra(batch, "loss_mask", ids, where), source_ids=_extra(batch, "source_ids", doc_ids, where),
+                role_ids=_extra(batch, "role_ids", ids, where))
     return rows, doc_ids.flatten().to_numpy(zero_copy_only=True)

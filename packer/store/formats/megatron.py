@@ -44,7 +44,7 @@ FILES = (
     ("index_file", "index_sha256", ".idx"),
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
-EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py (Megatron ignores them)
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids, role_ids: packer/store/formats/sidecars.py (Megatron ignores them)
 DERIVED_FILES = memmap.DERIVED_FILES  # nothing beside the shards
 derived_files = memmap.derived_files
 MAGIC = b"MMIDIDX\x00\x00"
@@ -167,8 +167,8 @@ def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     if (n := size(bin_path)) != n_tokens * dtype.itemsize:
         raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {dtype.itemsize} "
                          "bytes (truncated?)")
-    sources, mask_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
-    shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
+    sources, mask_file, role_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
+    shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file, role_file)
     bounds, ranges, counts = memmap.stream_ranges(shard, block_bytes, sums)
     return bounds, ranges, shard, counts, tuple(extras)
 
