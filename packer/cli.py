@@ -129,6 +129,9 @@ def _print_summary(manifest: dict, output: str):
         on = [f"truncation at {shipped['shipped_truncation']} tokens"] if "shipped_truncation" in shipped else []
         on += ["padding"] if shipped.get("shipped_padding") else []
         click.echo(f"tokenizer: its file turns on {' and '.join(on)}; packer turned them off (every token kept, none added)")
+    if "encode_engine" in shipped:
+        engine = shipped["encode_engine"]
+        click.echo(f"engine:    {engine['name']} ({engine['reason']})")
     if "specials" in shipped:  # written only when a tokenizer config file chose eos/bos/pad
         click.echo(f"tokenizer: {describe_specials(shipped['specials'])}")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
@@ -239,7 +242,7 @@ def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
 
 
 CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed",
-                 *RECORD_FIELDS)
+                 "encode_engine", *RECORD_FIELDS)
 
 
 MIXTURE = (
@@ -407,7 +410,7 @@ def _show_span(ids, trained: bool, tok) -> str:
 @main.command()
 @DEBUG
 @click.argument("dataset")
-@click.option("--quick", is_flag=True, help="Skip checksums.")
+@click.option("--quick", is_flag=True, help="Skip the sha256, the block checksums and the token-id scan.")
 def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
     DATASET is a directory or a URI (s3://, gs://, file://, ...)."""

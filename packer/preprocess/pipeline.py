@@ -272,6 +272,8 @@ def _finalize(run: _Run) -> dict:
         },
         "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
                       **_shipped(info), **specials_manifest(info),
+                      # which engine encoded (every engine gives the same ids: packer/encode/engines)
+                      "encode_engine": {"name": info.engine, "reason": info.engine_reason},
                       **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
         "shards": run.entries,

@@ -27,7 +27,7 @@ import numpy as np
 from packer.config import BuildConfig
 from packer.encode.records import RECORD_BATCH, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_parts, encode_texts
-from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.encode.tokenizer import TokenizerInfo, load_encoder
 from packer.io import atomic, fs
 from packer.preprocess import changed
 from packer.preprocess.readers import FileError, SkipLog, Unit, field_names, read_records, read_unit
@@ -151,7 +151,7 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
     `sums` hashes what the reader reads (packer/preprocess/changed.py)."""
     if kind != "text":
         return _records_into(unit, info, config, skips, tokens, lengths, mask, kind)
-    tok = load_tokenizer(info.path)
+    tok = load_encoder(info.path, info.engine)  # the engine the driver chose (TokenizerInfo)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
                       max_doc_bytes=config.max_doc_bytes, sums=sums)
     n_tokens = 0

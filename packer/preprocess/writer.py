@@ -21,7 +21,7 @@ import numpy as np
 from packer.io import atomic, failpoints, fs, ranged
 from packer.io.hashed import HashedFile
 from packer.preprocess.plan import Plan
-from packer.store import formats
+from packer.store import checksums, formats
 from packer.store.rows import Layout, extras_of
 
 
@@ -79,14 +79,20 @@ def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str, *
     `tokens_of(r0, r1)` gives the tokens of rows r0..r1 (a new array each call, in the
     stored dtype; with `loss_mask`, (tokens, uint8 mask)): the format (packer/store/formats/) asks
     for rows in chunks of ROWS_PER_BATCH, gathered while the previous chunk is written and hashed,
-    so the whole shard never sits in memory. `layout.source_ids`, when set, is stored too."""
+    so the whole shard never sits in memory. `layout.source_ids`, when set, is stored too, and
+    last the shard's checksums file (an xxh3_64 per read block of each file: packer/store/checksums.py)."""
     extras = extras_of(layout, loss_mask)
     names = formats.file_names(fmt, shard, extras)
     files = []
     try:
         for _, _, name in names:
             files.append(HashedFile(out_dir / name))
-        formats.get(fmt).write(layout, tokens_of, files, extras)
+        sinks = [checksums.BlockSink(f) for f in files]
+        bounds = formats.get(fmt).write(layout, tokens_of, sinks, extras)
+        names.append((*formats.CHECKSUMS[:2], formats.shard_stem(shard) + formats.CHECKSUMS[2]))
+        files.append(HashedFile(out_dir / names[-1][2]))
+        for buf in checksums.sums_bytes(bounds, [sink.sums() for sink in sinks]):
+            files[-1].write(buf)
     finally:
         _close_all(files)
     entry = {}
@@ -106,7 +112,7 @@ def _complete(entry: dict, out, fmt: str) -> bool:
     return all((out / name).exists() for name, _ in names)
 
 
-def write_shard(plan_path: fs.Place, shard: int, work: fs.Place, out: fs.Place, dtype: str, fmt: str, *,
+def write_shard(plan_path: fs.Place, shard: int, work: fs.Place, out: fs.Place, dtype: str, fmt: str = formats.DEFAULT, *,
                 loss_mask: bool = False, unit_sources: tuple[int, ...] | None = None) -> dict:
     """Write one shard (skipped if a finished run of this call left its entry); return its entry.
 

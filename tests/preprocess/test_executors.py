@@ -33,7 +33,7 @@ def test_describe_call_names_the_unit_or_shard():
     assert describe_call(tokenize_unit, (unit, None, None, "w"), 3) == (
         "tokenize_unit, unit 3 (a.jsonl bytes 0-65536)"
     )
-    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16", "arrow"), 2) == "write_shard, shard 2"
+    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16"), 2) == "write_shard, shard 2"
     assert describe_call(slow_square, (1, 0.0), 5) == "slow_square, item 5"
     assert describe_call(slow_square, (1, 2, 3), 6) == "slow_square, item 6"  # arguments do not bind
 

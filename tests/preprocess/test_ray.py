@@ -93,7 +93,7 @@ def _files(path) -> dict[str, bytes]:
 def local_files(sample_dataset):
     """The sample corpus built by the local executor (2 workers), as {file name: bytes}."""
     files = _files(sample_dataset)
-    assert sum(name.startswith("shard-") for name in files) == 4
+    assert sum(name.startswith("shard-") and name.endswith(".arrow") for name in files) == 4  # (and their .sums)
     return files
 
 

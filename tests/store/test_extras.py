@@ -68,7 +68,7 @@ def test_without_extras_a_shard_has_neither(tmp_path, fmt):
     layout = Layout(*layout[:4])  # no source_ids
     ts = layout.token_starts
     entry = write_rows(layout, lambda r0, r1: tokens[ts[r0] : ts[r1]].copy(), tmp_path, 0, fmt)
-    assert list(entry) == [k for n, s, _ in formats.file_names(fmt, 0) for k in (n, s)]
+    assert list(entry) == [k for n, s, _ in [*formats.file_names(fmt, 0), formats.CHECKSUMS] for k in (n, s)]
     for rows, _ in formats.shard_blocks(tmp_path, entry, fmt):
         assert rows.loss_mask is None and rows.source_ids is None
 
@@ -157,7 +157,7 @@ def test_reading_refuses_a_bad_mask_value_and_a_source_outside_the_manifest(tmp_
     mask_file.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="sha256 does not match"):
         verify_dataset(out)
-    with pytest.raises(ValueError, match="loss mask value 2, expected 0 or 1"):
+    with pytest.raises(ValueError, match=r"loss_mask\.bin bytes 0-\d+: checksum mismatch"):  # before its values
         open_dataset(out).mask_views([0])
     with pytest.raises(ValueError, match="loss mask value 2"):
         verify_dataset(out, checksums=False)
@@ -179,7 +179,7 @@ def test_shards_with_and_without_masks_do_not_mix(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     plain = write_shard(_plan_path(out / "_work", 0), 0, out / "_work", tmp_path, manifest["config"]["token_dtype"],
                         "memmap")  # shard 0 again, without extras, beside the dataset
-    for key in ("file", "index_file"):
+    for key in ("file", "index_file", "checksums_file"):
         (out / plain[key]).write_bytes((tmp_path / plain[key]).read_bytes())
     manifest["shards"][0] = {**first, **plain}
     (out / "manifest.json").write_text(json.dumps(manifest))
