@@ -54,7 +54,7 @@ class ShardDataset:
         self.manifest, self.generation = load_manifest(self.path)
         check_generation(self.path, generation, now=self.generation)  # pinned by whoever opened it first
         config = self.manifest["config"]
-        self.format = config.get("format", "arrow")
+        self.format = formats.manifest_format(config)
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.source_names = [s.get("name") for s in self.manifest.get("sources") or []]
