@@ -410,7 +410,7 @@ def _show_span(ids, trained: bool, tok) -> str:
 @main.command()
 @DEBUG
 @click.argument("dataset")
-@click.option("--quick", is_flag=True, help="Skip checksums.")
+@click.option("--quick", is_flag=True, help="Skip the sha256, the block checksums and the token-id scan.")
 def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
     DATASET is a directory or a URI (s3://, gs://, file://, ...)."""

@@ -51,7 +51,7 @@ def _executor_names() -> tuple[str, ...]:
 def _engine_names() -> tuple[str, ...]:
     from packer.encode.engines import ENGINES
 
-    return ("auto", *ENGINES)  # auto: the rule picks (packer/encode/engines)
+    return ("auto", *ENGINES)  # auto: the fastest exact engine for the tokenizer (packer/encode/engines)
 
 
 # field -> the names of its table, read when asked (module docstring); a table's field is one line here

@@ -11,10 +11,19 @@ packer/store/verify.py.
 Nothing in the manifest is taken on trust (packer/store/checks.py). Opening refuses, in one line:
 a shard name that is not a plain file name in the directory, a file named twice, per-shard or
 total counts that are not what the shard files hold, a row outside its arrays, empty or longer
-than the context. A block's first read (ds[i], views, get_many, iteration) checks its offsets,
-doc_ids and token ids (< the vocabulary): one vectorized pass over the block, once per process,
-so a flipped byte raises ValueError naming the shard and row instead of yielding a bad row.
-(Lazy, not at open: an id scan of every block would read the whole dataset before step one.)
+than the context. Every byte a row comes from is attested by the manifest: each shard's checksums
+file (its sha256 the manifest's) holds an xxh3_64 per read block of each of its files
+(packer/store/checksums.py); the files read whole (indexes) are checked at open, and a block's
+first read (ds[i], views, get_many, iteration) checks its bytes, then its offsets, doc_ids and
+token ids (< the vocabulary): one vectorized pass over the block, once per process. So a changed
+byte raises ValueError naming the shard and its byte range instead of yielding a row, even one
+whose ids stay inside the vocabulary. (Lazy, not at open: a pass over every block would read the
+whole dataset before step one.) A dataset of a packer before block checksums (format version 1)
+is checked whole at open instead: every shard file's sha256.
+
+A reader pins the dataset's generation (the sha256 of its manifest.json: packer/store/manifest.py)
+when it opens, checks it again once its files are mapped, and pickles with it: a DataLoader worker
+that reopens it after another build replaced the dataset raises instead of mixing the two.
 """
 
 from __future__ import annotations
@@ -25,9 +34,9 @@ import numpy as np
 import pyarrow as pa
 
 from packer.io import fs
-from packer.store import checks, formats
+from packer.store import checks, checksums, formats
 from packer.store.formats import shard_blocks
-from packer.store.manifest import read_manifest
+from packer.store.manifest import check_generation, load_manifest, sha256_file
 from packer.store.rows import ROWS_PER_BATCH, Rows
 
 __all__ = ["ROWS_PER_BATCH", "Rows", "ShardDataset", "open_dataset", "read_rows", "shard_blocks"]
@@ -40,9 +49,10 @@ class ShardDataset:
     touching only that row's pages. ds.get_many(indices) -> Rows: many rows at once,
     copied into one CSR batch. Iteration yields ds[0], ds[1], ... in stored order."""
 
-    def __init__(self, path):
+    def __init__(self, path, generation: str | None = None):
         self.path = fs.location(path)  # a Path, or a RemotePath for a URI
-        self.manifest = read_manifest(self.path)
+        self.manifest, self.generation = load_manifest(self.path)
+        check_generation(self.path, generation, now=self.generation)  # pinned by whoever opened it first
         config = self.manifest["config"]
         self.format = config.get("format", "arrow")
         self.context_length = int(config["context_length"])
@@ -53,6 +63,7 @@ class ShardDataset:
         self._blocks: list[Rows] = []
         self._doc_ids: list[np.ndarray] = []
         self._where: list[tuple[str, int]] = []  # (shard, its first row) of each block, for messages
+        self._ranges: list[list] = []  # per block: (bytes, FileSums, start, stop, file) its first read checks
         starts, n_tokens = [0], 0
         shards = self.manifest["shards"]
         formats.manifest_files(self.format, shards)  # every name inside the directory, none twice
@@ -60,13 +71,15 @@ class ShardDataset:
             where = fs.redact(self.path / entry["file"])
             counts = {"sequences": 0, "tokens": 0, "documents": 0}
             try:
-                for rows, doc_ids in shard_blocks(self.path, entry, self.format):
+                sums, mapped = self._open_checksums(entry)
+                for rows, doc_ids in shard_blocks(self.path, entry, self.format, sums):
                     checks.check_bounds(rows, where, counts["sequences"], self.context_length)
                     checks.check_dtype(rows, where, dtype)
                     checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False)
                     self._blocks.append(rows)
                     self._doc_ids.append(doc_ids)
                     self._where.append((where, counts["sequences"]))
+                    self._ranges.append(_block_ranges(sums, mapped, counts["sequences"], len(rows), where))
                     counts["sequences"] += len(rows)
                     counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
                     counts["documents"] += len(doc_ids)
@@ -74,19 +87,49 @@ class ShardDataset:
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {fs.redact(e.filename or where)} (listed in the manifest); restore it or "
                                  "rebuild the dataset") from None
+            except checksums.ChecksumError:
+                check_generation(self.path, self.generation)  # replaced while opening: say so
+                raise
             except (pa.ArrowException, KeyError, OSError) as e:  # a damaged Arrow stream (pyarrow's IOError too), a column missing
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
                                  "or rebuild") from None
             checks.check_counts(counts, entry, where)
             n_tokens += counts["tokens"]
         checks.check_totals({"sequences": starts[-1], "tokens": n_tokens}, self.manifest["totals"])
+        # Every file is mapped now (a mapping keeps the bytes it opened): if the manifest is still the
+        # one read first, no other build moved in meanwhile, so they are all of this generation.
+        check_generation(self.path, self.generation)
         self.has_loss_mask = self._has("loss_mask")
         self.has_source_ids = self._has("source_ids")
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
         self._n = starts[-1]
-        self._unread = np.ones(len(self._blocks), bool)  # blocks whose offsets and ids are not checked yet
+        self._unread = np.ones(len(self._blocks), bool)  # blocks whose bytes, offsets and ids are not checked yet
         self._n_unread = len(self._blocks)
+
+    def _open_checksums(self, entry: dict):
+        """(the shard's checksums, (bytes, name) of each of its files that hold rows), its whole files and head ranges
+        checked now; (None, None) for a shard of format version 1, each of whose files' sha256 is
+        checked instead (a full read: rebuild the dataset to get block checksums)."""
+        files, sums_file = formats.data_files(self.format, entry)
+        paths = [self.path / name for name, _ in files]
+        if sums_file is None:
+            for path, (_, sha) in zip(paths, files):
+                if sha256_file(path) != sha:
+                    raise ValueError(f"{fs.redact(path)}: sha256 does not match the manifest (the file changed or is "
+                                     "corrupt); run `packer verify`, or rebuild the dataset")
+            return None, None
+        sums = checksums.read_sums(self.path / sums_file[0], sums_file[1], len(files))
+        mapped = []
+        for path, file_sums in zip(paths, sums.files):
+            raw = fs.map_bytes(path)
+            if len(raw) != file_sums.cuts[-1]:
+                raise checksums.ChecksumError(f"{fs.redact(path)}: {len(raw)} bytes, its checksums file says "
+                                              f"{int(file_sums.cuts[-1])} ({checksums.CAUSES}); rebuild the dataset")
+            mapped.append(raw)
+        for f, a, b in checksums.head_ranges(sums):  # indexes, Arrow's schema and end marker
+            checksums.check_range(sums.files[f], a, b, mapped[f][a:b], fs.redact(paths[f]))
+        return sums, [(raw, fs.redact(path)) if s.first >= 0 else None for raw, path, s in zip(mapped, paths, sums.files)]
 
     def _has(self, field: str) -> bool:
         """Whether the blocks hold `field` (loss_mask, source_ids): all of them, or none."""
@@ -98,8 +141,15 @@ class ShardDataset:
         return bool(have) and have[0]
 
     def _first_read(self, b: int):
-        """A block's first read: its offsets, doc_ids, token ids, mask and source ids checked (O(its tokens), once)."""
+        """A block's first read: its bytes against their checksums, then its offsets, doc_ids, token
+        ids, mask and source ids checked (O(its tokens), once)."""
         rows, (where, first_row) = self._blocks[b], self._where[b]
+        try:
+            for raw, file_sums, start, stop, file in self._ranges[b]:
+                checksums.check_range(file_sums, start, stop, raw[start:stop], file)
+        except checksums.ChecksumError:
+            check_generation(self.path, self.generation)  # the likelier cause, when it is the one
+            raise
         checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
         checks.check_doc_ids(self._doc_ids[b], where, self._n_docs)
@@ -111,7 +161,7 @@ class ShardDataset:
         return self._n
 
     def __reduce__(self):
-        return type(self), (self.path,)  # pickles as its path: reopened, never copied
+        return type(self), (self.path, self.generation)  # pickles as its path: reopened (the same dataset), never copied
 
     def __getitem__(self, i):
         n = self._n
@@ -203,8 +253,8 @@ class ShardDataset:
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order (reads
         every shard's doc_ids; a document split over several rows appears once per piece)."""
-        for ids, (where, _) in zip(self._doc_ids, self._where):
-            checks.check_doc_ids(ids, where, self._n_docs)
+        for b in np.flatnonzero(self._unread).tolist():  # Arrow keeps them in the blocks' bytes
+            self._first_read(b)
         return np.concatenate(self._doc_ids).astype(np.int64) if self._doc_ids else np.zeros(0, np.int64)
 
     def __iter__(self):
@@ -214,6 +264,20 @@ class ShardDataset:
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
+
+
+def _block_ranges(sums, mapped, first_row: int, n_rows: int, where: str) -> list:
+    """What the first read of a block of rows [first_row, first_row + n_rows) of a shard checks:
+    (bytes, FileSums, start, stop, file) of each checksummed range holding them."""
+    if sums is None:
+        return []
+    rows = sums.rows
+    k0 = int(np.searchsorted(rows, first_row))
+    k1 = int(np.searchsorted(rows, first_row + n_rows)) if first_row + n_rows < rows[-1] else sums.n_blocks
+    if rows[k0] != first_row or rows[k1] != first_row + n_rows:
+        raise ValueError(f"{where}: rows {first_row}-{first_row + n_rows} are not whole checksummed blocks (the "
+                         "checksums file does not match the shard; rebuild the dataset)")
+    return [(mapped[f][0], sums.files[f], start, stop, mapped[f][1]) for f, start, stop in checksums.block_ranges(sums, k0, k1)]
 
 
 def _joined(views, dtype):
@@ -231,16 +295,18 @@ def read_rows(ds, indices) -> tuple[list, list]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def open_dataset(path, **stream_options):
+def open_dataset(path, generation: str | None = None, **stream_options):
     """Open a dataset directory written by `packer build` (any shard format), or its URI.
 
     A local directory is memory-mapped (ShardDataset). A URI is streamed (packer/store/stream.py:
     indexes at open, then blocks of rows by ranged reads, read ahead, with a bounded memory and an
     optional cache directory); `stream_options` are its memory_bytes, read_ahead, cache_dir,
     cache_bytes and block_bytes (else the PACKER_* environment variables, else defaults), and
-    a local path ignores them."""
-    if fs.is_remote(path):
+    a local path ignores them. `generation` (a reader's `.generation`): refuse any other
+    generation of the dataset (DatasetReplaced), as PackedDataset's workers do."""
+    place = fs.location(path)  # resolved once, here: the readers take the place
+    if fs.is_remote(place):
         from packer.store.stream import StreamDataset
 
-        return StreamDataset(path, **stream_options)
-    return ShardDataset(path)
+        return StreamDataset(place, generation=generation, **stream_options)
+    return ShardDataset(place, generation)

@@ -5,7 +5,12 @@
 
 Shard entries name their files and their sha256 under keys their format lists
 (packer/store/formats/: `file`/`sha256` for every format, `index_file`/`index_sha256` for memmap
-and Megatron, `doc_ids_file`/`doc_ids_sha256` for Megatron), then `sequences`, `tokens`, `documents`.
+and Megatron, `doc_ids_file`/`doc_ids_sha256` for Megatron, `checksums_file`/`checksums_sha256`
+since format version 2: packer/store/checksums.py), then `sequences`, `tokens`, `documents`.
+
+A dataset's *generation* is the sha256 of its manifest.json bytes: every build writes a new one
+(`created_unix`), so a reader that pins the generation it opened (`load_manifest`) tells, on every
+later open in any process, whether the dataset was replaced since (`check_generation`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import json
 
 from packer.io import fs
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: shards carry block checksums (packer/store/checksums.py); 1 is still read
 MANIFEST = "manifest.json"
 STATS = "stats.json"
 TOKENIZER = "tokenizer.json"  # the build's tokenizer, copied: the dataset decodes without its source
@@ -32,6 +37,12 @@ def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
 
 
 def read_manifest(path) -> dict:
+    return load_manifest(path)[0]
+
+
+def load_manifest(path) -> tuple[dict, str]:
+    """(the manifest of the dataset at `path` (a directory, or its manifest.json), its generation:
+    the sha256 of the manifest's bytes)."""
     path = fs.location(path)
     file = path / MANIFEST if path.is_dir() else path
     if not file.is_file():
@@ -39,13 +50,37 @@ def read_manifest(path) -> dict:
             f"no {MANIFEST} in {fs.redact(path)}: not a packer dataset, or its build did not finish "
             "(run the same `packer build` command again to resume it)"
         )
+    raw = file.read_bytes()
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        manifest = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{fs.redact(file)}: not readable JSON ({type(e).__name__} at byte {getattr(e, 'pos', '?')}): "
                          "damaged; restore it or rebuild the dataset") from None
     _check_shape(manifest, file)
-    return manifest
+    return manifest, hashlib.sha256(raw).hexdigest()
+
+
+class DatasetReplaced(ValueError):
+    """The dataset a reader opened was replaced (another build moved in) since."""
+
+
+def generation_of(path) -> str | None:
+    """The generation of the dataset at `path` now (None: no manifest, as while a build moves in)."""
+    file = fs.location(path) / MANIFEST
+    try:
+        return hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
+    except FileNotFoundError:  # gone between the two calls
+        return None
+
+
+def check_generation(path, pinned: str | None, now: str | None = None):
+    """DatasetReplaced unless the dataset at `path` is still generation `pinned` (None: anything goes)."""
+    if pinned is None:
+        return
+    now = generation_of(path) if now is None else now
+    if now != pinned:
+        raise DatasetReplaced(f"the dataset at {fs.redact(path)} was replaced after this loader opened it; restart from "
+                              f"a checkpoint (its {MANIFEST} {'is gone: a build is moving in' if now is None else 'changed'})")
 
 
 _SHAPE = {"config": dict, "tokenizer": dict, "shards": list, "totals": dict}  # what every reader indexes

@@ -26,10 +26,18 @@ Cache: with `cache_dir`, every block and index read is also kept in a local dire
 every process of the node (packer/io/cache.py: keyed by the file's sha256 and range, LRU by size,
 `cache_bytes`); a block is read from the store once per node while it fits.
 
-Checks: at open what the indexes hold (memmap, Megatron: every count and row bound, as
-ShardDataset; Arrow: the sequences per shard, from the batch headers); each block's rows, offsets,
-doc ids and token ids each time it is fetched (checks.py). Token and document counts of an Arrow
-shard are in its bodies: `packer verify` checks them.
+Checks: every byte read against its shard's checksums (packer/store/checksums.py: the checksums
+file read first, its sha256 the manifest's; an index as a whole, a block as the run of checksummed
+ranges it is), from the store or the cache directory alike; a mismatch is read again once from the
+store (a bad cache entry is dropped) before it raises, naming the shard, the byte range and the
+likely cause (replaced, when the manifest changed too). Then at open what the indexes hold
+(memmap, Megatron: every count and row bound, as ShardDataset; Arrow: the sequences per shard);
+each block's rows, offsets, doc ids and token ids each time it is fetched (checks.py). Token and
+document counts of an Arrow shard are in its bodies: `packer verify` checks them. A dataset of a
+packer before block checksums is read unchecked, said once by a warning.
+
+Generation: the reader pins the sha256 of the manifest it opened (packer/store/manifest.py) and
+pickles with it; reopened elsewhere (a DataLoader worker) it refuses another generation.
 
 Options come from open_dataset's keywords, else the environment (so DataLoader workers and
 PackedDataset get them unchanged): PACKER_STREAM_MEMORY_BYTES, PACKER_READ_AHEAD,
@@ -50,8 +58,8 @@ import pyarrow as pa
 
 from packer.io import fs, ranged, retry
 from packer.io.cache import BlockCache
-from packer.store import checks, formats
-from packer.store.manifest import read_manifest
+from packer.store import checks, checksums, formats
+from packer.store.manifest import check_generation, generation_of, load_manifest
 from packer.store.read_plan import ReadPlan
 from packer.store.rows import Rows
 
@@ -90,10 +98,11 @@ class StreamDataset:
     """ShardDataset's interface (len, ds[i], views, get_many, doc_ids, iteration, manifest) over a
     remote dataset read by blocks (module docstring), plus prefetch(indices)."""
 
-    def __init__(self, path, **given):
+    def __init__(self, path, generation: str | None = None, **given):
         self.path = fs.location(path)
         self.options = options(**given)
-        self.manifest = retry.retried(lambda: read_manifest(self.path), self.path)
+        self.manifest, self.generation = retry.retried(lambda: load_manifest(self.path), self.path)
+        check_generation(self.path, generation, now=self.generation)
         config = self.manifest["config"]
         self.format = config.get("format", "arrow")
         self.context_length = int(config["context_length"])
@@ -106,6 +115,7 @@ class StreamDataset:
                        if self.options["cache_dir"] else None)
         self.stats = collections.Counter()  # store reads, bytes read, cache hits, blocks fetched
         self._sha: dict[str, str] = {}
+        self._sums: dict[str, checksums.FileSums] = {}  # file URI -> its checksummed ranges
         self._warned_call = False  # _warn_if_call_too_big: once
         self._reset_threads()
         self._open_shards()
@@ -113,16 +123,20 @@ class StreamDataset:
     # -- open ----------------------------------------------------------------------------
 
     def _open_shards(self):
-        files = formats.manifest_files(self.format, self.manifest["shards"])  # names inside the directory, none twice
-        paths = [[self.path / name for name, _ in shard] for shard in files]
+        formats.manifest_files(self.format, self.manifest["shards"])  # names inside the directory, none twice
+        files = [formats.data_files(self.format, entry) for entry in self.manifest["shards"]]
+        paths = [[self.path / name for name, _ in shard] for shard, _ in files]
         extras = [formats.entry_extras(self.format, entry) for entry in self.manifest["shards"]]
-        for shard in files:
-            self._sha.update({(self.path / name).uri: sha for name, sha in shard if sha})
+        for shard, sums_file in files:
+            self._sha.update({(self.path / name).uri: sha for name, sha in [*shard, *[sums_file] * bool(sums_file)] if sha})
+        if any(sums_file is None for _, sums_file in files):
+            _warn_unchecked(self.path)
         block_bytes = int(self.options["block_bytes"])
 
         def index(k):
             try:
-                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k])
+                sums = self._read_sums(paths[k], files[k][1])
+                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k], sums)
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {getattr(e, 'where', None) or fs.redact(paths[k][0])} (listed in the manifest); "
                                  "restore it or rebuild the dataset") from None
@@ -172,18 +186,70 @@ class StreamDataset:
         self.stats["store requests"] += 1
         return retry.retried(lambda: fs.size(path), path)
 
-    def _read(self, path, start: int, stop: int):
-        """Bytes [start, stop) of a shard file: from the cache directory, else one ranged read."""
+    def _read_sums(self, paths, sums_file):
+        """A shard's checksums (None for a shard of format version 1), its ranges kept per file."""
+        if sums_file is None:
+            return None
+        path, parsed = self.path / sums_file[0], []
+
+        def check(data, cause):  # its sha256 the manifest's
+            parsed[:] = [checksums.parse_checked(data, path, sums_file[1], len(paths))]
+
+        self._read(path, 0, self._size(path), check)
+        for file, file_sums in zip(paths, parsed[0].files):
+            self._sums[file.uri] = file_sums
+        return parsed[0]
+
+    def _read(self, path, start: int, stop: int, check=None):
+        """Bytes [start, stop) of a shard file: from the cache directory, else one ranged read;
+        checked against the file's checksums, or by check(data, cause) (a mismatch read again once,
+        from the store, before it raises)."""
+        if check is None and (file_sums := self._sums.get(path.uri)) is not None:
+            def check(data, cause):
+                checksums.check_range(file_sums, start, stop, data, fs.redact(path), cause)
         key = f"{self._sha[path.uri]}:{start}:{stop}" if self._cache is not None and path.uri in self._sha else None
-        if key is not None and (data := self._cache.get(key)) is not None and len(data) == stop - start:
+        data = self._cache.get(key) if key is not None else None
+        cached = data is not None and len(data) == stop - start
+        if cached:
             self.stats["cache hits"] += 1
-            return data
-        data = ranged.read_range(path, start, stop) if stop > start else b""
-        self.stats["store requests"] += 1
-        self.stats["store bytes"] += stop - start
-        if key is not None:
+        else:
+            data = self._store_read(path, start, stop)
+        if check is not None:
+            try:
+                check(data, checksums.CAUSES)
+            except checksums.ChecksumError:
+                self.stats["checksum retries"] += 1
+                if cached:
+                    self._cache.discard(key)
+                data, cached = self._store_read(path, start, stop), False
+                try:
+                    check(data, checksums.CAUSES + ", in the store, or in transit; read twice")
+                except checksums.ChecksumError as e:
+                    self._explain(e)
+        if key is not None and not cached:
             self._cache.put(key, data)
         return data
+
+    def _store_read(self, path, start: int, stop: int):
+        try:
+            data = ranged.read_range(path, start, stop) if stop > start else b""
+        except OSError as e:  # a short read, gone: replaced, if the manifest changed too (asked once)
+            try:
+                now = generation_of(self.path)
+            except OSError:
+                raise e from None
+            check_generation(self.path, self.generation, now=now)
+            raise
+        self.stats["store requests"] += 1
+        self.stats["store bytes"] += stop - start
+        return data
+
+    def _explain(self, error: Exception):
+        """Raise `error`, or DatasetReplaced when the manifest changed since this reader opened it
+        (the likelier cause of a block that does not match)."""
+        now = retry.retried(lambda: generation_of(self.path), self.path)
+        check_generation(self.path, self.generation, now=now)
+        raise error
 
     def _fetch(self, b: int):
         """Block b read and checked: (Rows, doc_ids)."""
@@ -414,7 +480,7 @@ class StreamDataset:
 
     def __reduce__(self):
         given = {k: v for k, v in self.options.items() if v != DEFAULTS[k]}
-        return _reopen, (self.path, given)  # reopened where it is unpickled, never copied
+        return _reopen, (self.path, given, self.generation)  # reopened where it is unpickled, never copied
 
     def _indices(self, indices) -> np.ndarray:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -540,5 +606,18 @@ def _all_or_none(fields: list[tuple[str, set]], field: str) -> bool:
     return bool(have) and have[0]
 
 
-def _reopen(path, given):
-    return StreamDataset(path, **given)
+def _reopen(path, given, generation=None):
+    return StreamDataset(path, generation, **given)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unchecked(path):
+    """Once per dataset and process: a dataset of a packer before block checksums is streamed unchecked."""
+    where = fs.redact(path)
+    if where not in _WARNED:
+        _WARNED.add(where)
+        warnings.warn(f"{where} was built by a packer without block checksums: its blocks are streamed without a "
+                      "check of their bytes (a local copy is checked by sha256 at open); rebuild it to add them",
+                      stacklevel=4)

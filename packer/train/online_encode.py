@@ -170,7 +170,8 @@ class DocumentEncoder:
         if texts:  # the build's encode path: the same ids, bos/eos included, as `packer build` stores
             if self.tokenizer is None:
                 raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
-            batches = list(encode_stream(self._text_encoder(), texts, dtype=np.int64, eos_id=self.eos_id, bos_id=self.bos_id))
+            batches = list(encode_stream(self._text_encoder(), texts, dtype=np.int64, eos_id=self.eos_id,
+                                         bos_id=self.bos_id))
             flat = np.concatenate([ids for ids, _ in batches])
             lengths = np.concatenate([n for _, n in batches])
             for k, ids in zip(where, np.split(flat, np.cumsum(lengths)[:-1])):
@@ -178,8 +179,8 @@ class DocumentEncoder:
         return out
 
     def _text_encoder(self):
-        """The build's text encoder: a tokenizer path's engine, as `packer build` chooses it
-        (packer/encode/engines); a Tokenizer object encodes itself (hf)."""
+        """The build's text encoder: a tokenizer path's engine (packer/encode/engines, as `packer build`
+        chooses it), a Tokenizer object's own encoding (hf)."""
         if self.tokenizer_path is None:
             return self.tokenizer
         return load_encoder(self.tokenizer_path, choose_engine(self.tokenizer_path, self.config.encode_engine).name)

@@ -26,7 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from packer.io import fs, retry
+from packer.io import fs
+from packer.store import checksums
 from packer.store.formats import sidecars
 from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chunk
 
@@ -106,16 +107,26 @@ def open_shard(bin_path, idx_path):
 
 
 def write_sidecar_chunks(layout: Layout, tokens_of, bin_file, extra_sinks: dict):
-    """The .bin (and the loss mask sidecar) chunk by chunk; then the source_ids sidecar. Returns
-    the token itemsize (memmap and megatron share this)."""
+    """The .bin (and the loss mask sidecar) chunk by chunk, both cut at the shard's read blocks
+    (checksums.BLOCK_BYTES of .bin); then the source_ids sidecar. Returns (the token itemsize, the
+    blocks' row bounds) (memmap and megatron share this)."""
+    bounds = None
     for r0, r1 in row_chunks(len(layout)):
         tokens, mask = split_chunk(tokens_of(r0, r1))
+        if bounds is None:  # the token size is known now: cut the files that hold rows at the blocks
+            bounds = block_bounds(layout.token_starts, tokens.dtype.itemsize, checksums.BLOCK_BYTES)
+            starts = np.asarray(layout.token_starts, np.int64)[bounds[1:]]
+            bin_file.first = 0
+            bin_file.cut_at(starts * tokens.dtype.itemsize)
+            if "loss_mask" in extra_sinks:
+                extra_sinks["loss_mask"].first = 0
+                extra_sinks["loss_mask"].cut_at(starts)
         bin_file.write(little_endian(tokens))
         if "loss_mask" in extra_sinks:
             extra_sinks["loss_mask"].write(memoryview(np.ascontiguousarray(mask, dtype=np.uint8)).cast("B"))
     if "source_ids" in extra_sinks:
         sidecars.write_source_ids(extra_sinks["source_ids"], layout.source_ids)
-    return tokens.dtype.itemsize
+    return tokens.dtype.itemsize, bounds
 
 
 def derived_files(shards: list[dict]) -> dict[str, bytes]:
@@ -124,12 +135,13 @@ def derived_files(shards: list[dict]) -> dict[str, bytes]:
 
 def write(layout: Layout, tokens_of, sinks, extras=()):
     bin_file, idx_file, *rest = sinks
-    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    itemsize, bounds = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
     for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, itemsize):
         idx_file.write(buf)
+    return bounds
 
 
-def blocks(paths, extras=()):
+def blocks(paths, extras=(), sums=None):
     """The whole shard as one block: (Rows, doc_ids) over the memory maps (and its sidecars')."""
     tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(paths[0], paths[1])
     more = sidecars.read(dict(zip(extras, paths[2:])), len(tokens), len(doc_ids))
@@ -162,17 +174,42 @@ def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> n
     return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
 
 
-def stream_ranges(shard: StreamShard, block_bytes: int):
+def stream_ranges(shard: StreamShard, block_bytes: int, sums=None):
     """(row bounds, the byte ranges ((file, start, stop), ...) of each block, counts) of a shard:
-    a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file."""
+    a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file.
+    With the shard's checksums, a block is a run of its checksummed blocks (one, or those starting
+    in one `block_bytes` window of .bin), so every read is checked whole."""
     itemsize = shard.dtype.itemsize
-    bounds = block_bounds(shard.token_starts, itemsize, block_bytes)
-    t = np.asarray(shard.token_starts, dtype=np.int64)[bounds].tolist()
+    starts = np.asarray(shard.token_starts, dtype=np.int64)
+    if sums is None:
+        bounds = block_bounds(starts, itemsize, block_bytes)
+    else:
+        bounds = _checked_bounds(sums, starts, itemsize, shard.mask_file)
+        if len(bounds) > 1:
+            window = starts[bounds[:-1]] * itemsize // block_bytes
+            bounds = bounds[np.concatenate([[0], np.flatnonzero(np.diff(window)) + 1, [len(bounds) - 1]])]
+    t = starts[bounds].tolist()
     ranges = [((0, a * itemsize, b * itemsize),) + (((shard.mask_file, a, b),) if shard.mask_file is not None else ())
               for a, b in zip(t[:-1], t[1:])]
     counts = {"sequences": len(shard.token_starts) - 1, "documents": len(shard.doc_ids),
               "tokens": int(shard.token_starts[-1] - shard.token_starts[0])}
     return bounds, ranges, counts
+
+
+def _checked_bounds(sums, token_starts: np.ndarray, itemsize: int, mask_file: int | None) -> np.ndarray:
+    """The checksummed blocks' row bounds, once their byte ranges are seen to lie on the index's rows."""
+    rows = sums.rows
+    if rows[-1] != len(token_starts) - 1:
+        raise ValueError(f"the checksums file has {int(rows[-1])} rows, the index {len(token_starts) - 1} (corrupt; "
+                         "rebuild the dataset)")
+    for f, scale in ((0, itemsize), (mask_file, 1)):
+        if f is None:
+            continue
+        file_sums = sums.files[f]
+        cuts = file_sums.cuts[file_sums.first : file_sums.first + len(rows)] if file_sums.first >= 0 else None
+        if cuts is None or len(cuts) != len(rows) or not np.array_equal(cuts, token_starts[rows] * scale):
+            raise ValueError("the checksums file's blocks do not lie on the index's rows (corrupt; rebuild the dataset)")
+    return np.asarray(rows, np.int64)
 
 
 def stream_rows(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
@@ -200,11 +237,11 @@ def stream_sidecars(read, size, paths, extras, n_tokens: int, n_segments: int) -
     sources = None
     if "source_ids" in named:
         path = paths[named["source_ids"]]
-        sources = retry.retried(lambda: sidecars.read_source_ids(path, n_segments), path)
+        sources = sidecars.read_source_ids(path, n_segments, raw=read(path, 0, size(path)))
     return sources, named.get("loss_mask")
 
 
-def stream_index(read, size, paths, block_bytes: int, extras=()):
+def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     """What a streaming reader needs of one shard before any token: (row bounds of its blocks,
     each block's byte ranges, a StreamShard for `stream_block`, counts, the optional fields). `read(path, start, stop)`
     and `size(path)` reach the files (retried, cached). The .idx is read whole (O(rows + segments)
@@ -223,7 +260,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=()):
                          "(truncated?)")
     sources, mask_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
     shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = stream_ranges(shard, block_bytes)
+    bounds, ranges, counts = stream_ranges(shard, block_bytes, sums)
     return bounds, ranges, shard, counts, tuple(extras)
 
 

@@ -9,6 +9,9 @@ Written only by builds that have them (SFT masks; named sources), so other shard
 
 from __future__ import annotations
 
+import io
+import threading
+
 import numpy as np
 
 from packer.io import fs
@@ -31,16 +34,25 @@ def read_loss_mask(path, n_tokens: int) -> np.ndarray:
     return raw.view(np.uint8) if len(raw) else np.zeros(0, np.uint8)
 
 
-def read_source_ids(path, n_segments: int) -> np.ndarray:
-    return load_npy(path, "source_ids", "<u2", n_segments, "segment")
+# np.load parses a header with ast.literal_eval, which CPython 3.11 does not make safe across threads
+# (SystemError "AST constructor recursion depth mismatch" when a streamed dataset's shard indexes were
+# read in parallel: benchmarks/corruption_matrix.py, 2026-12-03); headers are tiny, so one at a time.
+_HEADER_LOCK = threading.Lock()
 
 
-def load_npy(path, name: str, dtype: str, n: int, per: str) -> np.ndarray:
-    """A 1-D .npy sidecar of exactly `dtype` and n values (memory-mapped when local); ValueError
-    naming the file for a damaged header, another dtype or another length."""
+def read_source_ids(path, n_segments: int, raw=None) -> np.ndarray:
+    return load_npy(path, "source_ids", "<u2", n_segments, "segment", raw)
+
+
+def load_npy(path, name: str, dtype: str, n: int, per: str, raw=None) -> np.ndarray:
+    """A 1-D .npy sidecar of exactly `dtype` and n values (memory-mapped when local; parsed from
+    `raw`, its bytes, when given); ValueError naming the file for a damaged header, another dtype
+    or another length."""
+    source = io.BytesIO(memoryview(raw)) if raw is not None else fs.for_numpy(path)
     try:
-        values = np.load(fs.for_numpy(path), mmap_mode=None if isinstance(path, fs.RemotePath) else "r",
-                         allow_pickle=False)
+        with _HEADER_LOCK:
+            values = np.load(source, mmap_mode=None if raw is not None or isinstance(path, fs.RemotePath) else "r",
+                             allow_pickle=False)
     except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
         raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
     if values.dtype != np.dtype(dtype) or values.shape != (n,):
