@@ -24,6 +24,21 @@ style, >= 2.5 Qwen style, >= 0.95 where hf runs); "cpu ratio" the same in CPU se
 process and its children; with one worker only: a pool's workers are not counted), steadier on a
 shared machine. With --repeat N every row runs N times,
 rounds interleaved, and each keeps its best.
+
+2026-12-03, x86_64, 2 cores shared with other jobs (load average 9-15: wall seconds swing 2-3x
+row to row, so the CPU ratio is the figure to read), 62 MB, --repeat 1:
+
+    whole build, ratio to encode_batch_fast    wall (cpu)
+                                   1 worker              2 workers
+    gpt2-style      hf             1.30 (1.07)           1.05
+                    fastokens      9.19 (6.83)           4.17
+                    tiktoken       3.27 (3.49)           5.10
+    qwen-style NFC  hf             0.57 (0.93)           2.78
+                    fastokens      6.49 (7.54)          15.09
+                    tiktoken       2.43 (3.24)           5.95
+    tokenize stage alone, cpu: fastokens 10.2 / 9.8, tiktoken 4.2 / 4.1, hf 0.99 / 1.00
+    (2 workers: no CPU column; the baseline ran while the load was highest, so every wall
+    ratio there is too high, hf's 2.78 most plainly: hf runs at about 1.0 of itself)
 """
 
 from __future__ import annotations

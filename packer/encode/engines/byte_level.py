@@ -34,12 +34,14 @@ and every candidate spelling c is that same pair (a, b): both pick the leftmost 
 tiktoken has no pair, neither has `tokenizers`. A whole word that is a token: tiktoken returns
 it, and so does `tokenizers` (by (S), or at once with ignore_merges). With ignore_merges, a
 vocabulary string no merge makes would be returned whole by `tokenizers` only: refused.
-tests/encode/test_engines.py holds a tokenizer breaking (S) (merges in an order their ids
-disagree with) and checks it is refused and that tiktoken would indeed differ on it.
+tests/encode/test_engines.py holds a tokenizer breaking (S) ((b, c) merged before (a, b)) and
+checks it is refused and that tiktoken would indeed differ on it. Trained tokenizers pass both;
+so does cl100k_base converted by transformers' TikTokenConverter (233,378 merges for 100,256
+tokens, several per token, ignore_merges; 2026-12-03, benchmarks/bench_engines.py --cl100k).
 
 Tokens no merge can make (GPT-2's "<|endoftext|>" in its vocabulary) are left out of the ranks:
 `tokenizers` never gives them either (without ignore_merges). Checking (S) encodes each token
-once with `tokenizers` (~1.5 s for 50,000 tokens, once per tokenizer per process).
+once with `tokenizers` (~1 s for 50,000 tokens, once per tokenizer per process).
 
 The split regexes are a list, not any regex: tiktoken's regex engine (fancy-regex) and
 `tokenizers`' (Oniguruma) agree on these patterns, every code point checked against the
