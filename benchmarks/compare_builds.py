@@ -87,6 +87,7 @@ def _files(out: Path) -> dict[str, bytes]:
                 m = json.loads(data)
                 for k in VOLATILE:
                     m.pop(k, None)
+                m.get("tokenizer", {}).pop("encode_engine", None)  # which engine ran (since 2026-12-03): same ids
                 data = json.dumps(m, sort_keys=True).encode()
             elif p.name == ".packer-owned.json":  # without what differs run to run: modification times,
                 m = json.loads(data)  # and the manifest's hash (its volatile keys; compared above without them)

@@ -129,6 +129,9 @@ def _print_summary(manifest: dict, output: str):
         on = [f"truncation at {shipped['shipped_truncation']} tokens"] if "shipped_truncation" in shipped else []
         on += ["padding"] if shipped.get("shipped_padding") else []
         click.echo(f"tokenizer: its file turns on {' and '.join(on)}; packer turned them off (every token kept, none added)")
+    if "encode_engine" in shipped:
+        engine = shipped["encode_engine"]
+        click.echo(f"engine:    {engine['name']} ({engine['reason']})")
     if "specials" in shipped:  # written only when a tokenizer config file chose eos/bos/pad
         click.echo(f"tokenizer: {describe_specials(shipped['specials'])}")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
@@ -239,7 +242,7 @@ def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
 
 
 CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed",
-                 *RECORD_FIELDS)
+                 "encode_engine", *RECORD_FIELDS)
 
 
 MIXTURE = (

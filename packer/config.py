@@ -1,8 +1,9 @@
 """Build configuration: one frozen dataclass that the CLI and pipeline TOML files both produce.
 
 Every choice list and default lives here, but for the names of the extension tables: a shard
-format or an executor (next, an encode engine) is one module plus one line in its table
-(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS), and `choices(field)` reads
+format, an executor or an encode engine is one module plus one line in its table
+(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS, packer/encode/engines
+ENGINES), and `choices(field)` reads
 the names from the table each time a value is checked: no second list to keep in step.
 
 The table readers (TABLES) are this leaf's only imports of packer, each inside its function.
@@ -47,8 +48,14 @@ def _executor_names() -> tuple[str, ...]:
     return tuple(EXECUTORS)
 
 
+def _engine_names() -> tuple[str, ...]:
+    from packer.encode.engines import ENGINES
+
+    return ("auto", *ENGINES)  # auto: the fastest exact engine for the tokenizer (packer/encode/engines)
+
+
 # field -> the names of its table, read when asked (module docstring); a table's field is one line here
-TABLES = {"format": _format_names, "executor": _executor_names}
+TABLES = {"format": _format_names, "executor": _executor_names, "encode_engine": _engine_names}
 
 
 def choices(name: str) -> tuple[str, ...] | None:
@@ -105,6 +112,8 @@ class BuildConfig:
     max_skip_fraction: float | None = _field(None, "Fail the build (before its manifest; the same command resumes) when "
                                                    "more than this share of the documents read is skipped, e.g. 0.01. "
                                                    "Default: off (a build that accepts nothing always fails).", minimum=0)
+    encode_engine: str = _field("auto", "Encode engine: auto (a fast engine where it gives the ids of the "
+                                "tokenizer exactly, else hf), hf (HuggingFace tokenizers), or a named one (docs/engines.md).")
     input_kind: str = _field("text", "What a record is: text (every token trained), prompt-completion, chat (messages "
                                      "rendered with the tokenizer's chat template), tokens (pre-tokenized ids with labels "
                                      "or a loss mask), or auto (detected from each file's first record).")
@@ -169,6 +178,8 @@ class BuildConfig:
             del d["max_skip_fraction"]
         if d["plan_memory"] is None:  # likewise
             del d["plan_memory"]
+        if d["encode_engine"] == "auto":  # the default: builds that do not name an engine keep their bytes
+            del d["encode_engine"]
         if d["input_kind"] == "text":  # records settings mean nothing to text: raw-text builds keep their bytes
             for key in RECORD_FIELDS:
                 del d[key]

@@ -204,11 +204,16 @@ class ByteOffsets:
     def _layout(self, encodings, texts: list[str], data: list[bytes] | None = None):
         """(flat ids, lengths, token starts, ends, text bases, all in bytes of the texts joined one
         "\\0" apart; the texts' bases in characters; `owner`: the character each continuation byte
-        belongs to, None for ASCII), or None when a text's ids do not lay out its bytes."""
-        n_texts = len(encodings)
-        lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
-        total = int(lengths.sum())
-        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
+        belongs to, None for ASCII), or None when a text's ids do not lay out its bytes. `encodings`:
+        tokenizers' Encodings, or (flat ids, lengths) as an encode engine gives them."""
+        if isinstance(encodings, tuple):
+            ids, lengths = encodings[0].astype(np.int64, copy=False), encodings[1]
+            n_texts, total = len(lengths), len(ids)
+        else:
+            n_texts = len(encodings)
+            lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
+            total = int(lengths.sum())
+            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
         if total and (ids.max() >= len(self.byte_len) or ids.min() < 0):
             return None
         n_bytes = self.byte_len[ids]

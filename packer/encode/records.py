@@ -28,7 +28,7 @@ import numpy as np
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask  # noqa: F401  (spans_to_mask: re-exported)
-from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
 from packer.io.utf8 import encodable
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)
@@ -70,11 +70,13 @@ class RecordEncoder:
 
     def __init__(self, kind: str, info: TokenizerInfo, config, encode_texts):
         self.kind, self.info, self.config, self.encode_texts = kind, info, config, encode_texts
-        self.tok = load_tokenizer(info.path)
+        self.tok = load_encoder(info.path, info.engine)  # prompts and completions: the build's engine
         if kind == "chat":
             source, _ = chat_template_of(info.path, config.chat_template)
             self.template = ChatTemplate(source, template_specials(info), config.roles)
             self.chat_tok, self.specials_re, self.offsets = _chat_encoding(info.path)
+            # a fast engine encodes the text between the special tokens (the ids give the offsets)
+            self.added = _added_splitter(info.path) if info.engine != "hf" and self.offsets is not None else None
 
     def fields(self) -> tuple[str, ...]:
         """The record fields this kind reads, the required one first."""
@@ -165,8 +167,9 @@ class RecordEncoder:
         spans = [s for _, _, s, _ in rendered]
         got = None
         if self.offsets is not None:  # ids only, offsets from the ids (ByteOffsets): the same mask, 1.7x faster
-            got = self.offsets.batch_masks(self.chat_tok.encode_batch_fast(texts, add_special_tokens=False), texts,
-                                           spans, [d for _, _, _, d in rendered])
+            encoded = self._added_ids(texts) if self.added is not None else \
+                self.chat_tok.encode_batch_fast(texts, add_special_tokens=False)
+            got = self.offsets.batch_masks(encoded, texts, spans, [d for _, _, _, d in rendered])
         if got is None:
             got = batch_masks(self.chat_tok.encode_batch(texts, add_special_tokens=False), [len(t) for t in texts],
                               spans)
@@ -178,6 +181,38 @@ class RecordEncoder:
             tokens = np.repeat(~bad, lengths)
             ids, lengths, mask = ids[tokens], lengths[~bad], mask[tokens]
         return wheres, Encoded(ids.astype(self.info.dtype, copy=False), lengths, mask)
+
+    def _added_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat ids, lengths) of rendered chats as the chat tokenizer gives them: cut at its added
+        tokens (leftmost, longest first, as tokenizers matches them), the text between encoded by
+        the build's engine (each piece alone, as tokenizers encodes it), the tokens' own ids between."""
+        pattern, added_ids = self.added
+        pieces, plan = [], []  # plan: per text, its parts: an added token's id, or -1 for the next piece
+        for text in texts:
+            parts, at = [], 0
+            for m in pattern.finditer(text):
+                if m.start() > at:
+                    pieces.append(text[at:m.start()])
+                    parts.append(-1)
+                parts.append(added_ids[m.group()])
+                at = m.end()
+            if at < len(text):
+                pieces.append(text[at:])
+                parts.append(-1)
+            plan.append(parts)
+        flat, piece_lengths = self.tok.encode_ids(pieces, np.int64) if pieces else (np.zeros(0, np.int64), [])
+        piece_ends = np.cumsum(piece_lengths).tolist()
+        out, lengths, k = [], np.zeros(len(texts), np.int64), 0
+        for i, parts in enumerate(plan):
+            for part in parts:
+                if part >= 0:
+                    out.append(np.array([part], np.int64))
+                    lengths[i] += 1
+                else:
+                    out.append(flat[piece_ends[k] - piece_lengths[k]:piece_ends[k]])
+                    lengths[i] += piece_lengths[k]
+                    k += 1
+        return (np.concatenate(out) if out else np.zeros(0, np.int64)), lengths
 
     def _messages(self, record, where, skips):
         messages = record.get(self.config.messages_field)
@@ -254,6 +289,19 @@ def _chat_encoding(path: str):
     tok = _chat_tokenizer(path)
     specials = sorted((t.content for t in tok.get_added_tokens_decoder().values() if t.special), key=len, reverse=True)
     return tok, re.compile("|".join(map(re.escape, specials))) if specials else None, ByteOffsets.of(tok)
+
+
+@functools.lru_cache(maxsize=4)
+def _added_splitter(path: str):
+    """(a pattern of the chat tokenizer's added tokens, longest first: tokenizers' leftmost-longest
+    match; content -> id), or None where its matching is not that (single_word, lstrip / rstrip,
+    normalized on some tokens only: two passes) and the chat tokenizer encodes instead."""
+    added = list(_chat_tokenizer(path).get_added_tokens_decoder().items())
+    if not added or any(t.single_word or t.lstrip or t.rstrip for _, t in added) or \
+            len({t.normalized for _, t in added}) > 1:
+        return None
+    contents = sorted((t.content for _, t in added), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, contents))), {t.content: i for i, t in added}
 
 
 def _chat_tokenizer(path: str):

@@ -274,6 +274,26 @@ def upload(local_file, dst: RemotePath):
         shutil.copyfileobj(src, out, COPY_CHUNK)
 
 
+def move(src: Place, dst: Place):
+    """Move a file within one filesystem: a rename locally, the store's copy and delete remotely
+    (an object store has no rename)."""
+    if isinstance(dst, RemotePath):
+        dst.fs.move(src.path, dst.path)
+    else:
+        os.replace(src, dst)
+
+
+def load_npy(loc):
+    """A .npy file's array: memory-mapped read-only locally (pages read when touched), read whole
+    from a remote filesystem (nothing remote can be mapped)."""
+    import numpy as np
+
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        return np.load(io.BytesIO(loc.read_bytes()))
+    return np.load(loc, mmap_mode="r")
+
+
 def for_numpy(loc):
     """What np.load takes: the path itself locally, the file's bytes for a remote one."""
     loc = location(loc)

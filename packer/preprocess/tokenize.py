@@ -27,15 +27,14 @@ import numpy as np
 from packer.config import BuildConfig
 from packer.encode.records import RECORD_BATCH, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_parts, encode_texts
-from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.encode.tokenizer import TokenizerInfo, load_encoder
 from packer.io import atomic, fs
 from packer.preprocess import changed
 from packer.preprocess.readers import FileError, SkipLog, Unit, field_names, read_records, read_unit
 
 
-def unit_paths(work_dir, index: int) -> dict:
-    """The unit's three files in `work_dir` (a local path, or a URI: see packer/io/fs.py)."""
-    work_dir = fs.location(work_dir)
+def unit_paths(work_dir: fs.Place, index: int) -> dict:
+    """The unit's three files in `work_dir` (a Path, or a RemotePath: see packer/io/fs.py)."""
     return {k: work_dir / f"unit-{index:06d}.{k}" for k in ("tokens.npy", "lengths.npy", "json")}
 
 
@@ -69,12 +68,12 @@ class _NpyAppender:
         self._staged.abort()
 
 
-def unit_mask_path(work_dir, index: int):
+def unit_mask_path(work_dir: fs.Place, index: int):
     """The unit's loss mask (uint8, one per token of its tokens.npy), written only for record kinds."""
-    return fs.location(work_dir) / f"unit-{index:06d}.loss_mask.npy"
+    return work_dir / f"unit-{index:06d}.loss_mask.npy"
 
 
-def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: str) -> dict:
+def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: fs.Place) -> dict:
     """Tokenize one unit into its unit files (skipped if already complete); return its counters.
 
     A FileError fails the unit, or with on_file_error="skip" leaves it empty and named in
@@ -152,7 +151,7 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
     `sums` hashes what the reader reads (packer/preprocess/changed.py)."""
     if kind != "text":
         return _records_into(unit, info, config, skips, tokens, lengths, mask, kind)
-    tok = load_tokenizer(info.path)
+    tok = load_encoder(info.path, info.engine)  # the engine the driver chose (TokenizerInfo)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
                       max_doc_bytes=config.max_doc_bytes, sums=sums)
     n_tokens = 0
@@ -196,7 +195,7 @@ def piece_trained(plan, work_dir, n_units: int) -> np.ndarray | None:
     for u, path in enumerate(paths):
         at = order[bounds[u]:bounds[u + 1]]
         if len(at) and path.exists():
-            mask = np.load(fs.for_numpy(path), mmap_mode=None if fs.is_remote(path) else "r")
+            mask = fs.load_npy(path)
             sums = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
             trained[at] = sums[plan.piece_start[at] + plan.piece_len[at]] - sums[plan.piece_start[at]]
     return trained

@@ -304,8 +304,9 @@ def open_dataset(path, generation: str | None = None, **stream_options):
     cache_bytes and block_bytes (else the PACKER_* environment variables, else defaults), and
     a local path ignores them. `generation` (a reader's `.generation`): refuse any other
     generation of the dataset (DatasetReplaced), as PackedDataset's workers do."""
-    if fs.is_remote(path):
+    place = fs.location(path)  # resolved once, here: the readers take the place
+    if fs.is_remote(place):
         from packer.store.stream import StreamDataset
 
-        return StreamDataset(path, generation=generation, **stream_options)
-    return ShardDataset(path, generation)
+        return StreamDataset(place, generation=generation, **stream_options)
+    return ShardDataset(place, generation)

@@ -163,7 +163,7 @@ def test_a_stage_error_keeps_its_type_and_names_the_unit(ray_session, tmp_path):
     ex = RayExecutor()
     try:
         with pytest.raises(ValueError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\): .*cannot open"):
-            ex.map(tokenize_unit, [(u, info, CONFIG, str(tmp_path)) for u in units])
+            ex.map(tokenize_unit, [(u, info, CONFIG, tmp_path) for u in units])
     finally:
         ex.close()
 

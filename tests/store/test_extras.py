@@ -83,9 +83,9 @@ def _build(tmp_path, fmt):
     return tmp_path / fmt
 
 
-def _plan_path(work, k: int) -> str:
+def _plan_path(work, k: int):
     """Shard k's own plan file (packer/preprocess/plan_groups.py)."""
-    return str(PlanIndex.load(work / INDEX).shard_path(work / PLAN_DIR, k))
+    return PlanIndex.load(work / INDEX).shard_path(work / PLAN_DIR, k)
 
 
 def _whole_plan(work):
@@ -114,7 +114,7 @@ def _rewrite_with_extras(out, fmt, rng):
         p.unlink()
     for p in out.glob("shard-*"):
         p.unlink()
-    entries = [write_shard(_plan_path(out / "_work", k), k, str(out / "_work"), str(out),
+    entries = [write_shard(_plan_path(out / "_work", k), k, out / "_work", out,
                            manifest["config"]["token_dtype"], fmt, loss_mask=True, unit_sources=unit_sources)
                for k in range(len(manifest["shards"]))]
     for old, new in zip(manifest["shards"], entries):
@@ -177,7 +177,7 @@ def test_shards_with_and_without_masks_do_not_mix(tmp_path):
     first = dict(manifest["shards"][0])
     _rewrite_with_extras(out, "memmap", np.random.default_rng(3))
     manifest = json.loads((out / "manifest.json").read_text())
-    plain = write_shard(_plan_path(out / "_work", 0), 0, str(out / "_work"), str(tmp_path), manifest["config"]["token_dtype"],
+    plain = write_shard(_plan_path(out / "_work", 0), 0, out / "_work", tmp_path, manifest["config"]["token_dtype"],
                         "memmap")  # shard 0 again, without extras, beside the dataset
     for key in ("file", "index_file", "checksums_file"):
         (out / plain[key]).write_bytes((tmp_path / plain[key]).read_bytes())

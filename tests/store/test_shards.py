@@ -96,7 +96,7 @@ def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300
     plan = plan_bins(unit_lengths, context_length=context_length, seed=int(rng.integers(100)), shard_size=shard_size)
     atomic.save_npz(work / "plan.npz", **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
     entries = [
-        write_shard(str(work / "plan.npz"), k, str(work), str(tmp_path), np.dtype(dtype).name, fmt)
+        write_shard(work / "plan.npz", k, work, tmp_path, np.dtype(dtype).name, fmt)
         for k in range(plan.n_shards)
     ]
     reference = []

@@ -76,7 +76,7 @@ class ShardFormat(Protocol):
 FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
 # files every dataset has beside its shards (packer/store/manifest.py, packer/preprocess/pipeline.py)
 DATASET_FILES = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html"})
-LEGACY_FORMAT = "arrow"  # the format of a manifest whose config names none (arrow: every packer's default)
+DEFAULT = "arrow"  # BuildConfig's default: what a manifest (or a write_shard call) that names no format means
 
 
 def get(fmt: str) -> ShardFormat:
@@ -87,7 +87,7 @@ def get(fmt: str) -> ShardFormat:
 
 def manifest_format(config: dict) -> str:
     """The shard format of a manifest's (or a work fingerprint's) config."""
-    return config.get("format", LEGACY_FORMAT)
+    return config.get("format", DEFAULT)
 
 
 def derived_files(fmt: str, shards: list[dict]) -> dict[str, bytes]:
