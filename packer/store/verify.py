@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from packer.io import fs
 from packer.store import checks, formats
-from packer.store.manifest import STATS, read_manifest, read_stats, sha256_file, tokenizer_file
+from packer.store.manifest import STATS, read_manifest, read_stats, require_regular, sha256_file, tokenizer_file
 
 QUICK_SKIPS = ("shard sha256", "token ids below the vocabulary")  # what checksums=False leaves out
 
@@ -80,6 +80,7 @@ def _trained(rows) -> int:
 def _check_files(path, files, checksums: bool):
     for name, sha256 in files:
         file = path / name
+        require_regular(file)
         if not file.is_file():
             raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
         if checksums and sha256_file(file) != sha256:
