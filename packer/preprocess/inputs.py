@@ -6,9 +6,10 @@
 Each file keeps the name it was reached by (a URI stays a URI, credentials and query included:
 it re-opens the file in a worker); every listing, stat and read goes through the place
 `fs.location` resolves it to, once per input. Directories are walked in sorted order, hidden
-entries (a name starting with ".") are skipped, symlinked directories are followed, and a link
-that leads back to one of its own ancestors (a loop would list the same files forever) is
-listed as itself, not walked. Every other entry is listed whatever it is (a FIFO, a README):
+entries (a name starting with ".") are skipped, symlinks (to files or directories) that stay
+inside the directory are followed, a link that leads out of it is listed as itself (an
+`OutsideLink`) and never followed, and a link that leads back to one of its own ancestors (a
+loop would list the same files forever) is listed as itself, not walked. Every other entry is listed whatever it is (a FIFO, a README):
 planning (readers.plan_units) refuses what cannot be read, before opening it, and that is
 where `on_file_error` decides between failing and skipping. A directory written by HF
 `datasets.save_to_disk` (it holds `state.json`) contributes only its `*.arrow` data files.
@@ -40,8 +41,31 @@ def _hf_data_files(directory: str, place, names: set[str]) -> list[str] | None:
     return [_join(directory, n) for n in (listed or sorted(n for n in names if n.endswith(".arrow")))]
 
 
-def _walk(directory: str, place, ancestors: dict) -> list[str]:
-    """Files under `directory` (its name) / `place` (where it is); `ancestors`: identity -> name."""
+class OutsideLink(str):
+    """A listed name that is a symbolic link leading out of the input directory it was found in:
+    never followed nor opened (a link to a private file would be tokenized into the shards, one to
+    / would walk the filesystem); planning refuses it, or skips it under on_file_error=skip."""
+
+    def __new__(cls, name: str, target: str, root: str):
+        link = super().__new__(cls, name)
+        link.target, link.root = target, root
+        return link
+
+    def __reduce__(self):
+        return OutsideLink, (str(self), self.target, self.root)
+
+
+def _outside(child: str, root_real: str | None) -> str | None:
+    """The target of `child` when it is a local symlink resolving outside `root_real`, else None."""
+    if root_real is None or not os.path.islink(child):
+        return None
+    target = os.path.realpath(child)
+    return None if target == root_real or target.startswith(root_real.rstrip(os.sep) + os.sep) else target
+
+
+def _walk(directory: str, place, ancestors: dict, root_real: str | None = None) -> list[str]:
+    """Files under `directory` (its name) / `place` (where it is); `ancestors`: identity -> name;
+    `root_real`: the input directory's real path (None remote: a store has no links)."""
     entries = sorted(fs.list_dir(place), key=lambda e: e[0])
     names = {name for name, _, _ in entries}
     hf = _hf_data_files(directory, place, names)
@@ -52,13 +76,17 @@ def _walk(directory: str, place, ancestors: dict) -> list[str]:
         if name.startswith(".") or name in HF_METADATA:
             continue
         child = _join(directory, name)
+        target = _outside(child, root_real)
+        if target is not None:  # listed as itself, never followed: planning names it (or skips it)
+            files.append(OutsideLink(child, target, root_real))
+            continue
         if not is_dir:
             files.append(child)
             continue
         if identity in ancestors:  # a loop: planning names it (or skips it) like any bad file
             files.append(child)
             continue
-        files.extend(_walk(child, place / name, {**ancestors, identity: child}))
+        files.extend(_walk(child, place / name, {**ancestors, identity: child}, root_real))
     return files
 
 
@@ -70,7 +98,8 @@ def _expand_one(item: str) -> list[str]:
         return [f for m in matches for f in _expand_one(m)]
     place = fs.location(item)
     if item and place.is_dir():  # Path("") is the current directory: not an input
-        return sorted(_walk(item, place, {fs.identity(place): item}))
+        root_real = None if fs.is_uri(item) else os.path.realpath(item)
+        return sorted(_walk(item, place, {fs.identity(place): item}, root_real))
     if place.is_file() or fs.not_regular(place):  # a FIFO named here is refused when planned, like one in a directory
         return [item]
     if fs.is_uri(item):

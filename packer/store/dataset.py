@@ -36,7 +36,7 @@ import pyarrow as pa
 from packer.io import fs
 from packer.store import checks, checksums, formats
 from packer.store.formats import shard_blocks
-from packer.store.manifest import check_generation, load_manifest, sha256_file
+from packer.store.manifest import check_generation, load_manifest, require_regular, sha256_file
 from packer.store.rows import ROWS_PER_BATCH, Rows
 
 __all__ = ["ROWS_PER_BATCH", "Rows", "ShardDataset", "open_dataset", "read_rows", "shard_blocks"]
@@ -68,7 +68,9 @@ class ShardDataset:
         self._ranges: list[list] = []  # per block: (bytes, FileSums, start, stop, file) its first read checks
         starts, n_tokens = [0], 0
         shards = self.manifest["shards"]
-        formats.manifest_files(self.format, shards)  # every name inside the directory, none twice
+        for files in formats.manifest_files(self.format, shards):  # every name inside the directory, none twice
+            for name, _ in files:
+                require_regular(self.path / name)  # never a link out of the directory, never a FIFO to block on
         for entry in shards:
             where = fs.redact(self.path / entry["file"])
             counts = {"sequences": 0, "tokens": 0, "documents": 0}

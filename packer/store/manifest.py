@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 from packer.io import fs
@@ -38,6 +40,26 @@ def sha256_file(path, chunk_bytes: int = 8 * 2**20) -> str:
     return h.hexdigest()
 
 
+def require_regular(file):
+    """Refuse a dataset file that is a symbolic link or not a regular file (a FIFO, a device, a
+    socket, a directory), by lstat before anything opens it: opening a FIFO blocks forever, and a
+    link reads bytes from outside the dataset's directory. A missing file passes (the caller says
+    it is missing); a remote object is always a plain object."""
+    file = fs.location(file)
+    if isinstance(file, fs.RemotePath):
+        return
+    try:
+        mode = os.lstat(file).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise ValueError(f"{file}: a symbolic link (to {os.readlink(file)}), not a file of the dataset: a dataset's "
+                         "files are regular files inside its directory; put the file itself there, or rebuild")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{file}: a {fs.not_regular(file) or 'special file'}, not a regular file (reading it could "
+                         "block forever); restore the dataset's file, or rebuild")
+
+
 MAX_DEPTH = 32  # deeper than any file packer writes (stats.json: 5): a deeper one is damaged or hostile
 
 
@@ -45,6 +67,7 @@ def load_json(file, fix: str):
     """A JSON file packer wrote, parsed as one `ValueError` line naming `file` and `fix` when it is
     not: undecodable, non-finite numbers (NaN, Infinity: no count or figure is one), or nested
     deeper than MAX_DEPTH (checked before parsing, so a 100,000-deep file is refused, not recursed)."""
+    require_regular(file)
     return parse_json(fs.location(file).read_bytes(), file, fix)
 
 
@@ -106,12 +129,14 @@ def load_manifest(path) -> tuple[dict, str]:
     vocabulary: a wrong type, a non-finite or absurd value is one ValueError line naming the file and the key."""
     path = fs.location(path)
     file = path / MANIFEST if path.is_dir() else path
+    require_regular(file)
     if not file.is_file():
         raise FileNotFoundError(
             f"no {MANIFEST} in {fs.redact(path)}: not a packer dataset, or its build did not finish "
             "(run the same `packer build` command again to resume it)"
         )
     fix = "restore it or rebuild the dataset"
+    require_regular(file)
     raw = file.read_bytes()
     manifest = parse_json(raw, file, fix)
     problem = schema_error(manifest, "store/manifest_schema.json") or _range_problem(manifest)
@@ -175,6 +200,7 @@ def tokenizer_file(path, manifest: dict):
     if "sha256" not in tokenizer:
         return None
     file = path / TOKENIZER
+    require_regular(file)
     if not file.is_file():
         raise ValueError(f"{fs.redact(file)} missing: the dataset's copy of its tokenizer; copy the build's tokenizer "
                          f"({tokenizer.get('path')}, sha256 {tokenizer['sha256']}) there, or rebuild")

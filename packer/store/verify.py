@@ -28,7 +28,7 @@ import pyarrow as pa
 from packer.io import fs
 from packer.store import checks, formats
 from packer.store import checksums as block_checksums
-from packer.store.manifest import STATS, read_manifest, read_stats, tokenizer_file
+from packer.store.manifest import STATS, read_manifest, read_stats, require_regular, tokenizer_file
 
 QUICK_SKIPS = ("shard sha256", "block checksums", "token ids below the vocabulary")  # what checksums=False leaves out
 
@@ -97,6 +97,7 @@ def _check_files(path, fmt: str, entry: dict, files, checksums: bool):
     the shard's checksums (None: not checked, or a shard of format version 1)."""
     for name, _ in files:
         file = path / name
+        require_regular(file)
         if not file.is_file():
             raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
     if not checksums:

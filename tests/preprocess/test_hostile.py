@@ -106,7 +106,7 @@ def _bad_files(tmp_path):
     d = tmp_path / "dangling"
     d.mkdir()
     (d / "ok.jsonl").write_bytes(good)
-    os.symlink(tmp_path / "absent.jsonl", d / "gone.jsonl")
+    os.symlink(d / "absent.jsonl", d / "gone.jsonl")  # inside d: a link out of it is never followed
     yield d, d / "gone.jsonl", "cannot open the file"
 
 

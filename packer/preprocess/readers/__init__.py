@@ -29,7 +29,7 @@ import contextlib
 import os
 
 from packer.io import fs
-from packer.preprocess.inputs import expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
+from packer.preprocess.inputs import OutsideLink, expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
 from packer.preprocess.readers import arrow, jsonl, parquet, text
 from packer.preprocess.readers.common import COMPRESSION, UNBOUNDED, FileError, Reader, SkipLog, Unit, cause
 
@@ -68,8 +68,12 @@ def _match_or_none(path: str) -> tuple[Reader, str | None] | None:
 
 def _not_readable(path: str, place) -> str | None:
     """Why a listed file cannot be planned before any byte of it is read, or None: not a regular
-    file (a FIFO would block its reader forever), a symlink loop (listed as the link), or a name
+    file (a FIFO would block its reader forever), a symlink loop (listed as the link), a link out
+    of its input directory (inputs.OutsideLink), or a name
     no reader claims."""
+    if isinstance(path, OutsideLink):
+        return (f"a symbolic link to {path.target}, outside the input directory {path.root}: not followed (name "
+                "the target as an input to include it, or remove the link)")
     kind = fs.not_regular(place)
     if kind == "directory":  # inputs.py lists a link that leads back to its own ancestor as itself
         return (f"symlink loop: it leads back to {os.path.realpath(path)}, a directory above it "
