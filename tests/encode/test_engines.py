@@ -101,7 +101,7 @@ FAST = ["fastokens", "tiktoken"]
 @pytest.mark.parametrize("name", ["sample", "gpt2", "llama3", "qwen2-nfc"])
 def test_fast_engines_give_the_tokenizers_ids(tokenizers_, name, engine):
     path = tokenizers_[name]
-    assert choose_engine(path).name == "fastokens" and choose_engine(path, engine).name == engine  # the rule accepts it
+    assert choose_engine(path).name == "tiktoken" and choose_engine(path, engine).name == engine  # the rule accepts it
     texts = _adversarial()
     want_ids, want_lengths = _ids(path, "hf", texts)
     got_ids, got_lengths = _ids(path, engine, texts)
@@ -198,7 +198,7 @@ def test_merges_out_of_rank_order_are_refused(tmp_path):
 def test_merges_in_rank_order_are_accepted(tmp_path):
     """The same vocabulary with (a, b) first: "abc" merges to one token in both engines."""
     path = _write(tmp_path, _tiny([["a", "b"], ["b", "c"], ["ab", "c"]], ["ab", "bc", "abc"]))
-    assert choose_engine(path).name == "fastokens"
+    assert choose_engine(path).name == "tiktoken" and choose_engine(path, "fastokens").name == "fastokens"
     texts = ["abc", "abcbc", "bcabc ab bc abcabc"]
     want = load_encoder(path, "hf").encode_ids(texts, np.int64)[0].tolist()
     assert all(load_encoder(path, e).encode_ids(texts, np.int64)[0].tolist() == want for e in FAST)
@@ -252,8 +252,9 @@ def test_wordpiece_runs_on_hf(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     path = str(tmp_path / "tokenizer.json")
     tok.save(path)
-    assert choose_engine(path) == engines.Choice("hf", "auto: fastokens: model WordPiece, not BPE; "
-                                                       "tiktoken: model WordPiece, not BPE")
+    assert choose_engine(path) == engines.Choice("hf", "auto: tiktoken: model WordPiece, not BPE")
+    with pytest.raises(ValueError, match="--encode-engine fastokens cannot encode .* WordPiece"):
+        choose_engine(path, "fastokens")
 
 
 def test_auto_without_the_fast_engines_falls_back_and_a_forced_engine_says_why(monkeypatch):
@@ -261,10 +262,12 @@ def test_auto_without_the_fast_engines_falls_back_and_a_forced_engine_says_why(m
     monkeypatch.setattr(fastokens_bpe, "missing", lambda: "fastokens is not installed")
     try:
         assert choose_engine(TOKENIZER) == engines.Choice("tiktoken", "auto: a byte-level BPE it encodes exactly")
+        with pytest.raises(ValueError, match="--encode-engine fastokens cannot encode .* not installed"):
+            choose_engine(TOKENIZER, "fastokens")
         engines.choose_engine.cache_clear()
         monkeypatch.setattr(tiktoken_bpe, "missing", lambda: "tiktoken is not installed (pip install 'packer[fast]')")
-        assert choose_engine(TOKENIZER) == engines.Choice("hf", "auto: fastokens: fastokens is not installed; "
-                                                                "tiktoken: tiktoken is not installed (pip install 'packer[fast]')")
+        assert choose_engine(TOKENIZER) == engines.Choice("hf", "auto: tiktoken: tiktoken is not installed "
+                                                                "(pip install 'packer[fast]')")
         with pytest.raises(ValueError, match="--encode-engine tiktoken cannot encode .* not installed"):
             choose_engine(TOKENIZER, "tiktoken")
     finally:
@@ -288,7 +291,7 @@ def _without_engine(out) -> dict:
 
 def test_builds_with_either_engine_are_identical(tmp_path):
     built = {e: _without_engine_after(build_sample, tmp_path / e, e) for e in ("hf", *FAST, "auto")}
-    assert [built[e].pop("engine") for e in built] == ["hf", *FAST, "fastokens"]
+    assert [built[e].pop("engine") for e in built] == ["hf", *FAST, "tiktoken"]
     assert built["hf"] == built["fastokens"] == built["tiktoken"] == built["auto"]
 
 
@@ -299,7 +302,7 @@ def _without_engine_after(build, out, engine):
 
 def test_a_resume_may_switch_engines(tmp_path):
     """Killed after its first units with hf, resumed with tiktoken: the bytes of one uninterrupted
-    run (with auto: fastokens)."""
+    run (with auto: tiktoken)."""
     inputs = sample_heads(tmp_path, 150_000)
     args = [*inputs, "--tokenizer", TOKENIZER, "--context-length", "256", "--shard-size", "8000",
             "--workers", "1", "--unit-bytes", "65536"]
