@@ -16,7 +16,7 @@ Rows, per tokenizer and worker count, each timed in this run:
     encode_batch_fast   the baseline: tokenizers over the same texts in memory, ~1 MiB batches,
                         RAYON_NUM_THREADS = the cores the build rows use (workers x threads)
     stage ENGINE        the tokenize stage (read, encode, write unit files) with hf, auto's choice
-                        (fastokens where installed) and --engines (tiktoken)
+                        (tiktoken where installed) and --engines (fastokens: only when asked for)
     build ENGINE        the whole `packer build` process (plan, write, finalize included)
 
 "ratio" is the baseline's seconds / the row's (the issue's targets, whole build: >= 3 GPT-2
@@ -242,7 +242,7 @@ def main():
     parser.add_argument("--mb", type=float, default=60, help="corpus size in MB of UTF-8 text (default 60)")
     parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
     parser.add_argument("--cl100k", action="store_true", help="also cl100k_base (needs bpe-openai and transformers)")
-    parser.add_argument("--engines", default="tiktoken", help="engines timed besides hf and auto's choice")
+    parser.add_argument("--engines", default="fastokens", help="engines timed besides hf and auto's choice")
     parser.add_argument("--repeat", type=int, default=1, help="run every row this many times, keep each one's best")
     args = parser.parse_args()
     import tiktoken
