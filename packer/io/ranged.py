@@ -13,6 +13,7 @@ real object store (none is reachable from the machine this was written on).
 `read_range(path, start, stop)` is the streaming reader's one ranged read of any remote file
 (packer/store/stream.py): retried with backoff (packer/io/retry.py), each thread with its own
 open file per path (pyarrow serializes reads of one Python-backed file; a forked child opens its own).
+Each try runs in a thread of its own (so it can time out), with the reading thread's open file.
 """
 
 from __future__ import annotations
@@ -111,14 +112,22 @@ def gather(units_dir, piece_unit, begin, end, files: dict, kind: str = "tokens")
 
 # -- reads of any remote file's byte range, retried (the streaming reader's, packer/store/stream.py) --
 
-_HANDLES = threading.local()  # per thread {uri: RandomAccessFile}: pyarrow locks a Python file per object
+_HANDLES: dict = {}  # {caller thread id: {key: (fs, RandomAccessFile)}}: pyarrow locks a Python file per object
+_HANDLES_PID = [os.getpid()]
 MAX_HANDLES = 64  # open files a thread keeps (oldest closed first)
 
 
-def _handle(path):
-    if _HANDLES.__dict__.get("pid") != os.getpid():  # a forked child: its parent's connections are not its own
-        _HANDLES.files, _HANDLES.pid = {}, os.getpid()
-    handles = _HANDLES.files
+def _files_of(owner: int) -> dict:
+    """The open files of the thread `owner` (the reader's thread, not the one a try runs in:
+    packer/io/retry.py runs each try in its own thread, so it can time out)."""
+    if _HANDLES_PID[0] != os.getpid():  # a forked child: its parent's connections are not its own
+        _HANDLES.clear()
+        _HANDLES_PID[0] = os.getpid()
+    return _HANDLES.setdefault(owner, {})
+
+
+def _handle(path, owner: int):
+    handles = _files_of(owner)
     key = (path.uri, id(path.fs))  # one URI may be reached through two filesystem objects
     fs_and_file = handles.pop(key, None)
     if fs_and_file is None:
@@ -129,10 +138,9 @@ def _handle(path):
     return fs_and_file[1]
 
 
-def _drop_handle(path):
-    fs_and_file = _HANDLES.__dict__.get("files", {}).pop((path.uri, id(path.fs)), None) \
-        if _HANDLES.__dict__.get("pid") == os.getpid() else None
-    if fs_and_file is not None:
+def _drop_handle(path, owner: int, error=None):
+    fs_and_file = _files_of(owner).pop((path.uri, id(path.fs)), None)
+    if fs_and_file is not None and not isinstance(error, TimeoutError):  # a timed-out try may still hold it
         try:
             fs_and_file[1].close()
         except OSError:
@@ -141,12 +149,14 @@ def _drop_handle(path):
 
 def read_range(path, start: int, stop: int):
     """Bytes [start, stop) of a remote file (a RemotePath) as a pyarrow Buffer, in one ranged
-    read, retried with backoff (packer/io/retry.py); a short read counts as a failed try. Each
-    thread keeps its own open file per path."""
+    read, retried with backoff, each try timed out, all within a deadline (packer/io/retry.py); a
+    short read counts as a failed try. Each reading thread keeps its own open file per path."""
+    owner = threading.get_ident()
+
     def read():
-        data = _handle(path).read_at(stop - start, start)
+        data = _handle(path, owner).read_at(stop - start, start)
         if len(data) != stop - start:
             raise OSError(f"short read: {len(data)} of {stop - start} bytes (the object was replaced or truncated)")
         return data
 
-    return retry.retried(read, path, start, stop, on_error=lambda e: _drop_handle(path))
+    return retry.retried(read, path, start, stop, on_error=lambda e: _drop_handle(path, owner, e))

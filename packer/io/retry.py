@@ -5,8 +5,16 @@
 
 ATTEMPTS tries in all, so at most 3.1 s of waiting before a read is given up: long enough for a
 dropped connection or an object store's throttling reply (S3 SlowDown, GCS 429), short enough
-that a store that is really gone stops the training step in seconds, not minutes. (pyarrow's own
-S3 client retries a request 3 times underneath; these retries are per read, above it.)
+that a store that is really gone stops the training step in seconds, not minutes. These are the
+only retries: packer's S3 filesystems are made with pyarrow's own retries off (packer/io/fs.py;
+its default, 3 tries with its own backoff under each of these, made a persistent 503 take 39 s).
+
+Each try has a timeout (TIMEOUT_SECONDS; a store slower than that is a failed try, not a stall:
+the try runs in its own thread, left behind if it never answers) and all tries of one read a
+deadline (DEADLINE_SECONDS): no read, failing or slow, takes longer. All three are set by the
+environment, read at each read (so DataLoader workers, forked or spawned, follow it):
+
+    PACKER_REMOTE_ATTEMPTS=6   PACKER_REMOTE_TIMEOUT=30   PACKER_REMOTE_DEADLINE=60   (seconds)
 
 Transient: any OSError (pyarrow raises OSError for network and HTTP 5xx errors; ConnectionError,
 TimeoutError) except those that cannot heal by waiting: a missing object, a refused permission,
@@ -20,7 +28,10 @@ byte range:
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
+import threading
 import time
 
 from packer.io import fs
@@ -28,6 +39,35 @@ from packer.io import fs
 ATTEMPTS = 6
 BASE_SECONDS = 0.1
 MAX_WAIT_SECONDS = 5.0
+TIMEOUT_SECONDS = 30.0  # one try: a 64 MiB block at ~2 MiB/s; a request that long is a stalled store
+DEADLINE_SECONDS = 60.0  # all tries of one read
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    attempts: int = ATTEMPTS
+    timeout: float = TIMEOUT_SECONDS
+    deadline: float = DEADLINE_SECONDS
+
+
+_ENV = (("PACKER_REMOTE_ATTEMPTS", "attempts", int), ("PACKER_REMOTE_TIMEOUT", "timeout", float),
+        ("PACKER_REMOTE_DEADLINE", "deadline", float))
+
+
+def policy() -> Policy:
+    """The policy the environment sets (module docstring); ValueError naming a bad variable."""
+    given = {}
+    for var, field, kind in _ENV:
+        text = os.environ.get(var)
+        if text:
+            try:
+                value = kind(text)
+            except ValueError:
+                value = 0
+            if not value > 0 or value != value or value == float("inf"):
+                raise ValueError(f"{var}={text!r}: give a positive {'whole number' if kind is int else 'number of seconds'}")
+            given[field] = value
+    return Policy(**given)
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
@@ -45,14 +85,39 @@ def _cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
 
 
+def _timed(call, seconds: float):
+    """call() in its own thread, waited for at most `seconds`: TimeoutError after that (the thread
+    is left to finish or hang on its own; it holds only its own request)."""
+    box: list = []
+
+    def run():
+        try:
+            box.append((True, call()))
+        except BaseException as e:  # handed to the caller's thread
+            box.append((False, e))
+
+    thread = threading.Thread(target=run, daemon=True, name="packer-remote-read")
+    thread.start()
+    thread.join(seconds)
+    if not box:
+        raise TimeoutError(f"no answer in {seconds:.1f} s (PACKER_REMOTE_TIMEOUT)")
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
+
+
 def retried(call, where, start: int | None = None, stop: int | None = None, on_error=None):
-    """call() until it returns, retrying transient OSErrors (module docstring); `where` (a location)
+    """call() until it returns, retrying transient OSErrors (module docstring) within the
+    environment's Policy (attempts, a timeout per try, a deadline for all); `where` (a location)
     and the byte range [start, stop) name what was read in the error. on_error(error), if given,
     runs after each failed try (to drop a broken file handle)."""
+    rule = policy()
     began = time.monotonic()
-    for attempt in range(1, ATTEMPTS + 1):
+    for attempt in range(1, rule.attempts + 1):
+        left = rule.deadline - (time.monotonic() - began)
         try:
-            return call()
+            return _timed(call, min(rule.timeout, left))
         except OSError as e:
             if on_error is not None:
                 on_error(e)
@@ -61,8 +126,11 @@ def retried(call, where, start: int | None = None, stop: int | None = None, on_e
                 error = type(e)(f"{fs.redact(where)}{span}: {_cause(e)}; check the dataset's URI and credentials")
                 error.where = fs.redact(where)  # what a caller names: the file, never its credentials
                 raise error from None
-            if attempt == ATTEMPTS:
-                raise OSError(f"{fs.redact(where)}{span}: read failed {ATTEMPTS} times over "
-                              f"{time.monotonic() - began:.1f} s ({_cause(e)}); check the store is reachable, then "
-                              "resume from the loader's state_dict") from None
-            time.sleep(wait_seconds(attempt))
+            wait = wait_seconds(attempt)
+            spent = time.monotonic() - began
+            if attempt == rule.attempts or spent + wait >= rule.deadline:
+                raise OSError(f"{fs.redact(where)}{span}: read failed {attempt} times over {spent:.1f} s "
+                              f"({_cause(e)}; at most {rule.attempts} tries within {rule.deadline:g} s, each at most "
+                              f"{rule.timeout:g} s); check the store is reachable, then resume from the loader's "
+                              "state_dict") from None
+            time.sleep(wait)
