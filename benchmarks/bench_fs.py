@@ -40,7 +40,7 @@ import pyarrow as pa  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.io import ranged  # noqa: E402
+from packer.io import fs, ranged  # noqa: E402
 from packer.preprocess import writer  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.preprocess.plan import Plan  # noqa: E402
@@ -90,7 +90,8 @@ def _corpus(directory: Path, copies: int) -> list[str]:
 
 
 def _write_all(work: str, out: str, n_shards: int) -> tuple[float, list[str]]:
-    plan_path = f"{work}/plan.npz"
+    work, out = fs.location(work), fs.location(out)  # the places, resolved once: write_shard takes them
+    plan_path = work / "plan.npz"
     writer._load_plan.cache_clear()
     t = time.perf_counter()
     entries = [writer.write_shard(plan_path, k, work, out, "uint16", "arrow") for k in range(n_shards)]

@@ -85,7 +85,7 @@ def _recheck(units, work: Path) -> dict:
 
     executor = make_executor(1)
     t, c = time.perf_counter(), time.process_time()
-    changed.refuse_changed([(u, str(unit_paths(work, u.index)["json"])) for u in units], executor, stage="finalize")
+    changed.refuse_changed([(u, unit_paths(work, u.index)["json"]) for u in units], executor, stage="finalize")
     return {"seconds": time.perf_counter() - t, "cpu": time.process_time() - c}
 
 

@@ -19,7 +19,8 @@ slow spell of the box hits baseline and loaders alike. The slow cases (return_at
 per-item make_item) time a prefix of the epoch (--slow-batches); tokens/s is what they delivered.
 `--only-varlen` times just the baseline and the two num_workers=0 cases (~10 s with --data).
 
-Two raw baselines: `raw memmap` is the issue's (np.memmap slices, numpy-integer indices);
+`first full read` opens a fresh reader each time and reads every row once (the first-read checks and
+checksums of every block, the page faults of a new mapping). Two raw baselines: `raw memmap` is the issue's (np.memmap slices, numpy-integer indices);
 `raw, tight` reads the same map through a plain ndarray view with Python-int indices, ~2x faster
 (np.memmap slicing builds a memmap subclass object per slice). Ratios are printed against both.
 
@@ -32,7 +33,17 @@ and to the tight read (3.2 ms):
     per-item make_item (reference)                             0.023   0.011
     num_workers=2, items / batches                             0.009 / 0.010 (IPC floor 0.006)
     return_attention_mask                                      0.0004
-Beside a helper's test runs (load ~1.4) the batch case gave 0.26 and items 0.20. Where a batch-path pass goes (~21 ms, line profiler
+Beside a helper's test runs (load ~1.4) the batch case gave 0.26 and items 0.20.
+
+Block checksums (issue 28), measured 2026-12-03 on the same box under load 11-16 (other helpers' test
+suites), so by CPU time (`--clock cpu`, `--only-varlen --rounds 30`), three runs each, alternated, the
+sample x8 (Arrow, one shard): before = 7d9bf52 (no checksums), after = block checksums on:
+    num_workers=0, batch_size=8 (batches)       before 0.234 / 0.250 / 0.275    after 0.255 / 0.267 / 0.296
+    first full read (open + every row once)     before 5.1 / 4.6 / 5.0 ms       after 4.4 / 4.3 / 4.2 ms
+The checks cost a block's first read only (one xxh3_64 pass, one bitmap test after), and the batch path
+gained from items._write_tokens (one gather, two contiguous casts); the first read got faster as an Arrow
+shard's record batches are read from their checksummed ranges (no stream parse) over one mapping. A
+dataset of a packer before checksums pays a sha256 of every shard file at open: 14-15 ms (~3x). Where a batch-path pass goes (~21 ms, line profiler
 shares): int64 input_ids and labels, gathered and widened by np.concatenate, 28%; position ids
 (one cumsum) 21%; batch views and cu_seqlens 21%; block layout 13%; epoch permutation 5%. The
 item path adds 4 tensor views, a dict and a generator step per item (~5 us) and DataLoader's
@@ -140,19 +151,21 @@ def prebuilt_collate(rows, _tokens=torch.zeros(BATCH * CONTEXT, dtype=torch.int6
             "position_ids": _tokens.clone()[None], "cu_seqlens": torch.zeros(9 * len(rows), dtype=torch.int32)}
 
 
-def interleaved(cases, rounds: int, passes: int) -> dict:
+def interleaved(cases, rounds: int, passes: int, clock=time.perf_counter) -> dict:
     """Best seconds per pass of each case: `rounds` rounds, each timing every case in turn
-    (`passes` passes, fewer for slow cases), so load on the shared box hits all cases alike."""
+    (`passes` passes, fewer for slow cases), so load on the shared box hits all cases alike.
+    `clock`: wall time, or this process's CPU time (--clock cpu: what a busy box steals from wall
+    time is not counted; torch's own threads are, so a loader's share reads lower, never higher)."""
     best = {name: float("inf") for name, _, _ in cases}
     for name, run, _ in cases:
         run()  # warm up: page cache, worker start, first allocations
     for _ in range(rounds):
         for name, run, slow in cases:
             n = 1 if slow else passes
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(n):
                 run()
-            best[name] = min(best[name], (time.perf_counter() - t0) / n)
+            best[name] = min(best[name], (clock() - t0) / n)
     return best
 
 
@@ -165,6 +178,8 @@ def main():
     parser.add_argument("--slow-batches", type=int, default=8, help="batches the slow cases time (a prefix)")
     parser.add_argument("--only-varlen", action="store_true", help="time only the baseline and num_workers=0 cases")
     parser.add_argument("--quick", action="store_true", help="4 copies, 2 passes, 3 rounds (noisier)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time passes by wall clock (default) or by this process's CPU time (a busy shared box)")
     args = parser.parse_args()
     copies, passes, rounds = (4, 2, 3) if args.quick else (args.copies, args.passes, args.rounds)
 
@@ -177,7 +192,7 @@ def main():
         n_seq, n_tok = manifest["totals"]["sequences"], manifest["totals"]["tokens_out"]
         context = manifest["config"]["context_length"]
         print(f"dataset: {path} ({n_seq} sequences, {n_tok} tokens, context {context}); batch {BATCH}, "
-              f"seed {SEED}; {passes} passes per timing, best of {rounds} interleaved rounds\n")
+              f"seed {SEED}; {passes} passes per timing, best of {rounds} interleaved rounds, {args.clock} clock\n")
         tokens, starts = flat_memmap(path, scratch)
         order = permute(np.arange(n_seq), n_seq, SEED, 0)  # PackedDataset's epoch-0 order
         lengths = np.diff(starts)[order]
@@ -199,9 +214,14 @@ def main():
             return DataLoader(dataset(batch_size=BATCH, **kw), batch_size=None, num_workers=workers,
                               persistent_workers=workers > 0)
 
+        def first_read():  # a fresh reader: open, then every row once (the first-read checks of every block)
+            fresh = open_dataset(path)
+            return np.concatenate(fresh.views(order)[0])
+
         plain, starts_list, order_list = tokens.view(np.ndarray), starts.tolist(), order.tolist()
         cases = [("raw memmap (baseline)", lambda: raw_pass(tokens, starts, order), False, n_tok),
                  ("raw, tight (ndarray view, int indices)", lambda: raw_pass(plain, starts_list, order_list), False, n_tok),
+                 ("first full read (open + every row once)", first_read, False, n_tok),
                  case("num_workers=0, collate_varlen", dl(dataset())),
                  case(f"num_workers=0, pad_to={context}", dl(dataset(fields=ItemFields(pad_to=context)))),
                  case("num_workers=0, batch_size=8 (batches)", batched()),
@@ -216,7 +236,8 @@ def main():
                 case("per-item make_item (reference)", dl(PerItem(path, order)), slow=True),
                 case("num_workers=2, prebuilt batches (IPC floor)", dl(Prebuilt(n_seq), 2, prebuilt_collate)),
             ]
-        best = interleaved([(name, run, slow) for name, run, slow, _ in cases], rounds, passes)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        best = interleaved([(name, run, slow) for name, run, slow, _ in cases], rounds, passes, clock)
         print(f"{'case':46s} {'s/pass':>9s} {'Mtok/s':>9s} {'ratio':>7s} {'vs tight':>9s}")
         base, tight = (n_tok / best[cases[k][0]] for k in (0, 1))
         for name, _, _, delivered in cases:

@@ -149,7 +149,7 @@ def main():
         (root / "work" / "shards").mkdir()
         t = time.perf_counter()
         for k in range(min(a.write_shards, index.n_shards)):
-            writer.write_shard(str(index.shard_path(plan_dir, k)), k, str(root / "work"), str(out), "uint16", "memmap")
+            writer.write_shard(index.shard_path(plan_dir, k), k, root / "work", out, "uint16", "memmap")
         if a.write_shards:
             w = time.perf_counter() - t
             n = int(index.shard_tokens[: a.write_shards].sum())

@@ -132,7 +132,7 @@ def main():
         def stage(config):
             work = tempfile.mkdtemp(dir=tmp)
             units = plan_units([str(path)], config.unit_bytes)
-            counters = [tokenize_unit(u, info, config, work) for u in units]
+            counters = [tokenize_unit(u, info, config, Path(work)) for u in units]
             trained.add(sum(c["trained_tokens"] for c in counters))
             return sum(c["tokens"] for c in counters)
 

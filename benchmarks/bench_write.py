@@ -142,7 +142,7 @@ def bench_write(root: Path, plan, repeat: int):
             _fresh(out)
             shutil.rmtree(work / "shards", ignore_errors=True)  # no "already done" shortcut
             for k in range(plan.n_shards):
-                writer.write_shard(str(work / "plan.npz"), k, str(work), str(out), "uint16", fmt)
+                writer.write_shard(work / "plan.npz", k, work, out, "uint16", fmt)
 
         return run
 
@@ -167,7 +167,7 @@ def bench_write(root: Path, plan, repeat: int):
 def bench_read(root: Path, plan, n_reads: int, repeat: int):
     out = root / "ds"
     _fresh(out)
-    entries = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(out), "uint16", "memmap")
+    entries = [writer.write_shard(root / "_work" / "plan.npz", k, root / "_work", out, "uint16", "memmap")
                for k in range(plan.n_shards)]
     manifest = {"config": {"format": "memmap"}, "shards": entries}
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -213,7 +213,7 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
         _fresh(other)
         shutil.rmtree(root / "_work" / "shards", ignore_errors=True)
         manifest["config"]["format"] = fmt
-        manifest["shards"] = [writer.write_shard(str(root / "_work" / "plan.npz"), k, str(root / "_work"), str(other),
+        manifest["shards"] = [writer.write_shard(root / "_work" / "plan.npz", k, root / "_work", other,
                                                  "uint16", fmt) for k in range(plan.n_shards)]
         (other / "manifest.json").write_text(json.dumps(manifest))
         ds = open_dataset(other)

@@ -2,6 +2,7 @@
 and with this checkout, then compares every output file; manifest.json minus its timestamps.
 
     python benchmarks/compare_builds.py --ref 6ab1c36        # exit 1 on any difference
+    python benchmarks/compare_builds.py --ref main --cases sft-chat,sft-prompt   # only those cases
 
 Against revisions before the streamed planner (2026-12-01), the `jsonl-drop` cases (the ones with
 --pack-group) differ by design: grouped plans shuffle bins by buckets (packer/preprocess/plan_groups.py).
@@ -10,6 +11,10 @@ Cases: the sample job (context 2048) and the test corpora (sample JSONL, the sam
 gzip JSONL and blank-line .txt; context 1024, small shards so there are several), each as
 arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants, two named
 sources, and the fine-tuning kinds (chat, prompt-completion, auto) on sample_data's records. Prints one row per case.
+
+Against a REV before block checksums (2026-12-03), the new build's shard-*.sums files are listed as added
+and its manifest and ownership record compared without them (the `checksums_*` keys, format_version 2);
+every file, checksums included, is also compared between this checkout's builds at 1 and 2 workers.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ def _files(out: Path) -> dict[str, bytes]:
                 m = json.loads(data)
                 for k in VOLATILE:
                     m.pop(k, None)
+                m.get("tokenizer", {}).pop("encode_engine", None)  # which engine ran (since 2026-12-03): same ids
                 data = json.dumps(m, sort_keys=True).encode()
             elif p.name == ".packer-owned.json":  # without what differs run to run: modification times,
                 m = json.loads(data)  # and the manifest's hash (its volatile keys; compared above without them)
@@ -94,19 +100,45 @@ def _files(out: Path) -> dict[str, bytes]:
     return found
 
 
+SUMS = ".sums"  # packer/store/checksums.py
+
+
+def _without_checksums(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A build's files as a packer before block checksums would have written them (the shards are the same
+    bytes; the manifest and the ownership record name the .sums files and the format version)."""
+    out = {k: v for k, v in files.items() if not k.endswith(SUMS)}
+    if "manifest.json" in out:
+        m = json.loads(out["manifest.json"])
+        m["format_version"] = 1
+        for entry in m.get("shards", []):
+            entry.pop("checksums_file", None)
+            entry.pop("checksums_sha256", None)
+        out["manifest.json"] = json.dumps(m, sort_keys=True).encode()
+    if ".packer-owned.json" in out:
+        m = json.loads(out[".packer-owned.json"])
+        m["files"] = {k: v for k, v in m.get("files", {}).items() if not k.endswith(SUMS)}
+        out[".packer-owned.json"] = json.dumps(m, sort_keys=True).encode()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", required=True, help="git revision to compare against")
+    ap.add_argument("--cases", default=None, help="comma-separated case names to run (default: all)")
     a = ap.parse_args()
+    wanted = set(a.cases.split(",")) if a.cases else None
     tmp = Path(tempfile.mkdtemp(prefix="packer-compare-"))
     ref = tmp / "ref"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), a.ref], check=True, capture_output=True)
     failed = 0
     try:
         corpora = _corpora(tmp)
-        print(f"{'case':<16} {'format':<8} {'workers':>7} {'files':>5}  result")
+        print(f"{'case':<18} {'format':<8} {'workers':>7} {'files':>5}  result")
         for name, inputs, args in _cases(corpora):
+            if wanted is not None and name not in wanted:
+                continue
             for fmt in ("arrow", "memmap"):
+                one_worker = None
                 for workers in (1, 2):
                     outs = []
                     for label, code in (("ref", ref), ("new", ROOT)):
@@ -114,11 +146,19 @@ def main():
                         _build(code, inputs, [*args, "--format", fmt, "--workers", str(workers)], out)
                         outs.append(_files(out))
                     old, new = outs
+                    across = [] if one_worker is None else sorted(k for k in set(one_worker) | set(new)
+                                                                  if one_worker.get(k) != new.get(k))
+                    one_worker = one_worker or new
                     added = sorted(k for k in ADDED if k in new and k not in old)
+                    if not any(k.endswith(SUMS) for k in old):  # REV before block checksums
+                        added += sorted(k for k in new if k.endswith(SUMS))
+                        new = _without_checksums(new)
                     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in added)
+                    diff += [f"{k} (1 vs 2 workers)" for k in across]
                     failed += bool(diff)
                     result = "identical" if not diff else "DIFFER: " + ", ".join(diff)
-                    print(f"{name:<16} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(added)})" if added else ""))
+                    shown = sorted({k if not k.endswith(SUMS) else f"shard-*{SUMS}" for k in added})
+                    print(f"{name:<18} {fmt:<8} {workers:>7} {len(old):>5}  {result}" + (f" (+ {', '.join(shown)})" if added else ""))
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref)], capture_output=True)
     print(f"{'all identical' if not failed else f'{failed} cases differ'} (ref {a.ref})")

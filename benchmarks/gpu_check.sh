@@ -17,6 +17,10 @@ for name, info in available_backends("cuda").items():
 PY
 timeout 150 "$PY" -m pytest tests/train/test_attention.py -k cuda -q -rs -p no:cacheprovider
 timeout 150 "$PY" -m pytest tests/train/test_hf.py -k cuda -q -rs -p no:cacheprovider  # HF flash_attention_2 exactness
+# role policies: FlexAttention forward+backward against the float64 hybrid-mask reference, then its speed
+# (added 2026-12-03 with docs/role_masks.md; not yet run on a GPU)
+timeout 200 "$PY" -m pytest tests/train/test_attention_roles.py -k cuda -q -rs -p no:cacheprovider
+timeout 200 "$PY" benchmarks/bench_role_mask.py --device cuda --dtype bf16
 timeout 240 "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16
 # training throughput, padded vs packed vs varlen (the seeds' table), a GPU-sized model in bf16
 # (added after the 2026-11-29 H200 run, whose lease ended first: checked on CPU only, bf16 autocast)

@@ -129,6 +129,9 @@ def _print_summary(manifest: dict, output: str):
         on = [f"truncation at {shipped['shipped_truncation']} tokens"] if "shipped_truncation" in shipped else []
         on += ["padding"] if shipped.get("shipped_padding") else []
         click.echo(f"tokenizer: its file turns on {' and '.join(on)}; packer turned them off (every token kept, none added)")
+    if "encode_engine" in shipped:
+        engine = shipped["encode_engine"]
+        click.echo(f"engine:    {engine['name']} ({engine['reason']})")
     if "specials" in shipped:  # written only when a tokenizer config file chose eos/bos/pad
         click.echo(f"tokenizer: {describe_specials(shipped['specials'])}")
     click.echo(f"tokens:    {t['tokens_out']:,} in {t['sequences']:,} sequences of {manifest['config']['context_length']}")
@@ -239,7 +242,7 @@ def run(pipeline, workers, keep_work, overwrite, quiet, executor, ray_address):
 
 
 CORPUS_FIELDS = ("text_field", "text_split", "max_doc_bytes", "eos", "bos", "eos_token", "bos_token", "algorithm", "seed",
-                 *RECORD_FIELDS)
+                 "encode_engine", *RECORD_FIELDS)
 
 
 MIXTURE = (
@@ -339,17 +342,34 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_
 @click.argument("dataset")
 @click.option("--seq", type=int, default=0, show_default=True, help="Index of the packed sequence.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
-def show_mask(dataset, seq, out_path):
+@click.option("--policy", default=None, metavar="ROLE=global|none|N,...", help="Draw the hybrid mask of a role "
+              "policy instead (a build with --store-roles), cells coloured by the key's role, e.g. "
+              "system=global,user=64 ('*=N': every other role's window; docs/role_masks.md).")
+def show_mask(dataset, seq, out_path, policy):
     """Draw the block-causal attention mask of one packed sequence, documents outlined, as a PNG."""
-    from packer.stats.report import write_mask_png
+    from packer.stats.report import write_mask_png, write_role_mask_png
     from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
     if not 0 <= seq < len(ds):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
     _, offsets = ds[seq]
-    write_mask_png(offsets, int(ds.manifest["config"]["context_length"]), out_path,
-                   title=f"{redact(dataset)} sequence {seq}: {len(offsets) - 1} documents, {int(offsets[-1])} tokens")
+    context = int(ds.manifest["config"]["context_length"])
+    title = f"{redact(dataset)} sequence {seq}: {len(offsets) - 1} documents, {int(offsets[-1])} tokens"
+    if policy is None:
+        write_mask_png(offsets, context, out_path, title=title)
+    else:
+        from packer.masks import RolePolicy
+
+        if not ds.has_role_ids:
+            raise click.BadParameter(f"{redact(dataset)} stores no role ids; build it with --input-kind chat "
+                                     "--store-roles, or drop --policy", param_hint="--policy")
+        try:
+            rule = RolePolicy.parse(policy)
+            rule.key_windows(ds.roles)  # a role the table lacks: one line naming it
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--policy") from None
+        write_role_mask_png(offsets, ds.role_views([seq])[0], rule, ds.roles, context, out_path, title=title)
     click.echo(f"wrote {out_path}")
 
 
@@ -360,24 +380,31 @@ def show_mask(dataset, seq, out_path):
 @click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
 def inspect(dataset, seq, raw):
     """Show a dataset's manifest summary, or one packed sequence (DATASET: a directory or a URI).
-    With a loss mask (fine-tuning data) untrained spans print in [brackets], dim on a terminal."""
+    With a loss mask (fine-tuning data) untrained spans print in [brackets], dim on a terminal; with
+    role ids (--store-roles) each run of one role opens with its name, <user>."""
     from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
     m = ds.manifest
     if seq is None:
-        click.echo(json.dumps({k: m[k] for k in ("format_version", "tool", "config", "tokenizer", "totals")}, indent=2))
+        keys = ("format_version", "tool", "config", "tokenizer", "totals") + (("roles",) if "roles" in m else ())
+        click.echo(json.dumps({k: m[k] for k in keys}, indent=2))
         click.echo(f"shards: {', '.join(s['file'] for s in m['shards'])}")
         return
     if not 0 <= seq < len(ds):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
     tokens, offsets = ds[seq]
     mask = ds.mask_views([seq])[0] if ds.has_loss_mask else None
+    roles = ds.role_views([seq])[0] if getattr(ds, "has_role_ids", False) else None
     trained = "" if mask is None else f", {int(mask.sum())} trained"
     click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents{trained}")
     if mask is not None:
         click.echo("legend: " + click.style("[untrained]", dim=True) + " loss mask 0 (context, never a target); "
                    "the rest trained")
+    if roles is not None:
+        click.echo("roles: " + click.style("<role>", fg="magenta") + " opens each run of one role (manifest \"roles\": "
+                   + ", ".join(f"{name} {i}" for name, i in ds.roles.items()) + ")")
+    names = {i: name for name, i in (ds.roles or {}).items()}
     tok = None
     if not raw:
         from packer.encode.tokenizer import load_tokenizer
@@ -386,16 +413,27 @@ def inspect(dataset, seq, raw):
         tok = load_tokenizer(str(tokenizer_file(ds.path, ds.manifest) or ds.path / "tokenizer.json"))
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         click.secho(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan")
-        spans = [(tokens[a:b], True)] if mask is None else _mask_spans(tokens[a:b], mask[a:b])
-        click.echo(("" if tok else " ").join(_show_span(ids, is_trained, tok) for ids, is_trained in spans))
+        row_mask = mask[a:b] if mask is not None else None
+        spans = _mask_spans(tokens[a:b], row_mask, roles[a:b] if roles is not None else None)
+        shown, last = [], None
+        for ids, is_trained, role in spans:
+            if role is not None and role != last:
+                shown.append(click.style(f"<{names.get(role, role)}>", fg="magenta"))
+            last = role
+            shown.append(_show_span(ids, is_trained, tok))
+        click.echo(("" if tok else " ").join(shown))
 
 
-def _mask_spans(tokens, mask) -> list[tuple]:
-    """(token ids, trained) runs of a document: mask [0 0 1 1 1 0] -> ids [0, 2), [2, 5), [5, 6)."""
+def _mask_spans(tokens, mask, roles=None) -> list[tuple]:
+    """(token ids, trained, role id or None) runs of a document, cut where the mask or the role
+    changes: mask [0 0 1 1 1 0] -> ids [0, 2), [2, 5), [5, 6) (no mask: all trained)."""
     import numpy as np
 
-    cuts = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
-    return [(ids, bool(m[0])) for ids, m in zip(np.split(tokens, cuts), np.split(mask, cuts))]
+    changes = [np.diff(x.astype(np.int16)) != 0 for x in (mask, roles) if x is not None]
+    cuts = np.flatnonzero(np.logical_or.reduce(changes)) + 1 if changes else np.zeros(0, np.int64)
+    runs = zip(np.split(tokens, cuts), np.split(np.arange(len(tokens)), cuts))
+    return [(ids, True if mask is None else bool(mask[at[0]]), None if roles is None else int(roles[at[0]]))
+            for ids, at in runs]
 
 
 def _show_span(ids, trained: bool, tok) -> str:
@@ -407,7 +445,7 @@ def _show_span(ids, trained: bool, tok) -> str:
 @main.command()
 @DEBUG
 @click.argument("dataset")
-@click.option("--quick", is_flag=True, help="Skip checksums.")
+@click.option("--quick", is_flag=True, help="Skip the sha256, the block checksums and the token-id scan.")
 def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
     DATASET is a directory or a URI (s3://, gs://, file://, ...)."""

@@ -1,8 +1,9 @@
 """Build configuration: one frozen dataclass that the CLI and pipeline TOML files both produce.
 
 Every choice list and default lives here, but for the names of the extension tables: a shard
-format or an executor (next, an encode engine) is one module plus one line in its table
-(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS), and `choices(field)` reads
+format, an executor or an encode engine is one module plus one line in its table
+(packer/store/formats FORMATS, packer/preprocess/executors EXECUTORS, packer/encode/engines
+ENGINES), and `choices(field)` reads
 the names from the table each time a value is checked: no second list to keep in step.
 
 The table readers (TABLES) are this leaf's only imports of packer, each inside its function.
@@ -47,8 +48,14 @@ def _executor_names() -> tuple[str, ...]:
     return tuple(EXECUTORS)
 
 
+def _engine_names() -> tuple[str, ...]:
+    from packer.encode.engines import ENGINES
+
+    return ("auto", *ENGINES)  # auto: the fastest exact engine for the tokenizer (packer/encode/engines)
+
+
 # field -> the names of its table, read when asked (module docstring); a table's field is one line here
-TABLES = {"format": _format_names, "executor": _executor_names}
+TABLES = {"format": _format_names, "executor": _executor_names, "encode_engine": _engine_names}
 
 
 def choices(name: str) -> tuple[str, ...] | None:
@@ -63,6 +70,17 @@ def choices(name: str) -> tuple[str, ...] | None:
 # manifest and fingerprint, so raw-text datasets keep their bytes (docs/inputs.md).
 RECORD_FIELDS = ("input_kind", "prompt_field", "completion_field", "messages_field", "ids_field", "labels_field",
                  "loss_mask_field", "train_roles", "chat_template", "long_prompts")
+
+
+DEFAULT_ROLE_NAMES = "system,user,assistant,tool"
+ROLE_EXTRAS = ("template", "other")  # the ids after the named roles: tokens outside every message; unnamed roles
+MAX_ROLE_NAMES = 253  # role ids are uint8; 255 is padding's (packer.masks.PAD_ROLE)
+
+
+def role_table(role_names: str = DEFAULT_ROLE_NAMES) -> dict[str, int]:
+    """The role table of a chat build with --store-roles: "system,user" -> {system: 0, user: 1, template: 2, other: 3}."""
+    names = [r.strip() for r in role_names.split(",") if r.strip()]
+    return {name: i for i, name in enumerate([*names, *ROLE_EXTRAS])}
 
 
 # Tokenizer threads a default worker gets: one encode_batch_fast keeps about 1.5 cores busy, and on
@@ -105,6 +123,8 @@ class BuildConfig:
     max_skip_fraction: float | None = _field(None, "Fail the build (before its manifest; the same command resumes) when "
                                                    "more than this share of the documents read is skipped, e.g. 0.01. "
                                                    "Default: off (a build that accepts nothing always fails).", minimum=0)
+    encode_engine: str = _field("auto", "Encode engine: auto (a fast engine where it gives the ids of the "
+                                "tokenizer exactly, else hf), hf (HuggingFace tokenizers), or a named one (docs/engines.md).")
     input_kind: str = _field("text", "What a record is: text (every token trained), prompt-completion, chat (messages "
                                      "rendered with the tokenizer's chat template), tokens (pre-tokenized ids with labels "
                                      "or a loss mask), or auto (detected from each file's first record).")
@@ -120,6 +140,11 @@ class BuildConfig:
     long_prompts: str = _field("split", "Examples whose prompt (the untrained tokens before the first trained one) "
                                         "leaves no room in the context for a trained token: split like any long "
                                         "document, or drop (counted as prompt_too_long).")
+    store_roles: bool = _field(False, "chat: store each token's role id (role_ids) beside the tokens, the role table "
+                                      "in the manifest, for role-aware attention masks (docs/role_masks.md).")
+    role_names: str = _field(DEFAULT_ROLE_NAMES, "chat with --store-roles: the message roles given their own id, in "
+                                                 "order (then 'template' for the template's own tokens, 'other' for "
+                                                 "any role not named).")
 
     def __post_init__(self):
         if self.context_length < 1:
@@ -155,6 +180,27 @@ class BuildConfig:
         if not isinstance(self.train_roles, str) or not self.roles:
             raise ValueError(f"train_roles must name at least one role, e.g. \"assistant\" or \"assistant,tool\"; "
                              f"got {self.train_roles!r}")
+        self._check_roles()
+
+    def _check_roles(self):
+        if isinstance(self.role_names, (list, tuple)):  # a TOML list, as train_roles
+            object.__setattr__(self, "role_names", ",".join(map(str, self.role_names)))
+        if self.store_roles not in (True, False):
+            raise ValueError(f"store_roles must be true or false, got {self.store_roles!r}")
+        if self.store_roles and self.input_kind != "chat":
+            raise ValueError(f"store_roles keeps the roles of chat messages: it needs input_kind=\"chat\" (got "
+                             f"{self.input_kind!r}); pass --input-kind chat, or drop --store-roles")
+        names = [r.strip() for r in self.role_names.split(",") if r.strip()] if isinstance(self.role_names, str) else []
+        bad = [n for n in names if n in ROLE_EXTRAS] or [n for n in names if names.count(n) > 1]
+        if not names or bad or len(names) > MAX_ROLE_NAMES:
+            why = f"{bad[0]!r} is reserved or named twice" if bad else f"{len(names)} names (1..{MAX_ROLE_NAMES})"
+            raise ValueError(f"role_names {self.role_names!r}: {why}; give distinct roles, e.g. "
+                             f"\"{DEFAULT_ROLE_NAMES}\"")
+
+    @property
+    def role_table(self) -> dict[str, int]:
+        """The role id of each role name a build with store_roles stores (config.role_table)."""
+        return role_table(self.role_names)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -169,9 +215,13 @@ class BuildConfig:
             del d["max_skip_fraction"]
         if d["plan_memory"] is None:  # likewise
             del d["plan_memory"]
+        if d["encode_engine"] == "auto":  # the default: builds that do not name an engine keep their bytes
+            del d["encode_engine"]
         if d["input_kind"] == "text":  # records settings mean nothing to text: raw-text builds keep their bytes
             for key in RECORD_FIELDS:
                 del d[key]
+        if not d["store_roles"]:  # off: builds without roles keep their bytes
+            del d["store_roles"], d["role_names"]
         return d
 
 

@@ -34,8 +34,12 @@ single-row functions apply to those.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from packer.config import role_table
 
 IGNORE_INDEX = -100
 
@@ -204,3 +208,108 @@ def batch_block_causal_mask(offsets_list, length: int):
     doc_BL = batch_document_ids(offsets_list, length)
     t = _arange(length, doc_BL)
     return (doc_BL[:, :, None] == doc_BL[:, None, :]) & (t[None, None, :] <= t[None, :, None])
+
+
+# -- role policies: which keys of its document a query sees, by the key's role -------------------
+
+UNLIMITED = 2**31 - 1  # the key window of a role seen at any distance (int32-safe for kernels)
+N_ROLE_IDS = 256  # role ids are uint8
+PAD_ROLE = 255  # the role id loaders give padding tokens (a segment of their own: any window is exact)
+# the role table of a chat build with the default role names (a manifest's "roles"): the messages'
+# roles system 0, user 1, assistant 2, tool 3, then template 4 (tokens the chat template writes
+# outside every message) and other 5 (a message of a role not named)
+DEFAULT_ROLES = role_table()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolePolicy:
+    """A hybrid attention mask for chat data, as plain data. Inside one document, query i sees key
+    j <= i when j's role is global, or when i - j <= the window of j's role (`role_windows`, else
+    `window`; None: no window, always). Never across documents; every query sees itself.
+
+        RolePolicy(role_windows={"user": 2}, global_roles={"system"})   roles S S U U U A A
+                                                                        (S system, U user, A assistant)
+        query  S S U U U A A   (keys)
+          S    1 . . . . . .
+          S    1 1 . . . . .
+          U    1 1 1 . . . .
+          U    1 1 1 1 . . .
+          U    1 1 1 1 1 . .
+          A    1 1 . 1 1 1 .      user key 2 is 3 back from query 5: outside its window of 2
+          A    1 1 . . 1 1 1      the assistant (no window) sees all of its own turn
+
+    A role the role table lacks is an error (a typo would silently train another mask); an id
+    outside the table (padding, PAD_ROLE) takes `window`."""
+
+    window: int | None = None
+    role_windows: Mapping[str, int] = field(default_factory=dict)
+    global_roles: frozenset = frozenset()
+
+    def __post_init__(self):
+        globals_ = {self.global_roles} if isinstance(self.global_roles, str) else set(self.global_roles)
+        object.__setattr__(self, "global_roles", frozenset(globals_))
+        object.__setattr__(self, "role_windows", dict(self.role_windows))
+        for name, w in [("window", self.window), *((f"role_windows[{r!r}]", w) for r, w in self.role_windows.items())]:
+            if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
+                raise ValueError(f"RolePolicy {name}={w!r}: a window is a whole number of tokens >= 0 (or None)")
+        if both := sorted(self.global_roles & set(self.role_windows)):
+            raise ValueError(f"RolePolicy: role {both[0]!r} is both global and windowed; give it one of the two")
+        if not all(isinstance(r, str) for r in [*self.global_roles, *self.role_windows]):
+            raise ValueError("RolePolicy: roles are named by strings, e.g. global_roles={'system'}")
+
+    def __hash__(self):
+        return hash((self.window, tuple(sorted(self.role_windows.items())), self.global_roles))
+
+    def window_of(self, role: str) -> int | None:
+        """The window of keys of `role` (None: seen at any distance)."""
+        return None if role in self.global_roles else self.role_windows.get(role, self.window)
+
+    def key_windows(self, roles: Mapping[str, int]) -> np.ndarray:
+        """int64 [256]: the window of a key of each role id under the role table `roles` (name ->
+        id, a manifest's "roles"), UNLIMITED for no window."""
+        if unknown := sorted({*self.global_roles, *self.role_windows} - set(roles)):
+            raise ValueError(f"RolePolicy names role {unknown[0]!r}, which the role table lacks "
+                             f"({', '.join(roles)}); name roles of the dataset's manifest \"roles\"")
+        default = UNLIMITED if self.window is None else self.window
+        table = np.full(N_ROLE_IDS, default, np.int64)
+        for name, role_id in roles.items():
+            w = self.window_of(name)
+            table[int(role_id)] = UNLIMITED if w is None else w
+        return table
+
+    @classmethod
+    def parse(cls, text: str) -> RolePolicy:
+        """From the command line: "system=global,user=64,*=none" (`*`: every other role's window)."""
+        window, role_windows, global_roles = None, {}, set()
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            role, eq, value = (x.strip() for x in part.partition("="))
+            if not eq or not role or not (value in ("global", "none") or value.isdigit()):
+                raise ValueError(f"--policy {text!r}: {part!r} is not ROLE=global, ROLE=none or ROLE=N (tokens); "
+                                 "e.g. system=global,user=64")
+            w = None if value in ("global", "none") else int(value)
+            if role == "*":
+                window = w
+            elif value == "global":
+                global_roles.add(role)
+            elif w is not None:
+                role_windows[role] = w
+        return cls(window=window, role_windows=role_windows, global_roles=frozenset(global_roles))
+
+
+def token_key_windows(role_ids, policy: RolePolicy, roles: Mapping[str, int]):
+    """int64 [T]: the key window of each token (its role's), numpy or torch as `role_ids`."""
+    table = policy.key_windows(roles)
+    if _is_torch(role_ids):
+        return _torch().as_tensor(table, device=role_ids.device)[role_ids.long()]
+    return table[np.asarray(role_ids, dtype=np.int64)]
+
+
+def hybrid_mask(offsets, role_ids, policy: RolePolicy, roles: Mapping[str, int]):
+    """bool [T, T], True where query i may attend to key j under `policy` (RolePolicy): same
+    document, j <= i, and i - j <= the window of j's role. The dense reference of one row: O(T^2)."""
+    n = int(offsets[-1])
+    if len(role_ids) != n:
+        raise ValueError(f"{len(role_ids)} role ids for a row of {n} tokens; give one role id per token")
+    window = token_key_windows(role_ids, policy, roles)
+    t = _arange(n, window)
+    return block_causal_mask(offsets) & (t[:, None] - t[None, :] <= window[None, :])

@@ -51,7 +51,7 @@ def add_prompt_masks(out):
     for p in [*(work / "shards").glob("*.json"), *out.glob("shard-*")]:
         p.unlink()
     index = PlanIndex.load(work / INDEX)
-    manifest["shards"] = [write_shard(str(index.shard_path(work / PLAN_DIR, k)), k, str(work), str(out),
+    manifest["shards"] = [write_shard(index.shard_path(work / PLAN_DIR, k), k, work, out,
                                       manifest["config"]["token_dtype"], fmt, loss_mask=True)
                           for k in range(len(manifest["shards"]))]
     from packer.store import formats

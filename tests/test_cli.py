@@ -47,7 +47,7 @@ def test_build_prints_summary_then_verify_stats_inspect(tmp_path):
     raw = runner.invoke(main, ["inspect", str(out), "--seq", "0", "--raw"])
     assert raw.exit_code == 0 and raw.output.split("\n")[2].split()[0].isdigit()
     summary = runner.invoke(main, ["inspect", str(out)])
-    assert summary.exit_code == 0 and '"format_version": 1' in summary.output
+    assert summary.exit_code == 0 and '"format_version": 2' in summary.output
 
 
 def test_verify_fails_on_a_corrupted_shard(tmp_path):
@@ -222,7 +222,7 @@ def test_verify_quick_says_what_it_skips_and_inspect_refuses_a_swapped_tokenizer
     full = runner.invoke(main, ["verify", str(out)])
     assert full.exit_code == 0 and "skipped" not in full.output
     quick = runner.invoke(main, ["verify", str(out), "--quick"])
-    assert quick.exit_code == 0 and "skipped (--quick): shard sha256, token ids below the vocabulary" in quick.output
+    assert quick.exit_code == 0 and "skipped (--quick): shard sha256, block checksums, token ids below the vocabulary" in quick.output
     tok = out / "tokenizer.json"
     tok.write_text(tok.read_text(encoding="utf-8").replace('"<|endoftext|>"', '"<|endoftexx|>"', 1), encoding="utf-8")
     swapped = runner.invoke(main, ["inspect", str(out), "--seq", "0"])

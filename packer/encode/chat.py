@@ -186,25 +186,59 @@ class ChatTemplate:
             env.generation_tracking = None
         return "".join(blocks), spans
 
-    def spans(self, messages: list, where: str) -> tuple[str, list[tuple[int, int]]]:
-        """(text, [(start, end), ...] character spans to train, in order, not overlapping)."""
+    def spans(self, messages: list, where: str, turns: bool = False):
+        """(text, [(start, end), ...] character spans to train, in order, not overlapping); with
+        `turns`, also (where each turn starts in the text, where the last ends): turn_bounds."""
         import jinja2
 
+        marks = None
         try:
             if self.has_generation:
                 text, spans = self._render_tracked(messages)
-                return text, [(a, b) for a, b in spans if b > a]
-            if self._turn_by_turn:
+                spans = [(a, b) for a, b in spans if b > a]
+            elif self._turn_by_turn:
                 text, marks = self._render_marked(messages)
             else:
                 text = self.render(messages)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
             raise RecordError("template_error", f"{type(e).__name__}: {e}") from None
-        if self._turn_by_turn:
-            spans = self._cut_spans(messages, text, marks, where)
-            if spans is not None:
-                return text, spans
-        return text, self._prefix_spans(messages, text, where)
+        if not self.has_generation:
+            spans = self._cut_spans(messages, text, marks, where) if marks is not None else None
+            if spans is None:
+                spans = self._prefix_spans(messages, text, where)
+        if not turns:
+            return text, spans
+        return text, spans, self.turn_bounds(messages, text, where, marks)
+
+    def turn_bounds(self, messages: list, text: str, where: str, marks: list[int] | None = None):
+        """(where each turn starts in the conversation's text, where the last one ends): what lies
+        before the first turn and after the last is the template's own text. Where the template
+        renders turn by turn (packer/encode/chat_turns.py), turn k is what its loop writes for message
+        k (`marks`, _render_marked). Otherwise turn k is what rendering turns 0..k adds to rendering
+        turns 0..k-1 (without the generation prompt), so it starts at the length of that rendering,
+        which must be a prefix of the text (else TemplateRefused), and the last turn ends the text.
+
+            <|im_start|>system\\nBe brief<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n   -> ([0, 38], 68)
+        """
+        if marks is not None and len(marks) == len(messages) + 1:
+            return marks[:-1], marks[-1]
+        starts = []
+        for k in range(len(messages)):
+            head = self._prefix(messages[:k], False, where, k) if k else self._empty_rendering()
+            if not text.startswith(head) or (starts and len(head) < starts[-1]):
+                raise TemplateRefused(
+                    f"{where}: the chat template renders turns 0..{k - 1} as text that is not a prefix of the whole "
+                    f"conversation, so where turn {k} starts (its tokens' role) cannot be found exactly; build "
+                    "without --store-roles, or use a template that renders earlier turns the same whatever follows")
+            starts.append(len(head))
+        return starts, len(text)
+
+    def _empty_rendering(self) -> str:
+        """The text of no turns ("" where the template reads messages[0])."""
+        try:
+            return self.render([], False)
+        except _template_errors():
+            return ""
 
     def _render_marked(self, messages: list) -> tuple[str, list[int]]:
         """The conversation's text and, for each turn and the end, where the template's loop took it

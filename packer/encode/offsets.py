@@ -1,5 +1,6 @@
-"""Token offsets -> loss masks: which tokens lie inside a record's trained character spans, and
-token offsets computed from the ids alone for byte-level BPE (ByteOffsets), for the record kinds."""
+"""Token offsets -> loss masks (which tokens lie inside a record's trained character spans) and role ids
+(the turn each token starts in), and token offsets computed from the ids alone for byte-level BPE
+(ByteOffsets), for the record kinds."""
 
 from __future__ import annotations
 
@@ -29,6 +30,29 @@ def batch_masks(encodings, text_lengths: list[int], spans: list[list[tuple[int, 
                               or [np.zeros(0, np.uint8)])
         return ids, lengths, mask, bad
     return (ids, lengths, *_sorted_masks(starts, ends, bases, spans))
+
+
+def token_roles(encodings, text_lengths: list[int], turns, table: dict[str, int]) -> np.ndarray:
+    """uint8, one per token of the batch: the role id of the turn each token starts in. `turns`:
+    per text, ((where each turn starts, where the last ends), each turn's role); before the first
+    turn and after the last the id is table["template"]; a role the table does not name gets
+    table["other"].
+
+        text "<s>Hi</s><s>Yo</s>[END]", turns ([0, 9], 18), roles [user, assistant]
+        tokens <s> Hi </s> | <s> Yo </s> | [END]  ->  user user user | assistant ... | template
+    """
+    n_texts = len(encodings)
+    lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
+    bases = _bases(text_lengths)
+    starts = np.fromiter((a for e in encodings for a, _ in e.offsets), np.int64, int(lengths.sum()))
+    starts += np.repeat(bases, lengths)
+    template, other = table["template"], table["other"]
+    edges, ids = [], []  # per text: its base (template), each turn's start, its end (template)
+    for base, ((turn_starts, end), turn_roles) in zip(bases.tolist(), turns):
+        edges += [base, *(base + s for s in turn_starts), base + end]
+        ids += [template, *(table.get(r, other) for r in turn_roles), template]
+    at = np.searchsorted(np.asarray(edges, np.int64), starts, side="right") - 1  # equal edges: the later one
+    return np.asarray(ids, np.uint8)[at]
 
 
 def _bases(text_lengths) -> np.ndarray:
@@ -204,11 +228,16 @@ class ByteOffsets:
     def _layout(self, encodings, texts: list[str], data: list[bytes] | None = None):
         """(flat ids, lengths, token starts, ends, text bases, all in bytes of the texts joined one
         "\\0" apart; the texts' bases in characters; `owner`: the character each continuation byte
-        belongs to, None for ASCII), or None when a text's ids do not lay out its bytes."""
-        n_texts = len(encodings)
-        lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
-        total = int(lengths.sum())
-        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
+        belongs to, None for ASCII), or None when a text's ids do not lay out its bytes. `encodings`:
+        tokenizers' Encodings, or (flat ids, lengths) as an encode engine gives them."""
+        if isinstance(encodings, tuple):
+            ids, lengths = encodings[0].astype(np.int64, copy=False), encodings[1]
+            n_texts, total = len(lengths), len(ids)
+        else:
+            n_texts = len(encodings)
+            lengths = np.fromiter(map(len, encodings), np.int64, n_texts)
+            total = int(lengths.sum())
+            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
         if total and (ids.max() >= len(self.byte_len) or ids.min() < 0):
             return None
         n_bytes = self.byte_len[ids]

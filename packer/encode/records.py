@@ -8,6 +8,11 @@
         (packer/encode/chat.py), encoded once with special tokens read as such, and a token is trained
         iff it lies inside a trained turn's span; packer adds no bos/eos (the template places them).
 
+        With store_roles each token also gets its turn's role id (role_ids: the role table of the
+        config; turns as ChatTemplate.turn_bounds cuts them, a token belonging where it starts):
+        text   <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
+        roles  user ............................ assistant ....................................
+
     tokens  {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}   or   {"input_ids": [...], "loss_mask": [0, 1, 1]}
         ids   [5, 6, 7]   mask [0, 1, 1]      taken as they are: no bos/eos added; ids checked < vocab
 
@@ -27,8 +32,8 @@ import numpy as np
 
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
-from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask  # noqa: F401  (spans_to_mask: re-exported)
-from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask, token_roles  # noqa: F401  (spans_to_mask: re-exported)
+from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
 from packer.io.utf8 import encodable
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)
@@ -56,11 +61,13 @@ SKIP_REASONS = {
 
 @dataclass
 class Encoded:
-    """One batch: flat ids, the length of each example, the flat 0/1 mask aligned with ids."""
+    """One batch: flat ids, the length of each example, the flat 0/1 mask aligned with ids, and
+    (chat with store_roles) the flat uint8 role ids aligned with them."""
 
     ids: np.ndarray
     lengths: np.ndarray
     mask: np.ndarray
+    roles: np.ndarray | None = None
 
 
 class RecordEncoder:
@@ -70,11 +77,14 @@ class RecordEncoder:
 
     def __init__(self, kind: str, info: TokenizerInfo, config, encode_texts):
         self.kind, self.info, self.config, self.encode_texts = kind, info, config, encode_texts
-        self.tok = load_tokenizer(info.path)
+        self.tok = load_encoder(info.path, info.engine)  # prompts and completions: the build's engine
+        self.role_table = config.role_table if getattr(config, "store_roles", False) else None
         if kind == "chat":
             source, _ = chat_template_of(info.path, config.chat_template)
             self.template = ChatTemplate(source, template_specials(info), config.roles)
             self.chat_tok, self.specials_re, self.offsets = _chat_encoding(info.path)
+            # a fast engine encodes the text between the special tokens (the ids give the offsets)
+            self.added = _added_splitter(info.path) if info.engine != "hf" and self.offsets is not None else None
 
     def fields(self) -> tuple[str, ...]:
         """The record fields this kind reads, the required one first."""
@@ -107,10 +117,11 @@ class RecordEncoder:
         if keep.all():
             return e
         tokens = np.repeat(keep, e.lengths)
-        return Encoded(e.ids[tokens], e.lengths[keep], e.mask[tokens])
+        return Encoded(e.ids[tokens], e.lengths[keep], e.mask[tokens], None if e.roles is None else e.roles[tokens])
 
     def _empty(self) -> tuple[list, Encoded]:
-        return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8))
+        roles = np.zeros(0, np.uint8) if self.role_table is not None else None
+        return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8), roles)
 
     def _prompt_completion(self, batch, skips):
         c = self.config
@@ -143,33 +154,39 @@ class RecordEncoder:
         return [w for w, _, _ in good], Encoded(ids, lengths, mask)
 
     def _chat(self, batch, skips):
-        rendered = []
+        rendered, turns = [], []
         for where, record in batch:
             messages = self._messages(record, where, skips)
             if messages is None:
                 continue
             try:
-                text, spans = self.template.spans(messages, where)
+                got = self.template.spans(messages, where, turns=self.role_table is not None)
             except RecordError as e:
                 skips.add(e.reason, f"{where}: {e.detail}"[:300])
                 continue
+            text, spans = got[0], got[1]
             try:
                 data = text.encode("utf-8")
             except UnicodeEncodeError:
                 skips.add("invalid_utf8", where)
                 continue
             rendered.append((where, text, spans, data))
+            if self.role_table is not None:
+                turns.append((got[2], [m["role"] for m in messages]))
         if not rendered:
             return self._empty()
         texts = [text for _, text, _, _ in rendered]
         spans = [s for _, _, s, _ in rendered]
-        got = None
-        if self.offsets is not None:  # ids only, offsets from the ids (ByteOffsets): the same mask, 1.7x faster
-            got = self.offsets.batch_masks(self.chat_tok.encode_batch_fast(texts, add_special_tokens=False), texts,
-                                           spans, [d for _, _, _, d in rendered])
+        got, roles = None, None
+        if self.offsets is not None and self.role_table is None:  # ids only, offsets from the ids (ByteOffsets):
+            encoded = self._added_ids(texts) if self.added is not None else \
+                self.chat_tok.encode_batch_fast(texts, add_special_tokens=False)
+            got = self.offsets.batch_masks(encoded, texts, spans, [d for _, _, _, d in rendered])  # same mask, 1.7x faster
         if got is None:
-            got = batch_masks(self.chat_tok.encode_batch(texts, add_special_tokens=False), [len(t) for t in texts],
-                              spans)
+            encodings = self.chat_tok.encode_batch(texts, add_special_tokens=False)
+            got = batch_masks(encodings, [len(t) for t in texts], spans)
+            if self.role_table is not None:
+                roles = token_roles(encodings, [len(t) for t in texts], turns, self.role_table)
         ids, lengths, mask, bad = got
         for i in np.flatnonzero(bad).tolist():
             skips.add("span_inside_token", rendered[i][0])
@@ -177,7 +194,40 @@ class RecordEncoder:
         if bad.any():
             tokens = np.repeat(~bad, lengths)
             ids, lengths, mask = ids[tokens], lengths[~bad], mask[tokens]
-        return wheres, Encoded(ids.astype(self.info.dtype, copy=False), lengths, mask)
+            roles = None if roles is None else roles[tokens]
+        return wheres, Encoded(ids.astype(self.info.dtype, copy=False), lengths, mask, roles)
+
+    def _added_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat ids, lengths) of rendered chats as the chat tokenizer gives them: cut at its added
+        tokens (leftmost, longest first, as tokenizers matches them), the text between encoded by
+        the build's engine (each piece alone, as tokenizers encodes it), the tokens' own ids between."""
+        pattern, added_ids = self.added
+        pieces, plan = [], []  # plan: per text, its parts: an added token's id, or -1 for the next piece
+        for text in texts:
+            parts, at = [], 0
+            for m in pattern.finditer(text):
+                if m.start() > at:
+                    pieces.append(text[at:m.start()])
+                    parts.append(-1)
+                parts.append(added_ids[m.group()])
+                at = m.end()
+            if at < len(text):
+                pieces.append(text[at:])
+                parts.append(-1)
+            plan.append(parts)
+        flat, piece_lengths = self.tok.encode_ids(pieces, np.int64) if pieces else (np.zeros(0, np.int64), [])
+        piece_ends = np.cumsum(piece_lengths).tolist()
+        out, lengths, k = [], np.zeros(len(texts), np.int64), 0
+        for i, parts in enumerate(plan):
+            for part in parts:
+                if part >= 0:
+                    out.append(np.array([part], np.int64))
+                    lengths[i] += 1
+                else:
+                    out.append(flat[piece_ends[k] - piece_lengths[k]:piece_ends[k]])
+                    lengths[i] += piece_lengths[k]
+                    k += 1
+        return (np.concatenate(out) if out else np.zeros(0, np.int64)), lengths
 
     def _messages(self, record, where, skips):
         messages = record.get(self.config.messages_field)
@@ -254,6 +304,19 @@ def _chat_encoding(path: str):
     tok = _chat_tokenizer(path)
     specials = sorted((t.content for t in tok.get_added_tokens_decoder().values() if t.special), key=len, reverse=True)
     return tok, re.compile("|".join(map(re.escape, specials))) if specials else None, ByteOffsets.of(tok)
+
+
+@functools.lru_cache(maxsize=4)
+def _added_splitter(path: str):
+    """(a pattern of the chat tokenizer's added tokens, longest first: tokenizers' leftmost-longest
+    match; content -> id), or None where its matching is not that (single_word, lstrip / rstrip,
+    normalized on some tokens only: two passes) and the chat tokenizer encodes instead."""
+    added = list(_chat_tokenizer(path).get_added_tokens_decoder().items())
+    if not added or any(t.single_word or t.lstrip or t.rstrip for _, t in added) or \
+            len({t.normalized for _, t in added}) > 1:
+        return None
+    contents = sorted((t.content for _, t in added), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, contents))), {t.content: i for i, t in added}
 
 
 def _chat_tokenizer(path: str):

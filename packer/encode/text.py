@@ -6,7 +6,7 @@ bos/eos are added here, one each per document (the tokenizer's own template neve
 longer than PIECE_CHARS is encoded in pieces cut where byte-level BPE pre-tokenization cannot span
 (so the pieces give the whole text's ids, in bounded tokenizer memory); a huge document read as
 UTF-8 bytes (packer/io/utf8.py Utf8Text) is never made a whole str. The engine call itself is
-packer/encode/engines/.
+packer/encode/engines/: `tok` is an engine's encoder (packer/encode/tokenizer.py load_encoder) or a `tokenizers.Tokenizer` (hf).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def encode_texts(tok, texts: list[str], *, dtype, eos_id: int | None = None, bos
     if any(isinstance(text, Utf8Text) or len(text) > piece_chars for text in texts):
         parts = list(encode_parts(tok, texts, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars))
         return np.concatenate([ids for ids, _ in parts]), np.concatenate([n for _, n in parts])
-    return _add_specials(*hf.encode_batch(tok, texts, dtype), eos_id, bos_id)
+    return _add_specials(*_encode_ids(tok, texts, dtype), eos_id, bos_id)
 
 
 def encode_stream(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None, bos_id: int | None = None,
@@ -135,6 +135,14 @@ def encode_parts(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None,
 _NO_LENGTHS = np.zeros(0, dtype=np.int64)
 
 
+def _encode_ids(tok, texts: list[str], dtype):
+    """`tok`: an engine's encoder (packer/encode/engines load_encoder), or a configured
+    `tokenizers.Tokenizer`, which the reference engine runs."""
+    if hasattr(tok, "encode_ids"):
+        return tok.encode_ids(texts, dtype)
+    return hf.encode_batch(tok, texts, dtype)
+
+
 def _long_parts(tok, text: str | Utf8Text, dtype, eos_id: int | None, bos_id: int | None, piece_chars: int):
     """One long document's parts: [bos], the ids of each piece, then [eos] with the document's length."""
     n = 0
@@ -142,7 +150,7 @@ def _long_parts(tok, text: str | Utf8Text, dtype, eos_id: int | None, bos_id: in
         yield np.array([bos_id], dtype=dtype), _NO_LENGTHS
         n += 1
     for piece in _utf8_pieces(text, piece_chars) if isinstance(text, Utf8Text) else _pieces(text, piece_chars):
-        ids = hf.encode_batch(tok, [piece], dtype)[0]
+        ids = _encode_ids(tok, [piece], dtype)[0]
         n += len(ids)
         yield ids, _NO_LENGTHS
     tail = np.array([] if eos_id is None else [eos_id], dtype=dtype)

@@ -79,6 +79,7 @@ class TokenizerInfo:
 
     shipped_truncation / shipped_padding: what the tokenizer.json itself set (its truncation
     max_length, whether it padded), turned off by load_tokenizer; for the build summary.
+    engine / engine_reason: the encode engine this build runs and why (packer/encode/engines).
     eos_token / bos_token / pad_token: the strings chosen, with their *_source (see the module
     docstring: "flag", "tokenizer_config.json", "special_tokens_map.json", "guess"; pad also "eos",
     its fallback, or "none": id 0); None when off. bos_added_by: what turned BOS on ("flag" or
@@ -104,6 +105,8 @@ class TokenizerInfo:
     pad_token: str | None = None
     pad_id: int | None = None
     pad_source: str | None = None
+    engine: str = "hf"
+    engine_reason: str = "asked for"
 
     @property
     def dtype(self) -> np.dtype:
@@ -182,6 +185,15 @@ def load_tokenizer(path: str):
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON
         raise ValueError(f"{fs.redact(path)}: not a valid tokenizer.json ({fs.redact_text(e)})") from None
     return configure(tok)
+
+
+@functools.lru_cache(maxsize=8)
+def load_encoder(path: str, engine: str):
+    """Encode engine `engine`'s encoder (packer/encode/engines; the name a TokenizerInfo holds) for
+    the tokenizer at `path`, once per process, shared as load_tokenizer's object is."""
+    from packer.encode.engines import make_encoder
+
+    return make_encoder(path, engine, load_tokenizer(path))
 
 
 def special_id(tok, name: str | None, candidates, what: str, fix: str) -> int:
@@ -321,10 +333,15 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     eos_token, eos_id, eos_source = eos or (None, None, None)
     bos_token, bos_id, bos_source = bos or (None, None, None)
     truncation, padding = _shipped_settings(data)
-    return TokenizerInfo(path, hashlib.sha256(data).hexdigest(), tok.get_vocab_size(with_added_tokens=True),
+    from packer.encode.engines import choose_engine
+
+    sha256 = hashlib.sha256(data).hexdigest()
+    engine = choose_engine(path, config.encode_engine)
+    return TokenizerInfo(path, sha256, tok.get_vocab_size(with_added_tokens=True),
                          eos_id, bos_id, truncation, padding, eos_token=eos_token, eos_source=eos_source,
                          bos_token=bos_token, bos_source=bos_source, bos_added_by=bos_added_by,
-                         pad_token=pad_token, pad_id=pad_id, pad_source=pad_source)
+                         pad_token=pad_token, pad_id=pad_id, pad_source=pad_source, engine=engine.name,
+                         engine_reason=engine.reason)
 
 
 def resolved_config(config: BuildConfig, info: TokenizerInfo) -> BuildConfig:

@@ -9,7 +9,9 @@ A key names content, not a place: packer's streaming reader (packer/store/stream
 file's sha256 from the manifest and the byte range, so a rebuilt dataset never reads a stale
 block, and two URIs of one dataset (rotated credentials) share entries. Files appear whole (rename)
 and are never changed, so a reader needs no lock: it either opens a complete file or finds none.
-A read touches the file's mtime; eviction removes the least recently read files first.
+A read touches the file's mtime; eviction removes the least recently read files first. The cache
+trusts nothing it holds: the streaming reader checks each block it gets from here against the
+shard's checksums, as it checks the store's, and `discard`s one that does not match.
 
 Bound: after each `max_bytes / 16` bytes it added, a process scans the directory under the lock
 and deletes the oldest files until at most 7/8 of `max_bytes` remain. So the directory holds at
@@ -59,6 +61,10 @@ class BlockCache:
         except FileNotFoundError:  # never cached, or evicted by another process
             return None
         return data
+
+    def discard(self, key: str) -> None:
+        """Forget `key`'s bytes (a reader found them damaged); the next put writes them again."""
+        self._file(key).unlink(missing_ok=True)
 
     def put(self, key: str, data) -> None:
         path = self._file(key)

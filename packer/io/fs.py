@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import stat as stat_module
+import weakref
 from pathlib import Path
 
 COPY_CHUNK = 8 * 2**20
@@ -287,10 +288,33 @@ def upload(local_file, dst: RemotePath):
         shutil.copyfileobj(src, out, COPY_CHUNK)
 
 
+def move(src: Place, dst: Place):
+    """Move a file within one filesystem: a rename locally, the store's copy and delete remotely
+    (an object store has no rename)."""
+    if isinstance(dst, RemotePath):
+        dst.fs.move(src.path, dst.path)
+    else:
+        os.replace(src, dst)
+
+
+def load_npy(loc):
+    """A .npy file's array: memory-mapped read-only locally (pages read when touched), read whole
+    from a remote filesystem (nothing remote can be mapped)."""
+    import numpy as np
+
+    loc = location(loc)
+    if isinstance(loc, RemotePath):
+        return np.load(io.BytesIO(loc.read_bytes()))
+    return np.load(loc, mmap_mode="r")
+
+
 def for_numpy(loc):
     """What np.load takes: the path itself locally, the file's bytes for a remote one."""
     loc = location(loc)
     return io.BytesIO(loc.read_bytes()) if isinstance(loc, RemotePath) else loc
+
+
+_MAPPED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # map_bytes: file version -> its mapping
 
 
 def map_bytes(loc):
@@ -302,9 +326,16 @@ def map_bytes(loc):
     loc = location(loc)
     if isinstance(loc, RemotePath):
         return np.frombuffer(loc.read_bytes(), dtype=np.uint8)
-    if os.path.getsize(loc) == 0:  # mmap cannot map an empty file
+    st = os.stat(loc)
+    if st.st_size == 0:  # mmap cannot map an empty file
         return np.zeros(0, np.uint8)
-    return np.memmap(loc, dtype=np.uint8, mode="r").view(np.ndarray)
+    # One mapping per file version while anything holds it: a reader that checks a shard's bytes and
+    # the format that reads rows from them touch (page-fault) the same pages once, not twice.
+    key = (os.path.abspath(loc), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    mapped = _MAPPED.get(key)
+    if mapped is None:
+        mapped = _MAPPED[key] = np.memmap(loc, dtype=np.uint8, mode="r").view(np.ndarray)
+    return mapped
 
 
 def stamp(loc) -> tuple:

@@ -1,4 +1,4 @@
-"""Pieces of remote unit token files by ranged reads: the writer's stand-in for memory maps.
+"""Pieces of unit token files: memory maps locally, ranged reads on a remote store (`gather_pieces`).
 
     pieces (unit, byte range):  (3, 800-1600) (0, 0-400) (3, 1700-2000)
     reads:  unit 0 [0, 400)   unit 3 [800, 2000)      (gaps up to GAP_BYTES merged)
@@ -70,6 +70,26 @@ def spans(piece_unit, begin, end) -> tuple[list, list]:
             reads.append([unit_l[i], begin_l[i], end_l[i]])
         where[i] = len(reads) - 1
     return reads, where
+
+
+def gather_pieces(units_dir: fs.Place, piece_unit, begin, end, files: dict, kind: str = "tokens") -> bytes:
+    """The bytes of every piece (unit piece_unit[i], token bytes begin[i]..end[i]) of the units'
+    `kind`.npy files, joined in order: memory-mapped locally, by ranged reads (`gather`) remotely.
+    `files` is the caller's cache of opened units (one per shard)."""
+    if isinstance(units_dir, fs.RemotePath):
+        return gather(units_dir, piece_unit, begin, end, files, kind)
+    # One bytes.join over memoryview slices: 1.4 us a piece against 4 us for a loop of ndarray
+    # slice assignments (7000 pieces of ~700 tokens, a busy 2-core box, 2026-11-29).
+    for u in np.unique(piece_unit).tolist():
+        if u not in files:
+            path = units_dir / f"unit-{u:06d}.{kind}.npy"
+            if kind == "loss_mask" and not path.exists():  # a unit of raw text: every token trained
+                n = len(np.load(units_dir / f"unit-{u:06d}.tokens.npy", mmap_mode="r"))  # its header only
+                array = np.ones(n, np.uint8)
+            else:
+                array = np.load(path, mmap_mode="r")
+            files[u] = memoryview(array.view(np.ndarray)).cast("B")
+    return b"".join([files[u][a:b] for u, a, b in zip(piece_unit.tolist(), begin.tolist(), end.tolist())])
 
 
 def gather(units_dir, piece_unit, begin, end, files: dict, kind: str = "tokens") -> bytes:

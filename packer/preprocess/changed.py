@@ -153,11 +153,11 @@ def _why_changed(path: str, record: dict) -> str | None:
     return None
 
 
-def check_unit(unit, counters_path: str) -> str | None:
+def check_unit(unit, counters_path: fs.Place) -> str | None:
     """One line naming the unit's file, span and change when its input no longer holds what the unit
     read; None when it does, or when the counters hold no record (a unit of an older packer, or one
     whose file failed and was skipped)."""
-    counters = json.loads(fs.location(counters_path).read_text(encoding="utf-8"))
+    counters = json.loads(counters_path.read_text(encoding="utf-8"))
     record = counters.get("input")
     if not record or record.get("hash") != HASH:
         return None
@@ -169,7 +169,7 @@ def refuse_changed(unit_counters, executor, *, stage: str):
     """Re-hash what every finished unit read (on the executor's workers); raise InputChanged naming the
     first changed file when any differs. `unit_counters`: (unit, path of its counters json) of every
     unit, finished or not; `stage` says what is refused: "resume" or "finalize"."""
-    items = [(u, p) for u, p in unit_counters if fs.location(p).exists()]
+    items = [(u, p) for u, p in unit_counters if p.exists()]
     if not items:
         return
     problems = [p for p in executor.map(check_unit, items) if p]

@@ -18,7 +18,7 @@ import numpy as np
 from packer.config import BuildConfig
 from packer.encode.records import RECORD_BATCH, RecordEncoder
 from packer.encode.text import encode_stream, encode_texts
-from packer.encode.tokenizer import load_tokenizer, tokenizer_info
+from packer.encode.tokenizer import load_encoder, tokenizer_info
 from packer.io import fs
 from packer.online_pack import online_fill_rate
 from packer.preprocess import readers
@@ -44,7 +44,7 @@ def corpus_lengths(inputs, tokenizer: str, config: BuildConfig, *, sample: int |
         return record_lengths(inputs, tokenizer, config)[0], None
     files = expand_inputs(inputs)
     info = tokenizer_info(tokenizer, config)
-    tok = load_tokenizer(info.path)
+    tok = load_encoder(info.path, info.engine)
     skipped_files = [] if config.on_file_error == "skip" else None
     units = readers.plan_units(files, config.unit_bytes, text_split=config.text_split, skipped_files=skipped_files)
 

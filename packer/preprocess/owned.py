@@ -55,7 +55,6 @@ def empty() -> dict:
 def load(out) -> dict:
     """The record of `out`; derived from what a packer without records left (module docstring) when
     there is none; empty for a new directory."""
-    out = fs.location(out)
     path = out / RECORD
     if path.exists():
         try:
@@ -71,7 +70,6 @@ def load(out) -> dict:
 
 def save(out, record: dict):
     """Write the record atomically; an empty one is removed, so a build that leaves nothing leaves no record."""
-    out = fs.location(out)
     if not record["files"] and not record["work"] and not record.get("incoming"):
         (out / RECORD).unlink(missing_ok=True)
         return
@@ -104,7 +102,6 @@ def _work_is_ours(work, record: dict) -> bool:
 
 def foreign(out, record: dict) -> list[str]:
     """Names in `out` that are not packer's by `record`, sorted."""
-    out = fs.location(out)
     if not out.is_dir():
         return []
     found = []
@@ -126,7 +123,6 @@ def foreign(out, record: dict) -> list[str]:
 def clear_leftovers(out):
     """Remove the record's temporary copies a killed save left (the only temporary files packer
     writes in OUTPUT itself: everything else is written in _work/)."""
-    out = fs.location(out)
     if fs.is_remote(out) or not out.is_dir():
         return
     for p in out.iterdir():
@@ -148,7 +144,7 @@ def remove_work(out, record: dict):
     """Delete OUTPUT/_work (packer's: `foreign` checked it), then say so in the record. The record
     says "removing" first, so a kill at any moment leaves a _work/ that is still packer's but never
     resumed from (half its files are gone): the next command finishes the removal (`_owned_record`)."""
-    work = fs.location(out) / WORK
+    work = out / WORK
     if work.exists():
         if record["work"] != REMOVING:
             record["work"] = REMOVING
@@ -164,13 +160,6 @@ def remove_work(out, record: dict):
     if record["work"]:
         record["work"] = False
         save(out, record)
-
-
-def _move(src, dst):
-    if isinstance(dst, fs.RemotePath):
-        dst.fs.move(src.path, dst.path)  # no rename on a remote store: its copy, then a delete
-    else:
-        os.replace(src, dst)
 
 
 def _described(staged, manifest: dict) -> dict:
@@ -191,7 +180,6 @@ def _described(staged, manifest: dict) -> dict:
 def publish(out, manifest: dict, record: dict):
     """Move the complete dataset in OUTPUT/_work/dataset/ into OUTPUT (the steps of the module
     docstring); `manifest` is the one written there."""
-    out = fs.location(out)
     record["incoming"] = _described(out / WORK / STAGED, manifest)
     save(out, record)
     finish(out, record)
@@ -202,14 +190,13 @@ def finish(out, record: dict):
     incoming = record.get("incoming")
     if not incoming:
         return
-    out = fs.location(out)
     staged = out / WORK / STAGED
     if (staged / MANIFEST).exists():  # the new manifest is not in yet: the one in OUTPUT is the old one
         (out / MANIFEST).unlink(missing_ok=True)
     for n_moved, name in enumerate([n for n in incoming if n != MANIFEST] + [MANIFEST]):
         if (staged / name).exists():
             failpoints.hit("publish", n_moved)
-            _move(staged / name, out / name)
+            fs.move(staged / name, out / name)
     for name, entry in record["files"].items():
         if name not in incoming and matches(out / name, entry):
             (out / name).unlink()

@@ -64,11 +64,11 @@ def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", u
             n_done[0] += 1
             failpoints.hit("tokenize", n_done[0])
 
-        args = [(u, info, unit_configs[u.index] if unit_configs else config, str(units_dir)) for u in units]
+        args = [(u, info, unit_configs[u.index] if unit_configs else config, units_dir) for u in units]
         return executor.map(_tokenize_task, args, on_done=done)
 
 
-def _tokenize_task(unit, info, config, units_dir: str) -> dict:
+def _tokenize_task(unit, info, config, units_dir: fs.Place) -> dict:
     failpoints.hit("unit", unit.index)
     return tokenize_unit(unit, info, config, units_dir)
 
@@ -77,7 +77,7 @@ def _unit_docs(units_dir, n_units: int) -> list[int]:
     """Documents of each unit, from its lengths.npy header alone."""
     out = []
     for u in range(n_units):
-        with fs.location(unit_paths(units_dir, u)["lengths.npy"]).open("rb") as f:
+        with unit_paths(units_dir, u)["lengths.npy"].open("rb") as f:
             major, _ = np.lib.format.read_magic(f)
             read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
             shape, _, _ = read_header(f)
@@ -108,6 +108,7 @@ def _plan_stage(n_units: int, config, work, executor, source_units=(0,), progres
 
 def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="auto", unit_sources=None,
                  loss_mask: bool = False):
+    role_ids = loss_mask and config.store_roles  # chat with --store-roles (every unit then holds records)
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
     with Progress("write", plan.n_tokens, "tok", mode=progress) as bar:
@@ -119,11 +120,12 @@ def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="a
             failpoints.hit("write", n_done)
 
         args = [
-            (str(plan.shard_path(work / plan_groups.PLAN_DIR, k)), k, str(work), str(out), info.dtype.name, config.format)
+            (plan.shard_path(work / plan_groups.PLAN_DIR, k), k, work, out, info.dtype.name, config.format)
             for k in range(plan.n_shards)
         ]
         if unit_sources or loss_mask:  # named and described as write_shard in errors (executors.describe_call)
             options = {"unit_sources": unit_sources} if unit_sources else {}
+            options.update({"role_ids": True} if role_ids else {})
             write = functools.update_wrapper(functools.partial(writer.write_shard, loss_mask=loss_mask, **options),
                                              writer.write_shard)
         else:
@@ -272,6 +274,8 @@ def _finalize(run: _Run) -> dict:
         },
         "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
                       **_shipped(info), **specials_manifest(info),
+                      # which engine encoded (every engine gives the same ids: packer/encode/engines)
+                      "encode_engine": {"name": info.engine, "reason": info.engine_reason},
                       **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
         "shards": run.entries,
@@ -280,6 +284,8 @@ def _finalize(run: _Run) -> dict:
     if named:
         manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
                                                      config.context_length)
+    if config.store_roles:  # what the shards' role_ids mean (docs/role_masks.md)
+        manifest["roles"] = config.role_table
     failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 
@@ -368,7 +374,7 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         )
     staged = _start_work(out, work, record, expected)
     executor = make_executor(job)
-    unit_counters = [(u, str(unit_paths(work / "units", u.index)["json"])) for u in units]
+    unit_counters = [(u, unit_paths(work / "units", u.index)["json"]) for u in units]
     try:
         try:
             changed.refuse_changed(unit_counters, executor, stage="resume")  # finished units' inputs

@@ -115,8 +115,8 @@ class PlanIndex:
         q, k = self.source_sequences.tolist(), self.source_shards.tolist()
         return [{"sequences": [q[s], q[s + 1]], "shards": [k[s], k[s + 1]]} for s in range(len(q) - 1)]
 
-    def shard_path(self, plan_dir, shard: int):
-        return fs.location(plan_dir) / _shard_name(int(self.shard_bucket[shard]), int(self.shard_local[shard]))
+    def shard_path(self, plan_dir: fs.Place, shard: int):
+        return plan_dir / _shard_name(int(self.shard_bucket[shard]), int(self.shard_local[shard]))
 
     def sequence_stats(self, plan_dir) -> dict:
         """Per-sequence tokens, pieces and split pieces in output order (O(sequences), for stats.json)."""
@@ -129,7 +129,7 @@ class PlanIndex:
         """sequence_stats one bucket at a time, in output order: {"seq_tokens", "seq_docs", "seq_split"}
         (int32 arrays over the bucket's sequences), one bucket's file in memory at a time."""
         for b in range(self.n_buckets):
-            with np.load(fs.for_numpy(fs.location(plan_dir) / f"bucket-{b:06d}.stats.npz")) as z:
+            with np.load(fs.for_numpy(plan_dir / f"bucket-{b:06d}.stats.npz")) as z:
                 yield {k: z[k] for k in ("seq_tokens", "seq_docs", "seq_split")}
 
     def save(self, path):
@@ -191,7 +191,7 @@ def _group_pieces(task: GroupTask, units_dir, config):
     L = config.context_length
     lengths, unit, start = [], [], []
     for u, a, b in task.units:
-        x = np.asarray(_read_slice(fs.location(units_dir) / f"unit-{u:06d}.lengths.npy", 0, b), dtype=np.int64)
+        x = np.asarray(_read_slice(units_dir / f"unit-{u:06d}.lengths.npy", 0, b), dtype=np.int64)
         starts = np.cumsum(x) - x
         lengths.append(x[a:])
         start.append(starts[a:])
@@ -222,15 +222,15 @@ def stable_order(key: np.ndarray) -> np.ndarray:
     return low[np.argsort((key[low] >> 16).astype(np.uint16), kind="stable")]
 
 
-def plan_group(task: GroupTask, config, work: str) -> dict:
+def plan_group(task: GroupTask, config, work: fs.Place) -> dict:
     """Pack one group and deal its bins into the source's buckets; write its pieces sorted by
     (bucket, bin) and where each bucket starts. Skipped when a finished run left its .json."""
     failpoints.hit("group", task.group)
-    plan_dir = fs.location(work) / PLAN_DIR
+    plan_dir = work / PLAN_DIR
     done = plan_dir / f"group-{task.group:06d}.json"
     if done.exists():
         return json.loads(done.read_text(encoding="utf-8"))
-    columns, n_truncated, n_dropped = _group_pieces(task, fs.location(work) / "units", config)
+    columns, n_truncated, n_dropped = _group_pieces(task, work / "units", config)
     bins = pack(columns["len"], config.context_length, config.algorithm)
     n_bins = int(bins.max()) + 1 if len(bins) else 0
     if task.n_buckets > 1:
@@ -264,12 +264,10 @@ def _bucket_rng(seed: int, source: int, local: int):
     return np.random.default_rng([seed, _SHUFFLE, source, local])
 
 
-def _read_slice(path, a: int, b: int) -> np.ndarray:
-    """Rows [a, b) of a .npy file: a memory map locally (only those pages are read)."""
-    loc = fs.location(path)
-    if isinstance(loc, fs.RemotePath):  # TODO(plan-remote): ranged read of the rows instead of the whole file
-        return np.load(fs.for_numpy(loc))[a:b]
-    return np.array(np.load(loc, mmap_mode="r")[a:b])
+def _read_slice(path: fs.Place, a: int, b: int) -> np.ndarray:
+    """Rows [a, b) of a .npy file: a memory map locally (only those pages are read).
+    TODO(plan-remote): a ranged read of the rows on a remote store, instead of the whole file."""
+    return np.array(fs.load_npy(path)[a:b])
 
 
 def _bucket_records(task: BucketTask, plan_dir) -> tuple[np.ndarray, np.ndarray]:
@@ -295,11 +293,11 @@ def _small(x: np.ndarray) -> np.ndarray:
     return x.astype(np.uint16 if top < 2**16 else np.uint32 if top < 2**32 else np.uint64)
 
 
-def plan_bucket(task: BucketTask, config, work: str) -> dict:
+def plan_bucket(task: BucketTask, config, work: fs.Place) -> dict:
     """Shuffle one bucket's bins, cut them into shards, write one plan file per shard; return the
     shards' counts. Skipped when a finished run left its .json."""
     failpoints.hit("bucket", task.bucket)
-    plan_dir = fs.location(work) / PLAN_DIR
+    plan_dir = work / PLAN_DIR
     done = plan_dir / f"bucket-{task.bucket:06d}.json"
     if done.exists():
         return json.loads(done.read_text(encoding="utf-8"))
@@ -338,7 +336,6 @@ def plan_streamed(unit_docs, config, work, executor, source_units=(0,), on_group
     """Plan a build whose units hold unit_docs[u] documents: group tasks, then bucket tasks, on
     `executor`; then number the shards and save the index (_work/plan.npz). Resumes: finished
     groups and buckets are not redone, and a saved index is returned as it is."""
-    work = fs.location(work)
     if (work / INDEX).exists():
         return PlanIndex.load(work / INDEX)
     source_units = list(source_units)
@@ -346,8 +343,8 @@ def plan_streamed(unit_docs, config, work, executor, source_units=(0,), on_group
         raise ValueError(f"source_units must ascend from 0 and stay below {len(unit_docs) + 1} units, got {source_units}")
     (work / PLAN_DIR).mkdir(exist_ok=True)
     groups, buckets = plan_tasks(unit_docs, source_units, group_size(config.pack_group, config.plan_memory))
-    done = executor.map(plan_group, [(g, config, str(work)) for g in groups], on_done=on_group)
-    results = executor.map(plan_bucket, [(b, config, str(work)) for b in buckets])
+    done = executor.map(plan_group, [(g, config, work) for g in groups], on_done=on_group)
+    results = executor.map(plan_bucket, [(b, config, work) for b in buckets])
     index = _number_shards(buckets, results, done, len(source_units))
     index.save(work / INDEX)
     for g in groups:  # read by every bucket, needed by none now: the shard plans hold it all

@@ -20,7 +20,7 @@ from packer.preprocess import owned
 FINGERPRINT = "fingerprint.json"
 
 
-RUN_ONLY_KEYS = ("strict", "on_file_error", "max_skip_fraction")
+RUN_ONLY_KEYS = ("strict", "on_file_error", "max_skip_fraction", "encode_engine")
 
 
 def _stamp(path) -> dict:
@@ -36,7 +36,8 @@ def fingerprint(config, info, files) -> dict:
     # redacted: new credentials for the same data resume it, and none are written to disk
     inputs = [{"path": fs.redact(str(f)), **_stamp(f)} for f in files]
     # strict / on_file_error only decide whether a bad input stops the run; a failed unit leaves no
-    # unit file, so resuming with the other choice (the usual fix for a corrupt file) is safe.
+    # unit file, so resuming with the other choice (the usual fix for a corrupt file) is safe. Every
+    # encode engine gives the same ids (packer/encode/engines): a resume may switch engines.
     settings = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}
     out = {"config": settings, "tokenizer_sha256": info.sha256, "inputs": inputs}
     if (template := _chat_template_sha256(config, info)) is not None:  # it decides the masks: another one is other work

@@ -27,15 +27,14 @@ import numpy as np
 from packer.config import BuildConfig
 from packer.encode.records import RECORD_BATCH, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_parts, encode_texts
-from packer.encode.tokenizer import TokenizerInfo, load_tokenizer
+from packer.encode.tokenizer import TokenizerInfo, load_encoder
 from packer.io import atomic, fs
 from packer.preprocess import changed
 from packer.preprocess.readers import FileError, SkipLog, Unit, field_names, read_records, read_unit
 
 
-def unit_paths(work_dir, index: int) -> dict:
-    """The unit's three files in `work_dir` (a local path, or a URI: see packer/io/fs.py)."""
-    work_dir = fs.location(work_dir)
+def unit_paths(work_dir: fs.Place, index: int) -> dict:
+    """The unit's three files in `work_dir` (a Path, or a RemotePath: see packer/io/fs.py)."""
     return {k: work_dir / f"unit-{index:06d}.{k}" for k in ("tokens.npy", "lengths.npy", "json")}
 
 
@@ -69,12 +68,17 @@ class _NpyAppender:
         self._staged.abort()
 
 
-def unit_mask_path(work_dir, index: int):
+def unit_mask_path(work_dir: fs.Place, index: int):
     """The unit's loss mask (uint8, one per token of its tokens.npy), written only for record kinds."""
-    return fs.location(work_dir) / f"unit-{index:06d}.loss_mask.npy"
+    return work_dir / f"unit-{index:06d}.loss_mask.npy"
 
 
-def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: str) -> dict:
+def unit_roles_path(work_dir: fs.Place, index: int):
+    """The unit's role ids (uint8, one per token of its tokens.npy), written only by chat builds with store_roles."""
+    return work_dir / f"unit-{index:06d}.role_ids.npy"
+
+
+def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir: fs.Place) -> dict:
     """Tokenize one unit into its unit files (skipped if already complete); return its counters.
 
     A FileError fails the unit, or with on_file_error="skip" leaves it empty and named in
@@ -95,7 +99,8 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
 
     def open_files():
         mask = _NpyAppender(unit_mask_path(work_dir, unit.index), np.uint8) if kind != "text" else None
-        return _NpyAppender(paths["tokens.npy"], info.dtype), _NpyAppender(paths["lengths.npy"], np.int64), mask
+        roles = _NpyAppender(unit_roles_path(work_dir, unit.index), np.uint8) if config.store_roles else None
+        return _NpyAppender(paths["tokens.npy"], info.dtype), _NpyAppender(paths["lengths.npy"], np.int64), mask, roles
 
     skips = SkipLog.empty(strict=config.strict)
     files = open_files()
@@ -115,7 +120,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
         for f in files:
             f is None or f.abort()
         raise
-    tokens, lengths, mask = files
+    tokens, lengths, mask, _ = files
     for f in files:
         f is None or f.commit()
     counters = {
@@ -147,12 +152,13 @@ def unit_kind(unit: Unit, config: BuildConfig) -> str:
 
 
 def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender,
-                   mask: _NpyAppender | None = None, *, kind: str = "text", sums=None) -> tuple[int, int]:
+                   mask: _NpyAppender | None = None, roles: _NpyAppender | None = None, *, kind: str = "text",
+                   sums=None) -> tuple[int, int]:
     """Encode the unit into the appenders: (tokens written, tokens trained: all of them for text).
     `sums` hashes what the reader reads (packer/preprocess/changed.py)."""
     if kind != "text":
-        return _records_into(unit, info, config, skips, tokens, lengths, mask, kind)
-    tok = load_tokenizer(info.path)
+        return _records_into(unit, info, config, skips, tokens, lengths, mask, kind, roles)
+    tok = load_encoder(info.path, info.engine)  # the engine the driver chose (TokenizerInfo)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
                       max_doc_bytes=config.max_doc_bytes, sums=sums)
     n_tokens = 0
@@ -163,7 +169,7 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
     return n_tokens, n_tokens
 
 
-def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str) -> tuple[int, int]:
+def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, roles=None) -> tuple[int, int]:
     """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/encode/records.py)."""
     encoder = RecordEncoder(kind, info, config, encode_texts)
     fields = encoder.fields()
@@ -176,6 +182,8 @@ def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str) -
         tokens.append(encoded.ids)
         lengths.append(encoded.lengths)
         mask.append(encoded.mask)
+        if roles is not None:
+            roles.append(encoded.roles)
         n_tokens += len(encoded.ids)
         n_trained += int(np.count_nonzero(encoded.mask))
     return n_tokens, n_trained
@@ -196,7 +204,7 @@ def piece_trained(plan, work_dir, n_units: int) -> np.ndarray | None:
     for u, path in enumerate(paths):
         at = order[bounds[u]:bounds[u + 1]]
         if len(at) and path.exists():
-            mask = np.load(fs.for_numpy(path), mmap_mode=None if fs.is_remote(path) else "r")
+            mask = fs.load_npy(path)
             sums = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
             trained[at] = sums[plan.piece_start[at] + plan.piece_len[at]] - sums[plan.piece_start[at]]
     return trained

@@ -21,46 +21,27 @@ import numpy as np
 from packer.io import atomic, failpoints, fs, ranged
 from packer.io.hashed import HashedFile
 from packer.preprocess.plan import Plan
-from packer.store import formats
+from packer.store import checksums, formats
 from packer.store.rows import Layout, extras_of
 
 
 @functools.lru_cache(maxsize=1)
-def _load_plan(path: str, stamp: tuple) -> Plan:
+def _load_plan(path: fs.Place, stamp: tuple) -> Plan:
     """The plan at `path`: the plan stage writes one file per shard (read once, by its write task);
     a whole plan.npz (tests, benchmarks) is read once per worker process, not once per shard."""
     return Plan.load(fs.for_numpy(path))
 
 
 def _gather_tokens(plan: Plan, p0: int, p1: int, units_dir, dtype, units: dict, kind: str = "tokens") -> np.ndarray:
-    """Concatenate the tokens of pieces p0..p1 from the unit token files (memory-mapped); with
-    kind "loss_mask", their masks from the units' loss_mask.npy files (a unit without one: all 1).
-
-    One bytes.join over memoryview slices: 1.4 us a piece against 4 us for a loop of
-    ndarray slice assignments (7000 pieces of ~700 tokens, a busy 2-core box, 2026-11-29).
-    Returns a read-only array over the joined bytes."""
-    units_dir = fs.location(units_dir)
+    """Concatenate the tokens of pieces p0..p1 from the unit token files (packer/io/ranged.py: memory
+    maps locally, ranged reads remotely); with kind "loss_mask", their masks from the units'
+    loss_mask.npy files (a unit without one: all 1); with kind "role_ids", their role ids from the
+    units' role_ids.npy files. Returns a read-only array over the joined bytes."""
     itemsize = np.dtype(dtype).itemsize
     piece_unit = plan.piece_unit[p0:p1]
     begin = plan.piece_start[p0:p1] * itemsize
     end = begin + plan.piece_len[p0:p1] * itemsize
-    if isinstance(units_dir, fs.RemotePath):
-        return np.frombuffer(ranged.gather(units_dir, piece_unit, begin, end, units, kind), dtype=dtype)
-    for u in np.unique(piece_unit).tolist():
-        if u not in units:
-            path = units_dir / f"unit-{u:06d}.{kind}.npy"
-            if kind == "loss_mask" and not path.exists():  # a unit of raw text: every token trained
-                array = np.ones(_unit_tokens(units_dir, u), np.uint8)
-            else:
-                array = np.load(path, mmap_mode="r")
-            units[u] = memoryview(array.view(np.ndarray)).cast("B")
-    data = b"".join([units[u][a:b] for u, a, b in zip(piece_unit.tolist(), begin.tolist(), end.tolist())])
-    return np.frombuffer(data, dtype=dtype)
-
-
-def _unit_tokens(units_dir, u: int) -> int:
-    """Tokens in unit u's token file (its .npy header only)."""
-    return len(np.load(units_dir / f"unit-{u:06d}.tokens.npy", mmap_mode="r"))
+    return np.frombuffer(ranged.gather_pieces(units_dir, piece_unit, begin, end, units, kind), dtype=dtype)
 
 
 def shard_layout(plan: Plan, shard: int) -> tuple[Layout, int]:
@@ -92,21 +73,29 @@ def _close_all(files):
         raise error
 
 
-def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str, *, loss_mask: bool = False) -> dict:
+def write_rows(layout: Layout, tokens_of, out_dir: Path, shard: int, fmt: str, *, loss_mask: bool = False,
+               role_ids: bool = False) -> dict:
     """Write one shard's files atomically (temporary names, then renames; in place on a remote
     filesystem, where the caller's marker says complete); return its entry's file names and sha256.
 
     `tokens_of(r0, r1)` gives the tokens of rows r0..r1 (a new array each call, in the
-    stored dtype; with `loss_mask`, (tokens, uint8 mask)): the format (packer/store/formats/) asks
+    stored dtype; with `loss_mask`, (tokens, uint8 mask); with `role_ids` too, (tokens, mask, uint8
+    roles)): the format (packer/store/formats/) asks
     for rows in chunks of ROWS_PER_BATCH, gathered while the previous chunk is written and hashed,
-    so the whole shard never sits in memory. `layout.source_ids`, when set, is stored too."""
-    extras = extras_of(layout, loss_mask)
+    so the whole shard never sits in memory. `layout.source_ids`, when set, is stored too, and
+    last the shard's checksums file (an xxh3_64 per read block of each file: packer/store/checksums.py)."""
+    extras = extras_of(layout, loss_mask, role_ids)
     names = formats.file_names(fmt, shard, extras)
     files = []
     try:
         for _, _, name in names:
             files.append(HashedFile(out_dir / name))
-        formats.get(fmt).write(layout, tokens_of, files, extras)
+        sinks = [checksums.BlockSink(f) for f in files]
+        bounds = formats.get(fmt).write(layout, tokens_of, sinks, extras)
+        names.append((*formats.CHECKSUMS[:2], formats.shard_stem(shard) + formats.CHECKSUMS[2]))
+        files.append(HashedFile(out_dir / names[-1][2]))
+        for buf in checksums.sums_bytes(bounds, [sink.sums() for sink in sinks]):
+            files[-1].write(buf)
     finally:
         _close_all(files)
     entry = {}
@@ -126,14 +115,14 @@ def _complete(entry: dict, out, fmt: str) -> bool:
     return all((out / name).exists() for name, _ in names)
 
 
-def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: str, fmt: str, *,
-                loss_mask: bool = False, unit_sources: tuple[int, ...] | None = None) -> dict:
+def write_shard(plan_path: fs.Place, shard: int, work: fs.Place, out: fs.Place, dtype: str, fmt: str = formats.DEFAULT, *,
+                loss_mask: bool = False, unit_sources: tuple[int, ...] | None = None, role_ids: bool = False) -> dict:
     """Write one shard (skipped if a finished run of this call left its entry); return its entry.
 
-    `loss_mask`: gather each piece's mask from the units' loss_mask.npy files and store it.
+    `loss_mask`: gather each piece's mask from the units' loss_mask.npy files and store it;
+    `role_ids` (with loss_mask: chat): each piece's role ids from the units' role_ids.npy files.
     `unit_sources[u]`: the source index of unit u; every segment stores its unit's source."""
     failpoints.hit("shard", shard)
-    work, out = fs.location(work_dir), fs.location(out_dir)
     done = work / "shards" / f"shard-{shard:05d}.json"
     if done.exists():
         entry = json.loads(done.read_text(encoding="utf-8"))
@@ -149,16 +138,20 @@ def write_shard(plan_path: str, shard: int, work_dir: str, out_dir: str, dtype: 
     pieces = p0 + np.concatenate([[0], np.cumsum(np.diff(layout.offset_starts) - 1)])  # first piece of each row
     units: dict[int, np.ndarray] = {}
     masks: dict[int, np.ndarray] = {}
+    roles: dict[int, np.ndarray] = {}
 
     def tokens_of(r0: int, r1: int):
         a, b = int(pieces[r0]), int(pieces[r1])
         tokens = _gather_tokens(plan, a, b, work / "units", np.dtype(dtype), units)
         if not loss_mask:
             return tokens
-        return tokens, _gather_tokens(plan, a, b, work / "units", np.dtype(np.uint8), masks, "loss_mask")
+        mask = _gather_tokens(plan, a, b, work / "units", np.dtype(np.uint8), masks, "loss_mask")
+        if not role_ids:
+            return tokens, mask
+        return tokens, mask, _gather_tokens(plan, a, b, work / "units", np.dtype(np.uint8), roles, "role_ids")
 
     entry = {
-        **write_rows(layout, tokens_of, out, shard, fmt, loss_mask=loss_mask),
+        **write_rows(layout, tokens_of, out, shard, fmt, loss_mask=loss_mask, role_ids=role_ids),
         "sequences": len(layout),
         "tokens": int(layout.token_starts[-1]),
         "documents": len(layout.doc_ids),

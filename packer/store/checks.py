@@ -8,8 +8,9 @@
     check_doc_ids        every doc_id a document of the build: 0 <= id < docs_accepted
     check_token_ids      every id below the vocabulary (O(tokens)): verify, and open_dataset at
                          a block's first read
-    check_extras         a loss mask (one 0/1 per token) and source ids (one per segment, below the
-                         number of sources) where the block has them: lengths at open, values at first read
+    check_extras         a loss mask (one 0/1 per token), source ids (one per segment, below the
+                         number of sources) and role ids (one per token, below the number of roles)
+                         where the block has them: lengths at open, values at first read
     check_counts         a shard's sequences, tokens and segments as its manifest entry says
     check_totals         the shards' sequences and tokens as the manifest totals say
 
@@ -87,9 +88,10 @@ def check_token_ids(rows: Rows, where: str, vocab_size: int):
                          "rebuild it)")
 
 
-def check_extras(rows: Rows, n_doc_ids: int, where: str, n_sources: int, values: bool = True):
+def check_extras(rows: Rows, n_doc_ids: int, where: str, n_sources: int, values: bool = True, n_roles: int = 0):
     """A loss mask aligned with the tokens and holding only 0/1; source ids one per segment (doc_id),
-    each below `n_sources` (the manifest's sources). `values=False`: lengths only (O(1))."""
+    each below `n_sources` (the manifest's sources); role ids aligned with the tokens, each below
+    `n_roles` (the manifest's role table). `values=False`: lengths only (O(1))."""
     if rows.loss_mask is not None:
         if len(rows.loss_mask) != len(rows.tokens):
             raise ValueError(f"{where}: {len(rows.loss_mask)} loss mask values for {len(rows.tokens)} tokens (corrupt shard)")
@@ -101,6 +103,26 @@ def check_extras(rows: Rows, n_doc_ids: int, where: str, n_sources: int, values:
         if values and rows.source_ids.size and int(rows.source_ids.max()) >= n_sources:
             raise ValueError(f"{where}: source id {int(rows.source_ids.max())}, but the manifest names {n_sources} "
                              "sources (corrupt shard, or the manifest's sources were edited)")
+    if rows.role_ids is not None:
+        if len(rows.role_ids) != len(rows.tokens):
+            raise ValueError(f"{where}: {len(rows.role_ids)} role ids for {len(rows.tokens)} tokens (corrupt shard)")
+        t0, t1 = int(rows.token_starts[0]), int(rows.token_starts[-1])
+        used = rows.role_ids[t0:t1]
+        if values and used.size and int(used.max()) >= n_roles:
+            raise ValueError(f"{where}: role id {int(used.max())}, but the manifest's role table has {n_roles} roles "
+                             "(corrupt shard, or the manifest's \"roles\" were edited; rebuild the dataset)")
+
+
+def role_count(manifest: dict, where: str) -> int:
+    """The number of roles of a manifest's "roles" table ({name: id}, ids 0..n-1), checked; 0 without one."""
+    roles = manifest.get("roles")
+    if roles is None:
+        return 0
+    if not isinstance(roles, dict) or sorted(roles.values()) != list(range(len(roles))) \
+            or not all(isinstance(k, str) for k in roles):
+        raise ValueError(f"{where}: the manifest's \"roles\" is not a table of role names to the ids 0..n-1 "
+                         f"({str(roles)[:80]}; the manifest is damaged or edited: rebuild the dataset)")
+    return len(roles)
 
 
 def check_doc_ids(doc_ids: np.ndarray, where: str, n_docs: int | None):

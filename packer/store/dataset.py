@@ -11,10 +11,19 @@ packer/store/verify.py.
 Nothing in the manifest is taken on trust (packer/store/checks.py). Opening refuses, in one line:
 a shard name that is not a plain file name in the directory, a file named twice, per-shard or
 total counts that are not what the shard files hold, a row outside its arrays, empty or longer
-than the context. A block's first read (ds[i], views, get_many, iteration) checks its offsets,
-doc_ids and token ids (< the vocabulary): one vectorized pass over the block, once per process,
-so a flipped byte raises ValueError naming the shard and row instead of yielding a bad row.
-(Lazy, not at open: an id scan of every block would read the whole dataset before step one.)
+than the context. Every byte a row comes from is attested by the manifest: each shard's checksums
+file (its sha256 the manifest's) holds an xxh3_64 per read block of each of its files
+(packer/store/checksums.py); the files read whole (indexes) are checked at open, and a block's
+first read (ds[i], views, get_many, iteration) checks its bytes, then its offsets, doc_ids and
+token ids (< the vocabulary): one vectorized pass over the block, once per process. So a changed
+byte raises ValueError naming the shard and its byte range instead of yielding a row, even one
+whose ids stay inside the vocabulary. (Lazy, not at open: a pass over every block would read the
+whole dataset before step one.) A dataset of a packer before block checksums (format version 1)
+is checked whole at open instead: every shard file's sha256.
+
+A reader pins the dataset's generation (the sha256 of its manifest.json: packer/store/manifest.py)
+when it opens, checks it again once its files are mapped, and pickles with it: a DataLoader worker
+that reopens it after another build replaced the dataset raises instead of mixing the two.
 """
 
 from __future__ import annotations
@@ -25,9 +34,9 @@ import numpy as np
 import pyarrow as pa
 
 from packer.io import fs
-from packer.store import checks, formats
+from packer.store import checks, checksums, formats
 from packer.store.formats import shard_blocks
-from packer.store.manifest import read_manifest, require_regular
+from packer.store.manifest import check_generation, load_manifest, require_regular, sha256_file
 from packer.store.rows import ROWS_PER_BATCH, Rows
 
 __all__ = ["ROWS_PER_BATCH", "Rows", "ShardDataset", "open_dataset", "read_rows", "shard_blocks"]
@@ -40,19 +49,23 @@ class ShardDataset:
     touching only that row's pages. ds.get_many(indices) -> Rows: many rows at once,
     copied into one CSR batch. Iteration yields ds[0], ds[1], ... in stored order."""
 
-    def __init__(self, path):
+    def __init__(self, path, generation: str | None = None):
         self.path = fs.location(path)  # a Path, or a RemotePath for a URI
-        self.manifest = read_manifest(self.path)
+        self.manifest, self.generation = load_manifest(self.path)
+        check_generation(self.path, generation, now=self.generation)  # pinned by whoever opened it first
         config = self.manifest["config"]
-        self.format = config.get("format", "arrow")
+        self.format = formats.manifest_format(config)
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.source_names = [s.get("name") for s in self.manifest.get("sources") or []]
+        self.roles = self.manifest.get("roles")  # role name -> id of a build with --store-roles, else None
+        self._n_roles = checks.role_count(self.manifest, fs.redact(self.path))
         self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
         dtype = np.dtype(config["token_dtype"])
         self._blocks: list[Rows] = []
         self._doc_ids: list[np.ndarray] = []
         self._where: list[tuple[str, int]] = []  # (shard, its first row) of each block, for messages
+        self._ranges: list[list] = []  # per block: (bytes, FileSums, start, stop, file) its first read checks
         starts, n_tokens = [0], 0
         shards = self.manifest["shards"]
         for files in formats.manifest_files(self.format, shards):  # every name inside the directory, none twice
@@ -62,13 +75,16 @@ class ShardDataset:
             where = fs.redact(self.path / entry["file"])
             counts = {"sequences": 0, "tokens": 0, "documents": 0}
             try:
-                for rows, doc_ids in shard_blocks(self.path, entry, self.format):
+                sums, mapped = self._open_checksums(entry)
+                for rows, doc_ids in shard_blocks(self.path, entry, self.format, sums):
                     checks.check_bounds(rows, where, counts["sequences"], self.context_length)
                     checks.check_dtype(rows, where, dtype)
-                    checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False)
+                    checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False,
+                                        n_roles=self._n_roles)
                     self._blocks.append(rows)
                     self._doc_ids.append(doc_ids)
                     self._where.append((where, counts["sequences"]))
+                    self._ranges.append(_block_ranges(sums, mapped, counts["sequences"], len(rows), where))
                     counts["sequences"] += len(rows)
                     counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
                     counts["documents"] += len(doc_ids)
@@ -76,22 +92,53 @@ class ShardDataset:
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {fs.redact(e.filename or where)} (listed in the manifest); restore it or "
                                  "rebuild the dataset") from None
+            except checksums.ChecksumError:
+                check_generation(self.path, self.generation)  # replaced while opening: say so
+                raise
             except (pa.ArrowException, KeyError, OSError) as e:  # a damaged Arrow stream (pyarrow's IOError too), a column missing
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
                                  "or rebuild") from None
             checks.check_counts(counts, entry, where)
             n_tokens += counts["tokens"]
         checks.check_totals({"sequences": starts[-1], "tokens": n_tokens}, self.manifest["totals"])
+        # Every file is mapped now (a mapping keeps the bytes it opened): if the manifest is still the
+        # one read first, no other build moved in meanwhile, so they are all of this generation.
+        check_generation(self.path, self.generation)
         self.has_loss_mask = self._has("loss_mask")
         self.has_source_ids = self._has("source_ids")
+        self.has_role_ids = self._has("role_ids")
         self._block_starts = np.asarray(starts, dtype=np.int64)
         self._starts_list = starts  # bisect on a list beats np.searchsorted for one scalar
         self._n = starts[-1]
-        self._unread = np.ones(len(self._blocks), bool)  # blocks whose offsets and ids are not checked yet
+        self._unread = np.ones(len(self._blocks), bool)  # blocks whose bytes, offsets and ids are not checked yet
         self._n_unread = len(self._blocks)
 
+    def _open_checksums(self, entry: dict):
+        """(the shard's checksums, (bytes, name) of each of its files), its whole files and head ranges
+        checked now; (None, None) for a shard of format version 1, each of whose files' sha256 is
+        checked instead (a full read: rebuild the dataset to get block checksums)."""
+        files, sums_file = formats.data_files(self.format, entry)
+        paths = [self.path / name for name, _ in files]
+        if sums_file is None:
+            for path, (_, sha) in zip(paths, files):
+                if sha256_file(path) != sha:
+                    raise ValueError(f"{fs.redact(path)}: sha256 does not match the manifest (the file changed or is "
+                                     "corrupt); run `packer verify`, or rebuild the dataset")
+            return None, None
+        sums = checksums.read_sums(self.path / sums_file[0], sums_file[1], len(files))
+        mapped = []
+        for path, file_sums in zip(paths, sums.files):
+            raw = fs.map_bytes(path)
+            if len(raw) != file_sums.cuts[-1]:
+                raise checksums.ChecksumError(f"{fs.redact(path)}: {len(raw)} bytes, its checksums file says "
+                                              f"{int(file_sums.cuts[-1])} ({checksums.CAUSES}); rebuild the dataset")
+            mapped.append(raw)
+        for f, a, b in checksums.head_ranges(sums):  # indexes, Arrow's schema and end marker
+            checksums.check_range(sums.files[f], a, b, mapped[f][a:b], fs.redact(paths[f]))
+        return sums, [(raw, fs.redact(path)) for raw, path in zip(mapped, paths)]  # held while the format maps them too
+
     def _has(self, field: str) -> bool:
-        """Whether the blocks hold `field` (loss_mask, source_ids): all of them, or none."""
+        """Whether the blocks hold `field` (loss_mask, source_ids, role_ids): all of them, or none."""
         have = [getattr(rows, field) is not None for rows in self._blocks]
         if any(have) and not all(have):
             where = self._where[have.index(not have[0])][0]
@@ -100,12 +147,19 @@ class ShardDataset:
         return bool(have) and have[0]
 
     def _first_read(self, b: int):
-        """A block's first read: its offsets, doc_ids, token ids, mask and source ids checked (O(its tokens), once)."""
+        """A block's first read: its bytes against their checksums, then its offsets, doc_ids, token
+        ids, mask and source ids checked (O(its tokens), once)."""
         rows, (where, first_row) = self._blocks[b], self._where[b]
+        try:
+            for raw, file_sums, start, stop, file in self._ranges[b]:
+                checksums.check_range(file_sums, start, stop, raw[start:stop], file)
+        except checksums.ChecksumError:
+            check_generation(self.path, self.generation)  # the likelier cause, when it is the one
+            raise
         checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
         checks.check_doc_ids(self._doc_ids[b], where, self._n_docs)
-        checks.check_extras(rows, len(self._doc_ids[b]), where, len(self.source_names))
+        checks.check_extras(rows, len(self._doc_ids[b]), where, len(self.source_names), n_roles=self._n_roles)
         self._unread[b] = False
         self._n_unread -= 1
 
@@ -113,7 +167,7 @@ class ShardDataset:
         return self._n
 
     def __reduce__(self):
-        return type(self), (self.path,)  # pickles as its path: reopened, never copied
+        return type(self), (self.path, self.generation)  # pickles as its path: reopened (the same dataset), never copied
 
     def __getitem__(self, i):
         n = self._n
@@ -166,12 +220,12 @@ class ShardDataset:
         return tokens, offsets
 
     def _extra_views(self, indices, field: str) -> list:
-        """Per row of `indices`, a view of its `field`: loss_mask (per token) or source_ids (per segment)."""
+        """Per row of `indices`, a view of its `field`: loss_mask or role_ids (per token), source_ids (per segment)."""
         out = []
         for b, r in zip(*self._locate(self._checked(indices))):
             rows = self._blocks[b]
-            if field == "loss_mask":
-                out.append(rows.loss_mask[rows.token_starts[r] : rows.token_starts[r + 1]])
+            if field in ("loss_mask", "role_ids"):
+                out.append(getattr(rows, field)[rows.token_starts[r] : rows.token_starts[r + 1]])
             else:  # a row's segments: its offsets less one, counted from the block's first row
                 a = rows.offset_starts[r] - r - (rows.offset_starts[0])
                 out.append(rows.source_ids[a : a + rows.offset_starts[r + 1] - rows.offset_starts[r] - 1])
@@ -187,10 +241,15 @@ class ShardDataset:
         or None when the build named no sources."""
         return self._extra_views(indices, "source_ids") if self.has_source_ids else None
 
+    def role_views(self, indices) -> list | None:
+        """Rows `indices`' role ids (uint8 views, one per token: ids of the manifest's "roles"), or None
+        when the build stored none (docs/role_masks.md)."""
+        return self._extra_views(indices, "role_ids") if self.has_role_ids else None
+
     def get_many(self, indices) -> Rows:
         """Rows `indices` (any order, repeats allowed) as one CSR batch: `Rows.row(k)` equals
-        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32; loss_mask and
-        source_ids are filled where the dataset has them."""
+        `ds[indices[k]]`. Tokens keep the stored dtype, offsets are int32; loss_mask,
+        source_ids and role_ids are filled where the dataset has them."""
         tokens, offsets = self.views(indices)
         token_starts = np.zeros(len(tokens) + 1, np.int64)
         offset_starts = np.zeros(len(offsets) + 1, np.int64)
@@ -198,15 +257,16 @@ class ShardDataset:
         np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
         dtype = self._blocks[0].tokens.dtype if self._blocks else np.uint16
         joined = np.concatenate(tokens).astype(dtype, copy=False) if tokens else np.zeros(0, dtype)
-        masks, sources = self.mask_views(indices), self.source_views(indices)
+        masks, sources, roles = self.mask_views(indices), self.source_views(indices), self.role_views(indices)
         return Rows(joined, token_starts, np.concatenate(offsets) if offsets else np.zeros(0, np.int32), offset_starts,
-                    loss_mask=_joined(masks, np.uint8), source_ids=_joined(sources, np.uint16))
+                    loss_mask=_joined(masks, np.uint8), source_ids=_joined(sources, np.uint16),
+                    role_ids=_joined(roles, np.uint8))
 
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order (reads
         every shard's doc_ids; a document split over several rows appears once per piece)."""
-        for ids, (where, _) in zip(self._doc_ids, self._where):
-            checks.check_doc_ids(ids, where, self._n_docs)
+        for b in np.flatnonzero(self._unread).tolist():  # Arrow keeps them in the blocks' bytes
+            self._first_read(b)
         return np.concatenate(self._doc_ids).astype(np.int64) if self._doc_ids else np.zeros(0, np.int64)
 
     def __iter__(self):
@@ -216,6 +276,20 @@ class ShardDataset:
             for r in range(len(rows)):
                 t0, t1 = rows.token_starts[r], rows.token_starts[r + 1]
                 yield rows.tokens[t0:t1], rows.offsets[rows.offset_starts[r] : rows.offset_starts[r + 1]]
+
+
+def _block_ranges(sums, mapped, first_row: int, n_rows: int, where: str) -> list:
+    """What the first read of a block of rows [first_row, first_row + n_rows) of a shard checks:
+    (bytes, FileSums, start, stop, file) of each checksummed range holding them."""
+    if sums is None:
+        return []
+    rows = sums.rows
+    k0 = int(np.searchsorted(rows, first_row))
+    k1 = int(np.searchsorted(rows, first_row + n_rows)) if first_row + n_rows < rows[-1] else sums.n_blocks
+    if rows[k0] != first_row or rows[k1] != first_row + n_rows:
+        raise ValueError(f"{where}: rows {first_row}-{first_row + n_rows} are not whole checksummed blocks (the "
+                         "checksums file does not match the shard; rebuild the dataset)")
+    return [(mapped[f][0], sums.files[f], start, stop, mapped[f][1]) for f, start, stop in checksums.block_ranges(sums, k0, k1)]
 
 
 def _joined(views, dtype):
@@ -233,16 +307,18 @@ def read_rows(ds, indices) -> tuple[list, list]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def open_dataset(path, **stream_options):
+def open_dataset(path, generation: str | None = None, **stream_options):
     """Open a dataset directory written by `packer build` (any shard format), or its URI.
 
     A local directory is memory-mapped (ShardDataset). A URI is streamed (packer/store/stream.py:
     indexes at open, then blocks of rows by ranged reads, read ahead, with a bounded memory and an
     optional cache directory); `stream_options` are its memory_bytes, read_ahead, cache_dir,
     cache_bytes and block_bytes (else the PACKER_* environment variables, else defaults), and
-    a local path ignores them."""
-    if fs.is_remote(path):
+    a local path ignores them. `generation` (a reader's `.generation`): refuse any other
+    generation of the dataset (DatasetReplaced), as PackedDataset's workers do."""
+    place = fs.location(path)  # resolved once, here: the readers take the place
+    if fs.is_remote(place):
         from packer.store.stream import StreamDataset
 
-        return StreamDataset(path, **stream_options)
-    return ShardDataset(path)
+        return StreamDataset(place, generation=generation, **stream_options)
+    return ShardDataset(place, generation)

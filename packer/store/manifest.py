@@ -5,7 +5,12 @@
 
 Shard entries name their files and their sha256 under keys their format lists
 (packer/store/formats/: `file`/`sha256` for every format, `index_file`/`index_sha256` for memmap
-and Megatron, `doc_ids_file`/`doc_ids_sha256` for Megatron), then `sequences`, `tokens`, `documents`.
+and Megatron, `doc_ids_file`/`doc_ids_sha256` for Megatron, `checksums_file`/`checksums_sha256`
+since format version 2: packer/store/checksums.py), then `sequences`, `tokens`, `documents`.
+
+A dataset's *generation* is the sha256 of its manifest.json bytes: every build writes a new one
+(`created_unix`), so a reader that pins the generation it opened (`load_manifest`) tells, on every
+later open in any process, whether the dataset was replaced since (`check_generation`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from packer.io import fs
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: shards carry block checksums (packer/store/checksums.py); 1 is still read
 MANIFEST = "manifest.json"
 STATS = "stats.json"
 TOKENIZER = "tokenizer.json"  # the build's tokenizer, copied: the dataset decodes without its source
@@ -63,7 +68,11 @@ def load_json(file, fix: str):
     not: undecodable, non-finite numbers (NaN, Infinity: no count or figure is one), or nested
     deeper than MAX_DEPTH (checked before parsing, so a 100,000-deep file is refused, not recursed)."""
     require_regular(file)
-    data = fs.location(file).read_bytes()
+    return parse_json(fs.location(file).read_bytes(), file, fix)
+
+
+def parse_json(data: bytes, file, fix: str):
+    """load_json of bytes already read (`file` names them in the error)."""
     depth = _max_depth(data)
     if depth > MAX_DEPTH:
         raise ValueError(f"{fs.redact(file)}: JSON nested {depth} levels deep (packer writes at most {MAX_DEPTH}): "
@@ -111,9 +120,13 @@ def schema_error(value, schema: str) -> str | None:
 
 
 def read_manifest(path) -> dict:
-    """The manifest of a dataset (a directory, or the manifest file), checked against
-    manifest_schema.json and for ids inside the vocabulary: a wrong type, a non-finite or absurd value
-    is one ValueError line naming the file and the key."""
+    return load_manifest(path)[0]
+
+
+def load_manifest(path) -> tuple[dict, str]:
+    """(the manifest of the dataset at `path` (a directory, or its manifest.json), its generation:
+    the sha256 of the manifest's bytes), checked against manifest_schema.json and for ids inside the
+    vocabulary: a wrong type, a non-finite or absurd value is one ValueError line naming the file and the key."""
     path = fs.location(path)
     file = path / MANIFEST if path.is_dir() else path
     require_regular(file)
@@ -123,11 +136,36 @@ def read_manifest(path) -> dict:
             "(run the same `packer build` command again to resume it)"
         )
     fix = "restore it or rebuild the dataset"
-    manifest = load_json(file, fix)
+    require_regular(file)
+    raw = file.read_bytes()
+    manifest = parse_json(raw, file, fix)
     problem = schema_error(manifest, "store/manifest_schema.json") or _range_problem(manifest)
     if problem is not None:
         raise ValueError(f"{fs.redact(file)}: {problem} (damaged or edited, or not a packer manifest); {fix}")
-    return manifest
+    return manifest, hashlib.sha256(raw).hexdigest()
+
+
+class DatasetReplaced(ValueError):
+    """The dataset a reader opened was replaced (another build moved in) since."""
+
+
+def generation_of(path) -> str | None:
+    """The generation of the dataset at `path` now (None: no manifest, as while a build moves in)."""
+    file = fs.location(path) / MANIFEST
+    try:
+        return hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
+    except FileNotFoundError:  # gone between the two calls
+        return None
+
+
+def check_generation(path, pinned: str | None, now: str | None = None):
+    """DatasetReplaced unless the dataset at `path` is still generation `pinned` (None: anything goes)."""
+    if pinned is None:
+        return
+    now = generation_of(path) if now is None else now
+    if now != pinned:
+        raise DatasetReplaced(f"the dataset at {fs.redact(path)} was replaced after this loader opened it; restart from "
+                              f"a checkpoint (its {MANIFEST} {'is gone: a build is moving in' if now is None else 'changed'})")
 
 
 def read_stats(file) -> dict:

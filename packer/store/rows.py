@@ -10,11 +10,13 @@ travel as CSR arrays (`Rows`):
     doc_ids        [17 4 230 | 9]                 int64, one per segment: row s's are
                                                   doc_ids[offset_starts[s] - s : offset_starts[s+1] - s - 1]
 
-Two optional fields ride along, stored only when a build has them (so other builds keep their bytes):
+Optional fields ride along, stored only when a build has them (so other builds keep their bytes):
 
     loss_mask      [1 1 1 0 0 1 | 1 1 0 0]        uint8, one per token (1 = trained); None: all trained
     source_ids     [0 0 1 | 2]                    uint16, one per segment like doc_ids (the build's
                                                   source of each); None: the build named no sources
+    role_ids       [0 0 1 1 2 2 | 0 1 1 2]        uint8, one per token: its chat role (the manifest's
+                                                  "roles" table); None: the build stored no roles
 
 A `Layout` is a shard before its tokens are gathered (the writer's plan arithmetic); a format
 writes a Layout plus its tokens (and masks), chunk by chunk, and reads back blocks of (Rows, doc_ids).
@@ -38,6 +40,7 @@ class Rows(NamedTuple):
     offset_starts: np.ndarray
     loss_mask: np.ndarray | None = None  # uint8 per token, aligned with tokens
     source_ids: np.ndarray | None = None  # uint16 per segment, aligned with the block's doc_ids
+    role_ids: np.ndarray | None = None  # uint8 per token, aligned with tokens
 
     def __len__(self) -> int:
         return len(self.token_starts) - 1
@@ -68,19 +71,23 @@ def row_chunks(n_rows: int) -> list[tuple[int, int]]:
     return [(r, min(r + ROWS_PER_BATCH, n_rows)) for r in range(0, max(n_rows, 1), ROWS_PER_BATCH)]
 
 
-EXTRAS = ("loss_mask", "source_ids")  # the optional fields, in the order their files are written
+EXTRAS = ("loss_mask", "source_ids", "role_ids")  # the optional fields, in the order their files are written
+PER_TOKEN = ("loss_mask", "role_ids")  # the optional fields with one uint8 per token (the others: per segment)
 
 
-def extras_of(layout: Layout, loss_mask: bool) -> tuple[str, ...]:
+def extras_of(layout: Layout, loss_mask: bool, role_ids: bool = False) -> tuple[str, ...]:
     """The optional fields a shard of `layout` stores: "loss_mask" when masks were gathered,
-    "source_ids" when the layout has them."""
-    present = {"loss_mask": loss_mask, "source_ids": layout.source_ids is not None}
+    "source_ids" when the layout has them, "role_ids" when roles were gathered."""
+    present = {"loss_mask": loss_mask, "source_ids": layout.source_ids is not None, "role_ids": role_ids}
     return tuple(name for name in EXTRAS if present[name])
 
 
-def split_chunk(chunk) -> tuple[np.ndarray, np.ndarray | None]:
-    """A chunk from `tokens_of(r0, r1)`: the tokens, or (tokens, loss_mask) -> (tokens, mask or None)."""
-    return chunk if isinstance(chunk, tuple) else (chunk, None)
+def split_chunk(chunk) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """A chunk from `tokens_of(r0, r1)`: the tokens, (tokens, loss_mask) or (tokens, loss_mask,
+    role_ids) -> (tokens, mask or None, roles or None)."""
+    if not isinstance(chunk, tuple):
+        return chunk, None, None
+    return (*chunk, None) if len(chunk) == 2 else chunk
 
 
 def little_endian(tokens: np.ndarray) -> memoryview:

@@ -26,10 +26,18 @@ Cache: with `cache_dir`, every block and index read is also kept in a local dire
 every process of the node (packer/io/cache.py: keyed by the file's sha256 and range, LRU by size,
 `cache_bytes`); a block is read from the store once per node while it fits.
 
-Checks: at open what the indexes hold (memmap, Megatron: every count and row bound, as
-ShardDataset; Arrow: the sequences per shard, from the batch headers); each block's rows, offsets,
-doc ids and token ids each time it is fetched (checks.py). Token and document counts of an Arrow
-shard are in its bodies: `packer verify` checks them.
+Checks: every byte read against its shard's checksums (packer/store/checksums.py: the checksums
+file read first, its sha256 the manifest's; an index as a whole, a block as the run of checksummed
+ranges it is), from the store or the cache directory alike; a mismatch is read again once from the
+store (a bad cache entry is dropped) before it raises, naming the shard, the byte range and the
+likely cause (replaced, when the manifest changed too). Then at open what the indexes hold
+(memmap, Megatron: every count and row bound, as ShardDataset; Arrow: the sequences per shard);
+each block's rows, offsets, doc ids and token ids each time it is fetched (checks.py). Token and
+document counts of an Arrow shard are in its bodies: `packer verify` checks them. A dataset of a
+packer before block checksums is read unchecked, said once by a warning.
+
+Generation: the reader pins the sha256 of the manifest it opened (packer/store/manifest.py) and
+pickles with it; reopened elsewhere (a DataLoader worker) it refuses another generation.
 
 Options come from open_dataset's keywords, else the environment (so DataLoader workers and
 PackedDataset get them unchanged): PACKER_STREAM_MEMORY_BYTES, PACKER_READ_AHEAD,
@@ -41,7 +49,6 @@ from __future__ import annotations
 import collections
 import os
 import struct
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,9 +57,9 @@ import pyarrow as pa
 
 from packer.io import fs, ranged, retry
 from packer.io.cache import BlockCache
-from packer.store import checks, formats
-from packer.store.manifest import read_manifest
-from packer.store.read_plan import ReadPlan
+from packer.store import checks, checksums, formats
+from packer.store.held_blocks import HeldBlocks
+from packer.store.manifest import check_generation, generation_of, load_manifest
 from packer.store.rows import Rows
 
 MEMORY_BYTES = 256 << 20
@@ -86,26 +93,31 @@ def options(**given) -> dict:
     return out
 
 
-class StreamDataset:
+class StreamDataset(HeldBlocks):
     """ShardDataset's interface (len, ds[i], views, get_many, doc_ids, iteration, manifest) over a
-    remote dataset read by blocks (module docstring), plus prefetch(indices)."""
+    remote dataset read by blocks (module docstring), plus prefetch(indices) (held_blocks.py: the
+    blocks held in memory and read ahead)."""
 
-    def __init__(self, path, **given):
+    def __init__(self, path, generation: str | None = None, **given):
         self.path = fs.location(path)
         self.options = options(**given)
-        self.manifest = retry.retried(lambda: read_manifest(self.path), self.path)
+        self.manifest, self.generation = retry.retried(lambda: load_manifest(self.path), self.path)
+        check_generation(self.path, generation, now=self.generation)
         config = self.manifest["config"]
-        self.format = config.get("format", "arrow")
+        self.format = formats.manifest_format(config)
         self.context_length = int(config["context_length"])
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.dtype = np.dtype(config["token_dtype"])
         self.source_names = [source.get("name") for source in self.manifest.get("sources") or []]
+        self.roles = self.manifest.get("roles")  # role name -> id of a build with --store-roles, else None
+        self._n_roles = checks.role_count(self.manifest, fs.redact(self.path))
         self._n_docs = self.manifest["totals"].get("docs_accepted")  # doc_ids lie below it
         self._module = formats.get(self.format)
         self._cache = (BlockCache(self.options["cache_dir"], int(self.options["cache_bytes"]))
                        if self.options["cache_dir"] else None)
         self.stats = collections.Counter()  # store reads, bytes read, cache hits, blocks fetched
         self._sha: dict[str, str] = {}
+        self._sums: dict[str, checksums.FileSums] = {}  # file URI -> its checksummed ranges
         self._warned_call = False  # _warn_if_call_too_big: once
         self._reset_threads()
         self._open_shards()
@@ -113,16 +125,20 @@ class StreamDataset:
     # -- open ----------------------------------------------------------------------------
 
     def _open_shards(self):
-        files = formats.manifest_files(self.format, self.manifest["shards"])  # names inside the directory, none twice
-        paths = [[self.path / name for name, _ in shard] for shard in files]
+        formats.manifest_files(self.format, self.manifest["shards"])  # names inside the directory, none twice
+        files = [formats.data_files(self.format, entry) for entry in self.manifest["shards"]]
+        paths = [[self.path / name for name, _ in shard] for shard, _ in files]
         extras = [formats.entry_extras(self.format, entry) for entry in self.manifest["shards"]]
-        for shard in files:
-            self._sha.update({(self.path / name).uri: sha for name, sha in shard if sha})
+        for shard, sums_file in files:
+            self._sha.update({(self.path / name).uri: sha for name, sha in [*shard, *[sums_file] * bool(sums_file)] if sha})
+        if any(sums_file is None for _, sums_file in files):
+            _warn_unchecked(self.path)
         block_bytes = int(self.options["block_bytes"])
 
         def index(k):
             try:
-                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k])
+                sums = self._read_sums(paths[k], files[k][1])
+                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k], sums)
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {getattr(e, 'where', None) or fs.redact(paths[k][0])} (listed in the manifest); "
                                  "restore it or rebuild the dataset") from None
@@ -152,7 +168,8 @@ class StreamDataset:
         if n_tokens is None:  # an Arrow dataset: tokens are in the bodies, checked by `packer verify`
             totals["tokens"] = self.manifest["totals"].get("tokens_out")
         checks.check_totals(totals, self.manifest["totals"])
-        self.has_loss_mask, self.has_source_ids = (_all_or_none(fields, f) for f in ("loss_mask", "source_ids"))
+        self.has_loss_mask, self.has_source_ids, self.has_role_ids = (
+            _all_or_none(fields, f) for f in ("loss_mask", "source_ids", "role_ids"))
 
     def _check_shard(self, entry, name, state, counts):
         for key, value in counts.items():
@@ -172,18 +189,70 @@ class StreamDataset:
         self.stats["store requests"] += 1
         return retry.retried(lambda: fs.size(path), path)
 
-    def _read(self, path, start: int, stop: int):
-        """Bytes [start, stop) of a shard file: from the cache directory, else one ranged read."""
+    def _read_sums(self, paths, sums_file):
+        """A shard's checksums (None for a shard of format version 1), its ranges kept per file."""
+        if sums_file is None:
+            return None
+        path, parsed = self.path / sums_file[0], []
+
+        def check(data, cause):  # its sha256 the manifest's
+            parsed[:] = [checksums.parse_checked(data, path, sums_file[1], len(paths))]
+
+        self._read(path, 0, self._size(path), check)
+        for file, file_sums in zip(paths, parsed[0].files):
+            self._sums[file.uri] = file_sums
+        return parsed[0]
+
+    def _read(self, path, start: int, stop: int, check=None):
+        """Bytes [start, stop) of a shard file: from the cache directory, else one ranged read;
+        checked against the file's checksums, or by check(data, cause) (a mismatch read again once,
+        from the store, before it raises)."""
+        if check is None and (file_sums := self._sums.get(path.uri)) is not None:
+            def check(data, cause):
+                checksums.check_range(file_sums, start, stop, data, fs.redact(path), cause)
         key = f"{self._sha[path.uri]}:{start}:{stop}" if self._cache is not None and path.uri in self._sha else None
-        if key is not None and (data := self._cache.get(key)) is not None and len(data) == stop - start:
+        data = self._cache.get(key) if key is not None else None
+        cached = data is not None and len(data) == stop - start
+        if cached:
             self.stats["cache hits"] += 1
-            return data
-        data = ranged.read_range(path, start, stop) if stop > start else b""
-        self.stats["store requests"] += 1
-        self.stats["store bytes"] += stop - start
-        if key is not None:
+        else:
+            data = self._store_read(path, start, stop)
+        if check is not None:
+            try:
+                check(data, checksums.CAUSES)
+            except checksums.ChecksumError:
+                self.stats["checksum retries"] += 1
+                if cached:
+                    self._cache.discard(key)
+                data, cached = self._store_read(path, start, stop), False
+                try:
+                    check(data, checksums.CAUSES + ", in the store, or in transit; read twice")
+                except checksums.ChecksumError as e:
+                    self._explain(e)
+        if key is not None and not cached:
             self._cache.put(key, data)
         return data
+
+    def _store_read(self, path, start: int, stop: int):
+        try:
+            data = ranged.read_range(path, start, stop) if stop > start else b""
+        except OSError as e:  # a short read, gone: replaced, if the manifest changed too (asked once)
+            try:
+                now = generation_of(self.path)
+            except OSError:
+                raise e from None
+            check_generation(self.path, self.generation, now=now)
+            raise
+        self.stats["store requests"] += 1
+        self.stats["store bytes"] += stop - start
+        return data
+
+    def _explain(self, error: Exception):
+        """Raise `error`, or DatasetReplaced when the manifest changed since this reader opened it
+        (the likelier cause of a block that does not match)."""
+        now = retry.retried(lambda: generation_of(self.path), self.path)
+        check_generation(self.path, self.generation, now=now)
+        raise error
 
     def _fetch(self, b: int):
         """Block b read and checked: (Rows, doc_ids)."""
@@ -201,220 +270,16 @@ class StreamDataset:
         checks.check_rows(rows, len(doc_ids), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
         checks.check_doc_ids(doc_ids, where, self._n_docs)
-        checks.check_extras(rows, len(doc_ids), where, len(self.source_names))
+        checks.check_extras(rows, len(doc_ids), where, len(self.source_names), n_roles=self._n_roles)
         self.stats["blocks fetched"] += 1
         return rows, doc_ids
-
-    # -- memory: held blocks, read-ahead -------------------------------------------------
-    #
-    # A call reads its blocks in the plan's order (else ascending); read-ahead (threads) fetches
-    # first the call's blocks, then the plan's next ones, each only when the blocks it evicts are
-    # those reading on demand would evict when it is read (read_plan.py): so it never reads more.
-
-    def _reset_threads(self):
-        """Fresh locks, pool, held blocks and plan: at open, and in a forked child (whose copies of the
-        parent's threads and futures would never run)."""
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._pool = None
-        self._held = collections.OrderedDict()  # block -> (Rows, doc_ids), least recently read first
-        self._ahead: dict[int, object] = {}  # block -> Future: fetched ahead, not read yet
-        self._in_flight: set[int] = set()  # blocks whose fetch ahead has not finished
-        self._call: list[int] = []  # blocks the call in progress has still to read, in its order
-        self._in_call = False
-        self._reading: set[int] = set()  # blocks a caller is reading or waiting for right now
-        self._plan = ReadPlan()  # blocks the loader will read, in order, and where it is (read_plan.py)
-        self.held_bytes = self.max_held_bytes = 0
-
-    def _check_pid(self):
-        if self._pid != os.getpid():
-            self._reset_threads()
-
-    def _count(self, nbytes: int):
-        self.held_bytes += nbytes
-        self.max_held_bytes = max(self.max_held_bytes, self.held_bytes)
-
-    def _now(self) -> int:
-        """The plan's first row still to be read: after the call in progress or the last one (but
-        before the last one between calls of a dataset with loss masks: data.py reads them again)."""
-        return self._plan.read if self.has_loss_mask and not self._in_call else self._plan.next
-
-    def _room(self, nbytes: int, b: int, use: int | None = None, must: bool = False) -> bool:
-        """Make room (lock held) for block b: `nbytes` more held, read by the call in progress (`use`
-        None) or by the plan at row `use`, by evicting read blocks and blocks fetched ahead, the one
-        the plan uses last first (least recently read first among ties). False, evicting nothing,
-        when a block to go would be read before b; `must` (b read now, on demand): it goes anyway,
-        the call's later blocks last, past memory_bytes when nothing is left to evict."""
-        over = self.held_bytes + nbytes - int(self.options["memory_bytes"])
-        if over <= 0:
-            return True
-        if use is not None and sum(self._nbytes[x] for x in self._held if x not in self._call) < over:
-            return False  # a walk ahead lets go only blocks read and done with: too few (a quick no)
-        now = self._now()
-        held = [x for x in self._held if x not in self._reading]
-        ahead = sorted(x for x, f in self._ahead.items() if not f.done() or f.exception() is None)  # failed: holds nothing
-        candidates = held + ahead + sorted(self._reading)
-        # a fetch in flight, or a block being read, counts where it ranks but cannot go yet
-        free = [True] * len(held) + [self._ahead[x].done() for x in ahead] + [False] * len(self._reading)
-        soon = self._plan.next_uses(candidates, now)
-        later = soon if use is None else self._plan.next_uses(candidates, max(use, now))
-        call = {x: k for k, x in enumerate(self._call)}  # in the order the call reads them
-        after = call.get(b, -1)
-        keys = [call[x] - len(call) if use is None and call.get(x, -1) > after else int(u)  # the call's last read last
-                for x, u in zip(candidates, later)]
-        before = [x in call or (use is not None and int(u) < use) for x, u in zip(candidates, soon)]
-        order = sorted(range(len(candidates)), key=lambda i: -keys[i])  # stable: the least recently read first
-        victims, freed = [], 0
-        for i in order:  # the blocks reading on demand would let go, in turn, until b fits
-            if freed >= over:
-                break
-            if (before[i] or not free[i]) and not must:
-                return False  # one of them is read before b, or still in flight: b is fetched later
-            if free[i]:
-                victims.append(i)
-                freed += self._nbytes[candidates[i]]
-        if freed < over and not must:
-            return False
-        for i in victims:
-            x = candidates[i]
-            if self._held.pop(x, None) is None:
-                del self._ahead[x]
-            self.held_bytes -= self._nbytes[x]
-            self._plan.rewind(int(soon[i]))
-        return True
-
-    def _block(self, b: int):
-        """Block b's (Rows, doc_ids), held as most recently read: from memory, from a fetch ahead, or read now."""
-        with self._lock:
-            if b in self._held:
-                self._held.move_to_end(b)
-                return self._held[b]
-            future = self._ahead.pop(b, None)
-            if future is None:
-                self._room(self._nbytes[b], b, must=True)
-                self._count(self._nbytes[b])
-            self._reading.add(b)  # read (or waited for) here, now: not fetched ahead again
-        try:
-            block = future.result() if future is not None else self._fetch_or_release(b)
-        finally:
-            with self._lock:
-                self._reading.discard(b)
-        with self._lock:
-            self._held[b] = block
-            self._pump()
-        return block
-
-    def _fetch_or_release(self, b: int):
-        try:
-            return self._fetch(b)
-        except BaseException:
-            with self._lock:
-                self.held_bytes -= self._nbytes[b]
-            raise
-
-    def _blocks_of(self, idx: np.ndarray) -> np.ndarray:
-        return self._block_starts.searchsorted(idx, side="right") - 1
-
-    def prefetch(self, indices, reset: bool = False, calls=None):
-        """Rows `indices` will be read next, in this order (after those given before; `reset`
-        forgets those); `calls`: how many of them each read call (views, get_many, ...) takes, in
-        turn (the plan then orders each call's blocks, and the call reads them in that order).
-        Their blocks are fetched ahead in order by up to read_ahead threads, as far as memory
-        allows without letting go a block reading on demand would keep, and memory keeps the
-        blocks used soonest (read_plan.py). Without it, a read still fetches the blocks of one
-        call together."""
-        self._check_pid()
-        idx = self._indices(indices)
-        if calls is not None and (np.any(np.asarray(calls) < 0) or int(np.sum(calls)) != len(idx)):
-            raise ValueError(f"prefetch: calls add up to {int(np.sum(calls))} rows, not the {len(idx)} indices given; "
-                             "give each call's row count, or no calls")
-        with self._lock:
-            self._plan.extend(self._blocks_of(idx), reset, calls)
-            self._pump()
-
-    def _start_call(self, blocks: np.ndarray, wanted: list[int]) -> list[int]:
-        """A call reads rows of `blocks` (one per row), from blocks `wanted` (ascending): the plan's
-        cursor moves onto them when they are its next rows, and their fetches start. The order to
-        read them in: the plan's (read_plan.py), else ascending."""
-        with self._lock:
-            if self._plan.follow(blocks):
-                planned = list(dict.fromkeys(self._plan.rows_blocks(self._plan.read, self._plan.next).tolist()))
-                wanted = [b for b in planned if b in set(wanted)] + sorted(set(wanted) - set(planned))
-            self._call, self._in_call = list(wanted), True
-            self._warn_if_call_too_big(wanted)
-            self._pump()
-            return list(wanted)
-
-    def _warn_if_call_too_big(self, wanted: list[int]):
-        """Once: a read call whose blocks do not fit in memory_bytes reads the rest one by one
-        (docs/remote.md, Orders): say what to raise."""
-        need, memory = sum(self._nbytes[b] for b in wanted), int(self.options["memory_bytes"])
-        if need > memory and not self._warned_call:
-            self._warned_call = True
-            warnings.warn(f"streaming {fs.redact(str(self.path))}: one read of {len(wanted)} blocks needs "
-                          f"{need / 2**20:.1f} MiB but memory_bytes is {memory / 2**20:.1f} MiB, so its blocks are "
-                          f"read one at a time; raise memory_bytes (PACKER_STREAM_MEMORY_BYTES) above "
-                          f"{need / 2**20:.0f} MiB, or read in an order of whole blocks", stacklevel=5)
-
-    def _done_with(self, b: int):
-        """The call in progress has read what it needed of block b: room for its other blocks."""
-        with self._lock:
-            if b in self._call:
-                self._call.remove(b)
-            self._pump()
-
-    def _end_call(self):
-        with self._lock:
-            self._call, self._in_call = [], False
-
-    def _pump(self):
-        """Start fetches (lock held): the blocks the call in progress reads, in its order, then the
-        plan's next blocks while read_ahead threads are free, each while _room allows; a block that
-        must wait stops those after it."""
-        n_threads = int(self.options["read_ahead"])
-        if not n_threads:
-            return
-        for b in self._call:
-            if b not in self._held and b not in self._ahead and b not in self._reading:
-                if not self._room(self._nbytes[b], b):
-                    return  # read on demand, or fetched once memory frees
-                self._submit(b, n_threads)
-        in_flight = len(self._in_flight)
-        while in_flight < n_threads and (step := self._plan.ahead(self._now())) is not None:
-            run, b, use = step
-            if b not in self._held and b not in self._ahead and b not in self._reading:
-                if not self._room(self._nbytes[b], b, use):
-                    return  # memory holds only blocks needed sooner: wait for the loader to read some
-                self._submit(b, n_threads)
-                in_flight += 1
-            self._plan.at = run + 1
-
-    def _submit(self, b: int, n_threads: int):
-        self._count(self._nbytes[b])
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(n_threads, thread_name_prefix="packer-stream")
-        self._in_flight.add(b)
-        future = self._pool.submit(self._fetch_or_release, b)
-        future.add_done_callback(lambda _: self._landed(b))
-        self._ahead[b] = future
-
-    def _landed(self, b: int):
-        """A fetch ahead finished (in its thread): one thread free, maybe room to fetch more."""
-        self._in_flight.discard(b)  # one set operation: atomic, no lock needed
-        if self._lock.acquire(blocking=False):  # else the holder pumps when it is done
-            try:
-                self._pump()
-            finally:
-                self._lock.release()
-
-    # -- ShardDataset's interface --------------------------------------------------------
 
     def __len__(self) -> int:
         return self._n
 
     def __reduce__(self):
         given = {k: v for k, v in self.options.items() if v != DEFAULTS[k]}
-        return _reopen, (self.path, given)  # reopened where it is unpickled, never copied
+        return _reopen, (self.path, given, self.generation)  # reopened where it is unpickled, never copied
 
     def _indices(self, indices) -> np.ndarray:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -458,7 +323,7 @@ class StreamDataset:
             for p in order[firsts[g] : ends[g]].tolist():
                 r = local[p]
                 for field in fields:
-                    if field in ("tokens", "loss_mask"):
+                    if field in ("tokens", "loss_mask", "role_ids"):
                         out[field][p] = getattr(rows, field)[ts[r] : ts[r + 1]].copy()
                     elif field == "offsets":
                         out[field][p] = rows.offsets[ost[r] : ost[r + 1]].copy()
@@ -482,9 +347,14 @@ class StreamDataset:
         """Rows `indices`' source ids (uint16, one per segment), or None when the build named none."""
         return self._gather(indices, ("source_ids",))["source_ids"] if self.has_source_ids else None
 
+    def role_views(self, indices) -> list | None:
+        """Rows `indices`' role ids (uint8, one per token), or None when the build stored none."""
+        return self._gather(indices, ("role_ids",))["role_ids"] if self.has_role_ids else None
+
     def get_many(self, indices) -> Rows:
         """Rows `indices` as one CSR batch (ShardDataset.get_many), in one pass over their blocks."""
-        fields = ("tokens", "offsets") + ("loss_mask",) * self.has_loss_mask + ("source_ids",) * self.has_source_ids
+        fields = ("tokens", "offsets") + ("loss_mask",) * self.has_loss_mask + ("source_ids",) * self.has_source_ids \
+            + ("role_ids",) * self.has_role_ids
         got = self._gather(indices, fields)
         tokens, offsets = got["tokens"], got["offsets"]
         token_starts = np.zeros(len(tokens) + 1, np.int64)
@@ -492,7 +362,8 @@ class StreamDataset:
         np.cumsum([len(t) for t in tokens], out=token_starts[1:])
         np.cumsum([len(o) for o in offsets], out=offset_starts[1:])
         return Rows(_joined(tokens, self.dtype), token_starts, _joined(offsets, np.int32), offset_starts,
-                    loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16))
+                    loss_mask=_joined(got.get("loss_mask"), np.uint8), source_ids=_joined(got.get("source_ids"), np.uint16),
+                    role_ids=_joined(got.get("role_ids"), np.uint8))
 
     def _block_in_order(self, b: int):
         """Block b read whole, as the plan of a pass over every row in stored order says (then _done_with)."""
@@ -501,10 +372,10 @@ class StreamDataset:
 
     def doc_ids(self) -> np.ndarray:
         """int64 global document index of every stored segment, rows in stored order: from the
-        indexes (memmap, Megatron), or every block in turn (Arrow: a pass over the dataset)."""
-        if self.format in ("memmap", "megatron"):  # checked at open
-            parts = [state.doc_ids for _, state, _ in self._shards]
-        else:
+        indexes where the format's index holds them (memmap, Megatron: checked at open), or every
+        block in turn (Arrow: a pass over the dataset)."""
+        parts = [getattr(state, "doc_ids", None) for _, state, _ in self._shards]
+        if any(part is None for part in parts):
             self.prefetch(np.arange(self._n), reset=True)
             parts = []
             for b in range(len(self._blocks)):
@@ -540,5 +411,18 @@ def _all_or_none(fields: list[tuple[str, set]], field: str) -> bool:
     return bool(have) and have[0]
 
 
-def _reopen(path, given):
-    return StreamDataset(path, **given)
+def _reopen(path, given, generation=None):
+    return StreamDataset(path, generation, **given)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unchecked(path):
+    """Once per dataset and process: a dataset of a packer before block checksums is streamed unchecked."""
+    where = fs.redact(path)
+    if where not in _WARNED:
+        _WARNED.add(where)
+        warnings.warn(f"{where} was built by a packer without block checksums: its blocks are streamed without a "
+                      "check of their bytes (a local copy is checked by sha256 at open); rebuild it to add them",
+                      stacklevel=4)

@@ -1,15 +1,18 @@
 """Check a built dataset against its manifest; the first problem found is raised as one line.
 
 Checked: every name the manifest gives a plain file name inside the directory, no file named
-twice; shard by shard, every file present; sha256 equal to the manifest's (skipped by
-`checksums=False`, the `verify --quick`); what the shard's format checks when it opens
+twice; shard by shard, every file present; sha256 equal to the manifest's and every block's
+xxh3_64 equal to the shard's checksums file's (packer/store/checksums.py), in one pass per file
+(both skipped by `checksums=False`, the `verify --quick`); what the shard's format checks when it opens
 the files (headers, sizes, counts between them: packer/store/formats/); every row
 non-empty and at most the context length; offsets start at 0, rise strictly and end at
 the row length; one doc_id per segment; token ids below the vocabulary size (full check
 only); sequence, token and segment counts equal the manifest's, per shard and in total
 (`sequences`, `tokens_out`, `pieces`); distinct doc_ids equal `docs_accepted` less
 `docs_dropped_long`; loss masks 0/1, one per token, summing to `trained_tokens` where the totals
-have it; source ids one per segment, below the number of the manifest's sources. Beside the shards: tokenizer.json present, its sha256 the manifest's
+have it; source ids one per segment, below the number of the manifest's sources; role ids one per
+token, below the number of the manifest's roles (a table of names to ids 0..n-1), in every shard
+when the manifest has that table and in none otherwise. Beside the shards: tokenizer.json present, its sha256 the manifest's
 `tokenizer.sha256` (where it records one); stats.json present when documents were accepted, a JSON object of
 packer's stats schema whose context length, document and token counts are the manifest's; an Arrow
 dataset's state.json and dataset_info.json equal to what its shard entries give (`packer verify`
@@ -24,9 +27,10 @@ import pyarrow as pa
 
 from packer.io import fs
 from packer.store import checks, formats
-from packer.store.manifest import STATS, read_manifest, read_stats, require_regular, sha256_file, tokenizer_file
+from packer.store import checksums as block_checksums
+from packer.store.manifest import STATS, read_manifest, read_stats, require_regular, tokenizer_file
 
-QUICK_SKIPS = ("shard sha256", "token ids below the vocabulary")  # what checksums=False leaves out
+QUICK_SKIPS = ("shard sha256", "block checksums", "token ids below the vocabulary")  # what checksums=False leaves out
 
 
 def verify_dataset(path, *, checksums: bool = True) -> dict:
@@ -39,14 +43,17 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     dtype = np.dtype(config["token_dtype"])
     totals = {"sequences": 0, "tokens": 0, "documents": 0}
     doc_ids, trained = [], 0
+    n_roles = checks.role_count(manifest, fs.redact(path))
     for entry, files in zip(manifest["shards"], formats.manifest_files(fmt, manifest["shards"])):
-        _check_files(path, files, checksums)
+        sums = _check_files(path, fmt, entry, files, checksums)
         where = fs.redact(path / entry["file"])  # no credentials of a URI in messages
         counts = {"sequences": 0, "tokens": 0, "documents": 0}
         try:
-            for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt):
+            for rows, block_doc_ids in formats.shard_blocks(path, entry, fmt, sums):
                 checks.check_rows(rows, len(block_doc_ids), where, counts["sequences"], config["context_length"])
-                checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []))
+                _check_has_roles(rows, where, n_roles)
+                checks.check_extras(rows, len(block_doc_ids), where, len(manifest.get("sources") or []),
+                                    n_roles=n_roles)
                 checks.check_doc_ids(block_doc_ids, where, manifest["totals"].get("docs_accepted"))
                 trained += _trained(rows)
                 if checksums:
@@ -71,20 +78,38 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
 
 
+def _check_has_roles(rows, where: str, n_roles: int):
+    """A manifest with a role table has role ids in every shard (and one without, none)."""
+    if (rows.role_ids is not None) != bool(n_roles):
+        has = "has role ids but the manifest no \"roles\" table" if n_roles == 0 else \
+            "lacks role ids, which the manifest's \"roles\" table says the build stored"
+        raise ValueError(f"{where}: {has} (shards of another build, or the manifest was edited; rebuild the dataset)")
+
+
 def _trained(rows) -> int:
     """Tokens of the block's rows that are trained (all of them without a loss mask)."""
     t0, t1 = int(rows.token_starts[0]), int(rows.token_starts[-1])
     return t1 - t0 if rows.loss_mask is None else int(np.count_nonzero(rows.loss_mask[t0:t1]))
 
 
-def _check_files(path, files, checksums: bool):
-    for name, sha256 in files:
+def _check_files(path, fmt: str, entry: dict, files, checksums: bool):
+    """Every file of a shard present; with `checksums`, each one's sha256 and blocks checked. Returns
+    the shard's checksums (None: not checked, or a shard of format version 1)."""
+    for name, _ in files:
         file = path / name
         require_regular(file)
         if not file.is_file():
             raise ValueError(f"shard missing: {fs.redact(file)} (listed in the manifest); restore it or rebuild")
-        if checksums and sha256_file(file) != sha256:
-            raise ValueError(f"{fs.redact(file)}: sha256 does not match the manifest (the file changed or is corrupt)")
+    if not checksums:
+        return None
+    data, sums_file = formats.data_files(fmt, entry)
+    sums = None
+    if sums_file is not None:
+        block_checksums.check_file(path / sums_file[0], sums_file[1])
+        sums = block_checksums.read_sums(path / sums_file[0], sums_file[1], len(data))
+    for k, (name, sha256) in enumerate(data):
+        block_checksums.check_file(path / name, sha256, sums.files[k] if sums else None)
+    return sums
 
 
 def _check_totals(counts: dict, doc_ids: list, totals: dict):

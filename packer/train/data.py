@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.io import fs
 from packer.store.dataset import open_dataset, read_rows
-from packer.store.manifest import read_manifest
+from packer.store.manifest import load_manifest
 from packer.train.blend import Blend, Source
 from packer.train.items import (
     _POOL,
@@ -77,9 +77,25 @@ def _sources_of(manifest: dict, dataset: int, name: str) -> list[Source]:
     return out
 
 
+def _manifest_of(ds) -> tuple[dict, str]:
+    return ds.manifest, ds.generation
+
+
 def _loss_masks(ds, rows) -> list | None:
     """ds.mask_views(rows) where the dataset stores loss masks (fine-tuning data), else None."""
     return ds.mask_views(rows) if getattr(ds, "has_loss_mask", False) else None
+
+
+def _role_table(manifests: list[dict], paths) -> dict:
+    """The one role table (name -> id) of datasets built with --store-roles; ValueError naming the fix."""
+    for m, p in zip(manifests, paths):
+        if not m.get("roles"):
+            raise ValueError(f"ItemFields(role_ids=True), but {p} stores no role ids; build it with --input-kind chat "
+                             "--store-roles (docs/role_masks.md)")
+    if any(m["roles"] != manifests[0]["roles"] for m in manifests):
+        raise ValueError("ItemFields(role_ids=True) over datasets with different role tables (manifest \"roles\"); "
+                         "build them with the same --role-names")
+    return dict(manifests[0]["roles"])
 
 
 class PackedDataset(IterableDataset):
@@ -97,7 +113,9 @@ class PackedDataset(IterableDataset):
 
     fields: what each item carries beyond its five fields (ItemFields, packer/train/items.py): pad_to,
     pad_id (default: the manifest's), attention_mask, document_ids, source_ids (int64, one per token:
-    the source of its row).
+    the source of its row), role_ids (int64, one per token: its chat role, padding masks.PAD_ROLE; a
+    dataset built with --store-roles; `roles` is then its role table (name -> id), for a
+    packer.masks.RolePolicy: docs/role_masks.md).
 
     rank / world_size default to torch.distributed's when it is initialised, else 0 / 1.
     state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: the state is that of
@@ -113,6 +131,11 @@ class PackedDataset(IterableDataset):
     num_workers they are the same batches in the same order. The two built-in collates are cut straight
     from each block of rows, with no per-item tensors or dicts (several times faster;
     benchmarks/bench_loader.py). `len()` then counts the rank's batches.
+
+    The datasets' generations (their manifests' sha256) are pinned at construction: a DataLoader
+    worker, or a later epoch's reopen, of a dataset another build replaced meanwhile raises
+    "the dataset at X was replaced after this loader opened it; restart from a checkpoint" instead
+    of mixing rows of two builds (docs/format.md, Block checksums).
     """
 
     def __init__(self, path, *, weights=None, num_samples: int | None = None, mix_by: str = "sequences",
@@ -121,8 +144,10 @@ class PackedDataset(IterableDataset):
                  batch_size: int | None = None, collate_fn=None):
         self.path = path
         names, self.paths = self._paths(path)
-        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes
-        self.manifests = [read_manifest(p) if fs.is_remote(p) else open_dataset(p).manifest for p in self.paths]
+        # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes.
+        # Each one's generation is pinned: every process opens that dataset or raises (DatasetReplaced).
+        opened = [load_manifest(p) if fs.is_remote(p) else _manifest_of(open_dataset(p)) for p in self.paths]
+        self.manifests, self.generations = [m for m, _ in opened], [g for _, g in opened]
         self.manifest = self.manifests[0]
         self._row_base = np.cumsum([0] + [int(m["totals"]["sequences"]) for m in self.manifests])
         self.context_length = max(int(m["config"]["context_length"]) for m in self.manifests)
@@ -154,6 +179,8 @@ class PackedDataset(IterableDataset):
         self.fields = fields
         self.return_attention_mask, self.return_document_ids = fields.attention_mask, fields.document_ids
         self.return_source_ids = fields.source_ids
+        self.return_role_ids = fields.role_ids
+        self.roles = _role_table(self.manifests, self.paths) if fields.role_ids else None
         self._dss = None
         self._done = (0, 0)  # (units, items) this process yielded in the current epoch before the current block
         self._block_iter = None  # (iterator over the block's items or batches, their count, items)
@@ -351,8 +378,8 @@ class PackedDataset(IterableDataset):
         return datasets, rows, np.searchsorted(starts, rows, side="right")
 
     def _open(self):
-        if self._dss is None:
-            self._dss = [open_dataset(p) for p in self.paths]  # per process: memory maps do not pickle
+        if self._dss is None:  # per process (memory maps do not pickle), of the generations opened first
+            self._dss = [open_dataset(p, generation=g) for p, g in zip(self.paths, self.generations)]
         return self._dss
 
     def _read(self, datasets: np.ndarray, rows: np.ndarray) -> tuple[list, list, list | None]:
@@ -380,6 +407,21 @@ class PackedDataset(IterableDataset):
                 for k, m in zip(places, mask):
                     masks[k] = m
         return tokens, offsets, masks
+
+    def _read_roles(self, datasets: np.ndarray, rows: np.ndarray) -> list | None:
+        """The rows' role ids (every dataset has them: checked at init), or None unless fields.role_ids;
+        put back at their places as _read does."""
+        if not self.return_role_ids:
+            return None
+        dss = self._open()
+        if len(dss) == 1:
+            return dss[0].role_views(rows)
+        roles = [None] * len(rows)
+        for d, ds in enumerate(dss):
+            here = np.flatnonzero(datasets == d)
+            for k, r in zip(here.tolist(), ds.role_views(rows[here]) if len(here) else ()):
+                roles[k] = r
+        return roles
 
     def _will_read(self, datasets: np.ndarray, rows: np.ndarray, sizes, units_per_block: int, first: bool):
         """Tell readers that read ahead (a streamed store: ds.prefetch, packer/store/stream.py) the rows
@@ -426,7 +468,8 @@ class PackedDataset(IterableDataset):
             for b in range(0, len(sizes), units_per_block):
                 lo, hi = bounds[b], bounds[min(b + units_per_block, len(sizes))]
                 n_units = min(units_per_block, len(sizes) - b)
-                out = self._block_units(self._read(datasets[lo:hi], rows[lo:hi]), sources[lo:hi])
+                out = self._block_units(self._read(datasets[lo:hi], rows[lo:hi]), sources[lo:hi],
+                                        self._read_roles(datasets[lo:hi], rows[lo:hi]))
                 self._block_iter = (iter(out), n_units, hi - lo)
                 del out  # only the iterator holds them: once it ends, the block's buffer is free for the next
                 yield from self._block_iter[0]  # C-level delegation; state_dict counts what it took
@@ -442,10 +485,12 @@ class PackedDataset(IterableDataset):
         last = unit_positions(np.array([mine[-1]]), n, self.unit, split["world_size"], split["rank"])[1]
         return (len(mine) - 1) * self.unit + int(last[0])
 
-    def _block_units(self, rows, sources) -> list:
-        """What one block of rows (tokens, offsets, loss masks) yields: its items, or with batch_size its batches."""
+    def _block_units(self, rows, sources, role_ids=None) -> list:
+        """What one block of rows (tokens, offsets, loss masks; role ids) yields: its items, or with batch_size its
+        batches."""
         tokens, offsets, loss_masks = rows
-        block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks)
+        block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks,
+                            role_ids=role_ids)
         if self.return_source_ids:
             block.fields["source_ids"] = torch.from_numpy(_source_ids(sources, block.row_start_list))
         n, size = len(block.row_start_list) - 1, self.batch_size

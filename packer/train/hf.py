@@ -58,7 +58,7 @@ def hf_batch(batch: dict) -> dict:
     out = {"input_ids": batch["input_ids"], "labels": batch["labels"], "position_ids": batch["position_ids"],
            "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
            "max_length_k": max_seqlen, "use_cache": False}
-    if "source_ids" in batch:  # PackedDataset(return_source_ids=True): pop it before model(**batch)
+    if "source_ids" in batch:  # ItemFields(source_ids=True): pop it before model(**batch)
         out["source_ids"] = batch["source_ids"]
     return out
 

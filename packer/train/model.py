@@ -9,17 +9,20 @@ and returns logits [T, vocab] (or [B, L, vocab]), plus the mean next-token loss 
 given. Labels follow packer.data: labels == input_ids except -100 at each document's first token and
 on padding; the model shifts them itself, so position t predicts labels[t + 1]. Every layer but
 attention acts on one token at a time, so a document gets exactly the same logits packed or alone.
+With `policy` (a packer.masks.RolePolicy) in the config, forward takes the batch's `role_ids` ([T],
+[1, T] or [B, L]) and every layer attends by the policy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from packer.masks import IGNORE_INDEX
+from packer.masks import IGNORE_INDEX, RolePolicy
 from packer.train.attention import PackedSelfAttention
 
 
@@ -32,18 +35,21 @@ class GPTConfig:
     n_kv_heads: int | None = None
     window: int | None = None
     backend: str = "auto"
+    policy: RolePolicy | None = None  # a role policy: forward then takes role_ids
+    roles: Mapping[str, int] | None = None  # the dataset's role table (None: masks.DEFAULT_ROLES)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(cfg.dim), nn.RMSNorm(cfg.dim)
-        self.attn = PackedSelfAttention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, window=cfg.window, backend=cfg.backend)
+        self.attn = PackedSelfAttention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, window=cfg.window, backend=cfg.backend,
+                                        policy=cfg.policy, roles=cfg.roles)
         self.mlp = nn.Sequential(nn.Linear(cfg.dim, 4 * cfg.dim, bias=False), nn.GELU(),
                                  nn.Linear(4 * cfg.dim, cfg.dim, bias=False))
 
-    def forward(self, x, position_ids, cu_seqlens, max_seqlen):
-        x = x + self.attn(self.norm1(x), position_ids, cu_seqlens, max_seqlen)
+    def forward(self, x, position_ids, cu_seqlens, max_seqlen, role_ids=None):
+        x = x + self.attn(self.norm1(x), position_ids, cu_seqlens, max_seqlen, role_ids)
         return x + self.mlp(self.norm2(x))
 
 
@@ -57,7 +63,7 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         torch.nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, input_ids, position_ids=None, cu_seqlens=None, max_seqlen=None, labels=None):
+    def forward(self, input_ids, position_ids=None, cu_seqlens=None, max_seqlen=None, labels=None, role_ids=None):
         shape = input_ids.shape
         if input_ids.dim() == 2:  # padded batch: every row is one causal sequence
             B, L = shape
@@ -71,9 +77,11 @@ class TinyGPT(nn.Module):
             labels = None if labels is None else labels.reshape(-1)
         elif cu_seqlens is None:
             raise ValueError("a packed row (1-D input_ids) needs cu_seqlens; pass the loader's cu_seqlens")
+        if role_ids is not None:
+            role_ids = role_ids.reshape(-1)  # [1, T] (a varlen batch) or [B, L]
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, position_ids, cu_seqlens, max_seqlen)
+            x = block(x, position_ids, cu_seqlens, max_seqlen, role_ids)
         logits = self.head(self.norm(x))
         out = logits.view(*shape, -1)
         if labels is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -68,6 +68,11 @@ class OnlinePackedDataset(IterableDataset):
     under a record kind: missing_field). A template that cannot give exact spans raises TemplateRefused.
     In a buffer the texts and plain ids come first, then each record kind's examples, in source order.
 
+    fields=ItemFields(role_ids=True) (config.input_kind "chat"; config.role_names as the build's
+    --role-names) gives each item the `role_ids` a build with --store-roles stores for its tokens, under
+    the role table `roles`, for a packer.masks.RolePolicy (docs/role_masks.md); carried pieces keep
+    theirs (the state's carry_roles). config.store_roles is not read: the items' fields decide.
+
     Resume re-reads the source from its start and skips what was consumed (a list or map-style
     dataset is indexed directly), so the source must give the same documents in the same order; the
     state holds the skip counts, so a resumed run counts what an uninterrupted one counts.
@@ -86,11 +91,18 @@ class OnlinePackedDataset(IterableDataset):
             raise ValueError("ItemFields(source_ids=True): an online stream has no named sources; build the "
                              "dataset with sources and read it with PackedDataset")
         check_rank(rank, world_size)
+        if fields.role_ids and config.input_kind != "chat":
+            raise ValueError(f"ItemFields(role_ids=True) gives the roles of chat messages: it needs "
+                             f"BuildConfig(input_kind=\"chat\") (got {config.input_kind!r})")
+        if config.input_kind == "chat":  # role ids are gathered exactly when the items carry them
+            config = replace(config, store_roles=fields.role_ids)
         self.source, self.config, self.buffer_docs = source, config, buffer_docs
         self.encoder = DocumentEncoder(tokenizer, config, eos_id, bos_id)
         self.pad_id = fields.pad_id if fields.pad_id is not None else \
             (self.eos_id if self.eos_id is not None else 0)
         self.fields, self.policy, self.rank, self.world_size = fields, policy, rank, world_size
+        self.return_role_ids = fields.role_ids
+        self.roles = config.role_table if fields.role_ids else None
         self.epoch = 0
         self._resume: dict | None = None
         self._state: dict | None = None
@@ -124,12 +136,12 @@ class OnlinePackedDataset(IterableDataset):
                 "algorithm": c.algorithm, "seed": c.seed, "long_docs": c.long_docs,
                 "eos_id": self.eos_id, "bos_id": self.bos_id, **asdict(self.policy),
                 "input_kind": c.input_kind,
-                **{key: records[key] for key in RECORD_FIELDS if key in records}}
+                **{key: records[key] for key in (*RECORD_FIELDS, "store_roles", "role_names") if key in records}}
 
     def _fresh_state(self, partition: int, n_partitions: int) -> dict:
         return {"config": self._config(), "epoch": self.epoch, "partition": partition,
                 "n_partitions": n_partitions, "source_pos": 0, "buffer_index": 0, "n_yielded": 0, "carry": [],
-                "carry_masks": [], "skipped": {}}
+                "carry_masks": [], **({"carry_roles": []} if self.return_role_ids else {}), "skipped": {}}
 
     def state_dict(self) -> dict:
         """Where this object's iteration stands: after the last item it yielded. Plain ints and lists
@@ -173,9 +185,10 @@ class OnlinePackedDataset(IterableDataset):
             if i % n_partitions == partition:
                 yield i + 1, doc
 
-    def _encode(self, docs: list[tuple[int, object]]) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """(ids, loss mask or None) of each accepted document of a buffer (DocumentEncoder.encode); the
-        bad records counted by reason (self._skipped), the first one warned about once."""
+    def _encode(self, docs: list[tuple[int, object]]) -> list[tuple]:
+        """(ids, loss mask or None[, role ids: chat with fields.role_ids]) of each accepted document of a
+        buffer (DocumentEncoder.encode); the bad records counted by reason (self._skipped), the first one
+        warned about once."""
         out, skips = self.encoder.encode(docs)
         self._count(skips)
         return out
@@ -189,12 +202,12 @@ class OnlinePackedDataset(IterableDataset):
                           f"reasons); the first: {where}: {reason}", stacklevel=4)
 
     def _pieces(self, docs: list[tuple]) -> list[tuple]:
-        """(ids, mask) pieces of the documents under the long-document policy; a piece's mask is its
-        slice of its document's."""
+        """(ids, mask[, roles]) pieces of the documents under the long-document policy; a piece's mask
+        (and role ids) is its slice of its document's."""
         docs = [d for d in docs if len(d[0])]
-        lengths = np.fromiter((len(ids) for ids, _ in docs), dtype=np.int64, count=len(docs))
+        lengths = np.fromiter((len(d[0]) for d in docs), dtype=np.int64, count=len(docs))
         piece_doc, piece_offset, piece_len = cut_long(lengths, self.config.context_length, self.config.long_docs)
-        return [(docs[d][0][o : o + n], None if docs[d][1] is None else docs[d][1][o : o + n])
+        return [tuple(None if x is None else x[o : o + n] for x in docs[d])
                 for d, o, n in zip(piece_doc.tolist(), piece_offset.tolist(), piece_len.tolist())]
 
     def __iter__(self):
@@ -212,31 +225,35 @@ class OnlinePackedDataset(IterableDataset):
         carry_masks = state.get("carry_masks") or [None] * len(state["carry"])  # older states: texts only
         carry = [(np.asarray(c, dtype=np.int64), None if m is None else np.asarray(m, dtype=np.uint8))
                  for c, m in zip(state["carry"], carry_masks)]
+        if self.return_role_ids:  # chat pieces: (ids, mask, roles)
+            carry = [(*piece, np.asarray(r, dtype=np.uint8)) for piece, r in zip(carry, state["carry_roles"])]
         source_pos, buffer_index, skip = state["source_pos"], state["buffer_index"], state["n_yielded"]
         docs = self._documents(source_pos, partition, n_partitions)
         while True:
             at_start = {**state, "source_pos": source_pos, "buffer_index": buffer_index, "n_yielded": 0,
-                        **_carry_lists(carry), "skipped": dict(self._skipped)}  # resuming here re-reads this buffer
+                        **_carry_lists(carry, self.return_role_ids),
+                        "skipped": dict(self._skipped)}  # resuming here re-reads this buffer
             raw = list(itertools.islice(docs, self.buffer_docs))
             final = len(raw) < self.buffer_docs
             next_pos = raw[-1][0] if raw else source_pos
             pieces = carry + self._pieces(self._encode(raw))
-            lengths = np.fromiter((len(ids) for ids, _ in pieces), dtype=np.int64, count=len(pieces))
+            lengths = np.fromiter((len(p[0]) for p in pieces), dtype=np.int64, count=len(pieces))
             emitted, carried = pack_buffer(lengths, self.config.context_length, self.config.algorithm, policy=self.policy,
                                            final=final)
             carry = [tuple(None if x is None else x.copy() for x in pieces[i])  # a copy: a view would pin
                      for i in flat_indices(carried)]  # its whole document
             after = {**state, "source_pos": next_pos, "buffer_index": buffer_index + 1, "n_yielded": 0,
-                     **_carry_lists(carry), "skipped": dict(self._skipped)}
+                     **_carry_lists(carry, self.return_role_ids), "skipped": dict(self._skipped)}
             order = np.random.default_rng([self.config.seed, self.epoch, partition, buffer_index]).permutation(len(emitted))
             for j in range(skip, len(emitted)):
                 self._state = {**at_start, "n_yielded": j + 1} if j + 1 < len(emitted) else after
                 bin_pieces = [pieces[i] for i in emitted[order[j]]]
-                offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in bin_pieces])])
-                yield make_item(np.concatenate([ids for ids, _ in bin_pieces]), offsets,
+                offsets = np.concatenate([[0], np.cumsum([len(p[0]) for p in bin_pieces])])
+                roles = np.concatenate([p[2] for p in bin_pieces]) if self.return_role_ids else None
+                yield make_item(np.concatenate([p[0] for p in bin_pieces]), offsets,
                                 loss_mask=_bin_mask(bin_pieces), pad_to=self.fields.pad_to, pad_id=self.pad_id,
                                 return_attention_mask=self.fields.attention_mask,
-                                return_document_ids=self.fields.document_ids)
+                                return_document_ids=self.fields.document_ids, role_ids=roles)
             self._state = after  # also when the buffer emitted nothing (every bin carried)
             if final:
                 return
@@ -244,19 +261,25 @@ class OnlinePackedDataset(IterableDataset):
 
 
 def _bin_mask(pieces: list[tuple]) -> np.ndarray | None:
-    """The loss mask of a bin of (ids, mask) pieces: None when no piece has one (all trained)."""
-    if all(mask is None for _, mask in pieces):
+    """The loss mask of a bin of (ids, mask[, roles]) pieces: None when no piece has one (all trained)."""
+    if all(p[1] is None for p in pieces):
         return None
-    return np.concatenate([np.ones(len(ids), np.uint8) if mask is None else mask for ids, mask in pieces])
+    return np.concatenate([np.ones(len(p[0]), np.uint8) if p[1] is None else p[1] for p in pieces])
 
 
-def _carry_lists(carry: list[tuple]) -> dict:
-    """Carried (ids, mask) pieces as the state's plain lists: "carry" (ids) and "carry_masks" (mask or None)."""
-    return {"carry": [ids.tolist() for ids, _ in carry],
-            "carry_masks": [None if mask is None else mask.tolist() for _, mask in carry]}
+def _carry_lists(carry: list[tuple], roles: bool = False) -> dict:
+    """Carried (ids, mask[, roles]) pieces as the state's plain lists: "carry" (ids), "carry_masks" (mask
+    or None) and, with `roles`, "carry_roles"."""
+    lists = {"carry": [p[0].tolist() for p in carry], "carry_masks": [None if p[1] is None else p[1].tolist()
+                                                                       for p in carry]}
+    if roles:
+        lists["carry_roles"] = [p[2].tolist() for p in carry]
+    return lists
 
 
 def _copy_carry(state: dict) -> dict:
     masks = state.get("carry_masks") or [None] * len(state["carry"])
+    roles = {"carry_roles": [list(r) for r in state["carry_roles"]]} if "carry_roles" in state else {}
     return {**state, "carry": [list(c) for c in state["carry"]],
-            "carry_masks": [None if m is None else list(m) for m in masks], "skipped": dict(state.get("skipped", {}))}
+            "carry_masks": [None if m is None else list(m) for m in masks], **roles,
+            "skipped": dict(state.get("skipped", {}))}

@@ -1,4 +1,4 @@
-"""Source documents of an online stream -> (ids, loss mask), exactly as `packer build` encodes them:
+"""Source documents of an online stream -> (ids, loss mask[, role ids]), as `packer build` encodes them:
 texts through the one text path, records through the build's RecordEncoder, pre-tokenized ids as given.
 
 A document is a text, token ids, an (ids, loss_mask) pair, or a dict: {text_field: ...},
@@ -6,6 +6,7 @@ A document is a text, token ids, an (ids, loss_mask) pair, or a dict: {text_fiel
 
     ids   int64 [T]   bos/eos added as the build adds them (texts, plain ids; records by their encoder)
     mask  uint8 [T]   1 = trained; None when every token is (texts, plain ids)
+    roles uint8 [T]   chat records with config.store_roles only: each token's role id (the build's role_ids)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from packer.config import BuildConfig
 from packer.encode.chat_source import chat_template_of
+from packer.encode.engines import choose_engine
 from packer.encode.records import RECORD_BATCH, RECORD_KINDS, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_stream, encode_texts
 from packer.encode.tokenizer import (
@@ -29,6 +31,7 @@ from packer.encode.tokenizer import (
     EOS_CANDIDATES,
     configure,
     configured_copy,
+    load_encoder,
     load_tokenizer,
     resolve_tokenizer,
     special_id,
@@ -43,7 +46,9 @@ class DocumentEncoder:
     copied and the copy configured, never changed itself). eos and bos are the build's: for a path, the
     eos its tokenizer_config.json names and, with config.bos None, a bos where its add_bos_token says so
     (eos_id= / bos_id= override, config.eos / config.bos turn them off or on); a Tokenizer object has no
-    config files beside it, so its eos is config.eos_token or guessed by name, and bos is off unless asked for."""
+    config files beside it, so its eos is config.eos_token or guessed by name, and bos is off unless asked for.
+    Texts and records are encoded by the build's engine (config.encode_engine) for a path; a Tokenizer
+    object's texts by the object (hf)."""
 
     def __init__(self, tokenizer, config: BuildConfig, eos_id: int | None = None, bos_id: int | None = None):
         self.config = config
@@ -54,6 +59,8 @@ class DocumentEncoder:
         elif tokenizer is not None:
             tokenizer = configured_copy(tokenizer)  # the caller's object stays as it was
         self.tokenizer = tokenizer
+        if self.tokenizer_path is not None:  # the build's engine (config.encode_engine), checked now: a forced one may refuse
+            choose_engine(self.tokenizer_path, config.encode_engine)
         self.eos_id, self.bos_id = self._specials(eos_id, bos_id)
         self._encoders: dict = {}  # kind -> the build's RecordEncoder, made in the process that encodes
         if config.input_kind in RECORD_KINDS:
@@ -83,11 +90,11 @@ class DocumentEncoder:
         if self.tokenizer is not None:
             configure(self.tokenizer)
 
-    def encode(self, docs: list[tuple[int, object]]) -> tuple[list[tuple[np.ndarray, np.ndarray | None]], Skips]:
-        """(ids int64 [T], loss mask uint8 [T] or None for all trained) of each accepted document of a
-        buffer of (source position + 1, document): the texts and plain ids first, in source order, then
-        each record kind's examples, in source order, encoded RECORD_BATCH at a time by the build's
-        RecordEncoder; and the bad records skipped, by reason."""
+    def encode(self, docs: list[tuple[int, object]]) -> tuple[list[tuple], Skips]:
+        """(ids int64 [T], loss mask uint8 [T] or None for all trained[, role ids uint8 [T]: chat records
+        with config.store_roles]) of each accepted document of a buffer of (source position + 1, document):
+        the texts and plain ids first, in source order, then each record kind's examples, in source order,
+        encoded RECORD_BATCH at a time by the build's RecordEncoder; and the bad records skipped, by reason."""
         plain, records = [], collections.defaultdict(list)
         skips = Skips()
         for pos, doc in docs:
@@ -103,7 +110,8 @@ class DocumentEncoder:
             for start in range(0, len(records[kind]), RECORD_BATCH):
                 encoded = self._encoder(kind).encode(records[kind][start : start + RECORD_BATCH], skips)
                 bounds = np.cumsum(encoded.lengths)[:-1]
-                out += zip(np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds))
+                parts = [np.split(encoded.ids.astype(np.int64), bounds), np.split(encoded.mask, bounds)]
+                out += zip(*parts, *([np.split(encoded.roles, bounds)] if encoded.roles is not None else []))
         return out, skips
 
     def _kind_of(self, doc) -> str | None:
@@ -164,12 +172,20 @@ class DocumentEncoder:
         if texts:  # the build's encode path: the same ids, bos/eos included, as `packer build` stores
             if self.tokenizer is None:
                 raise ValueError("the source yields texts but tokenizer=None; pass tokenizer=PATH_TO_tokenizer.json")
-            batches = list(encode_stream(self.tokenizer, texts, dtype=np.int64, eos_id=self.eos_id, bos_id=self.bos_id))
+            batches = list(encode_stream(self._text_encoder(), texts, dtype=np.int64, eos_id=self.eos_id,
+                                         bos_id=self.bos_id))
             flat = np.concatenate([ids for ids, _ in batches])
             lengths = np.concatenate([n for _, n in batches])
             for k, ids in zip(where, np.split(flat, np.cumsum(lengths)[:-1])):
                 out[k] = (ids, None)
         return out
+
+    def _text_encoder(self):
+        """The build's text encoder: a tokenizer path's engine (packer/encode/engines, as `packer build`
+        chooses it), a Tokenizer object's own encoding (hf)."""
+        if self.tokenizer_path is None:
+            return self.tokenizer
+        return load_encoder(self.tokenizer_path, choose_engine(self.tokenizer_path, self.config.encode_engine).name)
 
     def _unpack(self, pos: int, doc):
         """A source document as a text, or (ids int64 [T], loss mask uint8 [T] or None)."""

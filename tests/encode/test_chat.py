@@ -4,6 +4,7 @@ prefix property is refused naming the record, malformed conversations are counte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -411,12 +412,18 @@ def test_the_fast_path_builds_what_the_tokenizers_offsets_build(tmp_path, family
     info = tokenizer_info(str(path), cfg)
     batch = [(f"chat.jsonl:{i + 1}", r) for i, r in enumerate(records)]
     fast = RecordEncoder("chat", info, cfg, encode_texts)
-    assert fast.offsets is not None
+    assert fast.offsets is not None and info.engine != "hf" and fast.added is not None  # a fast engine's path
     slow = RecordEncoder("chat", info, cfg, encode_texts)
     slow.offsets = None
+    hf = RecordEncoder("chat", dataclasses.replace(info, engine="hf"), cfg, encode_texts)  # ids from the chat tokenizer
+    assert hf.added is None
     got, want = fast.encode(batch, fast_skips := SkipLog.empty()), slow.encode(batch, skips := SkipLog.empty())
     assert got.ids.tolist() == want.ids.tolist() and got.lengths.tolist() == want.lengths.tolist()
     assert got.mask.tolist() == want.mask.tolist() and fast_skips.counts == skips.counts
+    by_hf = hf.encode(batch, SkipLog.empty())
+    assert by_hf.ids.tolist() == want.ids.tolist() and by_hf.mask.tolist() == want.mask.tolist()
+    other = RecordEncoder("chat", dataclasses.replace(info, engine="tiktoken"), cfg, encode_texts).encode(batch, SkipLog.empty())
+    assert other.ids.tolist() == want.ids.tolist() and other.mask.tolist() == want.mask.tolist()
     assert 50 < len(want.lengths) <= len(records) and 0 < int(want.mask.sum()) < len(want.mask)
 
 

@@ -245,8 +245,8 @@ def test_cli_build_verify_inspect_stats_on_a_uri(memory_uri):
     result = runner.invoke(main, [*rebuild, "--overwrite"])
     assert result.exit_code == 0 and "shards:    1 in memory://" in result.output, result.output
     assert sorted(p.name for p in fs.location(memory_uri).iterdir()) == [
-        ".packer-owned.json", "dataset_info.json", "manifest.json", "report.html", "shard-00000.arrow", "state.json", "stats.json",
-        "tokenizer.json"]  # the old shards are gone
+        ".packer-owned.json", "dataset_info.json", "manifest.json", "report.html", "shard-00000.arrow", "shard-00000.sums",
+        "state.json", "stats.json", "tokenizer.json"]  # the old shards are gone
     assert runner.invoke(main, ["verify", memory_uri]).exit_code == 0
 
 

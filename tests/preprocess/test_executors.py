@@ -33,7 +33,7 @@ def test_describe_call_names_the_unit_or_shard():
     assert describe_call(tokenize_unit, (unit, None, None, "w"), 3) == (
         "tokenize_unit, unit 3 (a.jsonl bytes 0-65536)"
     )
-    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16", "arrow"), 2) == "write_shard, shard 2"
+    assert describe_call(write_shard, ("plan.npz", 2, "w", "o", "uint16"), 2) == "write_shard, shard 2"
     assert describe_call(slow_square, (1, 0.0), 5) == "slow_square, item 5"
     assert describe_call(slow_square, (1, 2, 3), 6) == "slow_square, item 6"  # arguments do not bind
 
@@ -58,7 +58,7 @@ def test_local_worker_error_keeps_its_type_and_names_the_unit(tmp_path):
     try:
         # readers.FileError needs two arguments; the label keeps its nearest built-in type.
         with pytest.raises(ValueError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\): .*cannot open"):
-            ex.map(tokenize_unit, [(u, info, BuildConfig(), str(tmp_path)) for u in units])
+            ex.map(tokenize_unit, [(u, info, BuildConfig(), tmp_path) for u in units])
     finally:
         ex.close()
 

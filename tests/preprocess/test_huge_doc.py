@@ -87,7 +87,7 @@ def _unit_tokens(path, tmp_path, **config):
     (unit,) = plan_units([str(path)], 1 << 30)
     work = tmp_path / "w"
     work.mkdir(exist_ok=True)
-    counters = tokenize_unit(unit, info, config, str(work))
+    counters = tokenize_unit(unit, info, config, work)
     return np.load(unit_paths(work, 0)["tokens.npy"]).tolist(), np.load(unit_paths(work, 0)["lengths.npy"]), counters
 
 

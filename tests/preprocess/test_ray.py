@@ -7,6 +7,7 @@ import json
 import os
 import pkgutil
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -92,7 +93,7 @@ def _files(path) -> dict[str, bytes]:
 def local_files(sample_dataset):
     """The sample corpus built by the local executor (2 workers), as {file name: bytes}."""
     files = _files(sample_dataset)
-    assert sum(name.startswith("shard-") for name in files) == 4
+    assert sum(name.startswith("shard-") and name.endswith(".arrow") for name in files) == 4  # (and their .sums)
     return files
 
 
@@ -152,7 +153,7 @@ def test_a_worker_that_always_dies_fails_naming_the_shard(ray_session, monkeypat
     ex = RayExecutor(max_retries=1)
     try:
         with pytest.raises(RuntimeError, match=r"write_shard, shard 7: the Ray task failed on all 2 attempts \(max_retries=1\)"):
-            ex.map(write_shard, [("plan.npz", 7, "work", "out", "uint16")])
+            ex.map(write_shard, [(Path("plan.npz"), 7, Path("work"), Path("out"), "uint16", "arrow")])
     finally:
         ex.close()
 
@@ -163,7 +164,7 @@ def test_a_stage_error_keeps_its_type_and_names_the_unit(ray_session, tmp_path):
     ex = RayExecutor()
     try:
         with pytest.raises(ValueError, match=r"tokenize_unit, unit 1 \(.*gone\.jsonl bytes 0-1000\): .*cannot open"):
-            ex.map(tokenize_unit, [(u, info, CONFIG, str(tmp_path)) for u in units])
+            ex.map(tokenize_unit, [(u, info, CONFIG, tmp_path) for u in units])
     finally:
         ex.close()
 

@@ -41,7 +41,7 @@ def test_streamed_npy_loads_plainly_and_memory_mapped(tmp_path, dtype):
 
 
 def _unit_outputs(work, units, info, config):
-    counters = [tokenize_unit(u, info, config, str(work)) for u in units]
+    counters = [tokenize_unit(u, info, config, work) for u in units]
     tokens = np.concatenate([np.load(unit_paths(work, u.index)["tokens.npy"]) for u in units])
     lengths = np.concatenate([np.load(unit_paths(work, u.index)["lengths.npy"]) for u in units])
     return tokens, lengths, counters
@@ -82,7 +82,7 @@ def test_file_error_skip_leaves_an_empty_unit_that_says_why(tmp_path):
     units = plan_units([str(tmp_path / "t.jsonl.gz")], 100)
     info = tokenizer_info(TOKENIZER, BuildConfig())
     with pytest.raises(ValueError, match="t.jsonl.gz: .*Truncated"):
-        tokenize_unit(units[0], info, BuildConfig(), str(tmp_path))
+        tokenize_unit(units[0], info, BuildConfig(), tmp_path)
     tokens, lengths, (c,) = _unit_outputs(tmp_path, units, info, BuildConfig(on_file_error="skip"))
     assert len(tokens) == len(lengths) == 0
     assert c["file_error"] == "corrupt or truncated gzip stream (Truncated compressed stream)" and c["docs_read"] == 0
@@ -98,10 +98,10 @@ def test_a_finished_unit_of_another_span_is_refused_not_reused(tmp_path):
     info, work = tokenizer_info(TOKENIZER, BuildConfig()), tmp_path / "work"
     work.mkdir()
     small, whole = plan_units([str(corpus)], 100), plan_units([str(corpus)], 1 << 20)
-    tokenize_unit(small[0], info, BuildConfig(), str(work))
-    assert tokenize_unit(small[0], info, BuildConfig(), str(work))["end"] == small[0].end  # the same unit: reused
+    tokenize_unit(small[0], info, BuildConfig(), work)
+    assert tokenize_unit(small[0], info, BuildConfig(), work)["end"] == small[0].end  # the same unit: reused
     with pytest.raises(ValueError, match=r"holds another unit .* pass --overwrite"):
-        tokenize_unit(whole[0], info, BuildConfig(), str(work))
+        tokenize_unit(whole[0], info, BuildConfig(), work)
 
 
 def test_interrupted_unit_leaves_no_files(tmp_path, monkeypatch):
@@ -120,7 +120,7 @@ def test_interrupted_unit_leaves_no_files(tmp_path, monkeypatch):
     work.mkdir()
     (unit,) = plan_units([str(path)], 10**9)
     with pytest.raises(KeyboardInterrupt):
-        tokenize_unit(unit, tokenizer_info(TOKENIZER, BuildConfig()), BuildConfig(), str(work))
+        tokenize_unit(unit, tokenizer_info(TOKENIZER, BuildConfig()), BuildConfig(), work)
     assert len(calls) == 2 and list(work.iterdir()) == []
 
 

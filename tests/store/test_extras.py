@@ -68,7 +68,7 @@ def test_without_extras_a_shard_has_neither(tmp_path, fmt):
     layout = Layout(*layout[:4])  # no source_ids
     ts = layout.token_starts
     entry = write_rows(layout, lambda r0, r1: tokens[ts[r0] : ts[r1]].copy(), tmp_path, 0, fmt)
-    assert list(entry) == [k for n, s, _ in formats.file_names(fmt, 0) for k in (n, s)]
+    assert list(entry) == [k for n, s, _ in [*formats.file_names(fmt, 0), formats.CHECKSUMS] for k in (n, s)]
     for rows, _ in formats.shard_blocks(tmp_path, entry, fmt):
         assert rows.loss_mask is None and rows.source_ids is None
 
@@ -83,9 +83,9 @@ def _build(tmp_path, fmt):
     return tmp_path / fmt
 
 
-def _plan_path(work, k: int) -> str:
+def _plan_path(work, k: int):
     """Shard k's own plan file (packer/preprocess/plan_groups.py)."""
-    return str(PlanIndex.load(work / INDEX).shard_path(work / PLAN_DIR, k))
+    return PlanIndex.load(work / INDEX).shard_path(work / PLAN_DIR, k)
 
 
 def _whole_plan(work):
@@ -114,7 +114,7 @@ def _rewrite_with_extras(out, fmt, rng):
         p.unlink()
     for p in out.glob("shard-*"):
         p.unlink()
-    entries = [write_shard(_plan_path(out / "_work", k), k, str(out / "_work"), str(out),
+    entries = [write_shard(_plan_path(out / "_work", k), k, out / "_work", out,
                            manifest["config"]["token_dtype"], fmt, loss_mask=True, unit_sources=unit_sources)
                for k in range(len(manifest["shards"]))]
     for old, new in zip(manifest["shards"], entries):
@@ -157,7 +157,7 @@ def test_reading_refuses_a_bad_mask_value_and_a_source_outside_the_manifest(tmp_
     mask_file.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="sha256 does not match"):
         verify_dataset(out)
-    with pytest.raises(ValueError, match="loss mask value 2, expected 0 or 1"):
+    with pytest.raises(ValueError, match=r"loss_mask\.bin bytes 0-\d+: checksum mismatch"):  # before its values
         open_dataset(out).mask_views([0])
     with pytest.raises(ValueError, match="loss mask value 2"):
         verify_dataset(out, checksums=False)
@@ -177,9 +177,9 @@ def test_shards_with_and_without_masks_do_not_mix(tmp_path):
     first = dict(manifest["shards"][0])
     _rewrite_with_extras(out, "memmap", np.random.default_rng(3))
     manifest = json.loads((out / "manifest.json").read_text())
-    plain = write_shard(_plan_path(out / "_work", 0), 0, str(out / "_work"), str(tmp_path), manifest["config"]["token_dtype"],
+    plain = write_shard(_plan_path(out / "_work", 0), 0, out / "_work", tmp_path, manifest["config"]["token_dtype"],
                         "memmap")  # shard 0 again, without extras, beside the dataset
-    for key in ("file", "index_file"):
+    for key in ("file", "index_file", "checksums_file"):
         (out / plain[key]).write_bytes((tmp_path / plain[key]).read_bytes())
     manifest["shards"][0] = {**first, **plain}
     (out / "manifest.json").write_text(json.dumps(manifest))

@@ -11,7 +11,7 @@ import pytest
 
 from packer import config
 from packer.preprocess.writer import write_rows
-from packer.store import formats
+from packer.store import checksums, formats
 from packer.store.formats import FORMATS
 from packer.store.rows import ROWS_PER_BATCH, Layout
 
@@ -53,21 +53,23 @@ def test_every_format_reads_back_what_it_wrote(tmp_path, fmt, n_rows):
             return tokens[layout.token_starts[r0] : layout.token_starts[r1]].copy()
 
         entry = write_rows(layout, tokens_of, out, 7, fmt)
-        names = formats.file_names(fmt, 7)
+        names = formats.file_names(fmt, 7) + [(*formats.CHECKSUMS[:2], "shard-00007" + formats.CHECKSUMS[2])]
         assert list(entry) == [k for name_key, sha_key, _ in names for k in (name_key, sha_key)]
         assert sorted(p.name for p in out.iterdir()) == sorted(name for _, _, name in names)
         for name, sha256 in formats.entry_files(fmt, entry):
             assert name.startswith("shard-00007.")
             assert sha256 == hashlib.sha256((out / name).read_bytes()).hexdigest()
         assert [r1 for _, r1 in asked][-1] == n_rows and all(r1 - r0 <= ROWS_PER_BATCH for r0, r1 in asked)
-        got_rows, got_ids = [], []
-        for rows, doc_ids in formats.shard_blocks(out, entry, fmt):
-            assert rows.tokens.dtype == dtype and rows.offsets.dtype == np.int32
-            got_rows += [tuple(x.tolist() for x in rows.row(k)) for k in range(len(rows))]
-            got_ids += doc_ids.tolist()
+        sums = checksums.read_sums(out / entry["checksums_file"], entry["checksums_sha256"], len(names) - 1)
         expected = [(tokens[a:b].tolist(), layout.offsets[o:p].tolist()) for a, b, o, p in
                     zip(layout.token_starts[:-1], layout.token_starts[1:], layout.offset_starts[:-1], layout.offset_starts[1:])]
-        assert got_rows == expected and got_ids == layout.doc_ids.tolist()
+        for by_checksums in (None, sums):  # the format's own reading, and by the checksummed ranges
+            got_rows, got_ids = [], []
+            for rows, doc_ids in formats.shard_blocks(out, entry, fmt, by_checksums):
+                assert rows.tokens.dtype == dtype and rows.offsets.dtype == np.int32
+                got_rows += [tuple(x.tolist() for x in rows.row(k)) for k in range(len(rows))]
+                got_ids += doc_ids.tolist()
+            assert got_rows == expected and got_ids == layout.doc_ids.tolist()
 
 
 def test_arrow_and_memmap_entries_keep_their_keys():

@@ -49,7 +49,8 @@ def IndexedDataset():
 @pytest.mark.parametrize("dtype, code", [(np.uint16, 8), (np.uint32, 4)])
 def test_bytes_match_the_documented_layout(tmp_path, dtype, code):
     entry = _write(tmp_path, dtype)
-    assert list(entry) == ["file", "sha256", "index_file", "index_sha256", "doc_ids_file", "doc_ids_sha256"]
+    assert list(entry) == ["file", "sha256", "index_file", "index_sha256", "doc_ids_file", "doc_ids_sha256",
+                           "checksums_file", "checksums_sha256"]
     assert (entry["file"], entry["index_file"], entry["doc_ids_file"]) == (
         "shard-00000.bin", "shard-00000.idx", "shard-00000.docids.npy")
     size = np.dtype(dtype).itemsize

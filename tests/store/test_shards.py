@@ -96,7 +96,7 @@ def _random_dataset(tmp_path, rng, fmt, dtype, context_length=64, shard_size=300
     plan = plan_bins(unit_lengths, context_length=context_length, seed=int(rng.integers(100)), shard_size=shard_size)
     atomic.save_npz(work / "plan.npz", **{k: getattr(plan, k) for k in plan.__dataclass_fields__})
     entries = [
-        write_shard(str(work / "plan.npz"), k, str(work), str(tmp_path), np.dtype(dtype).name, fmt)
+        write_shard(work / "plan.npz", k, work, tmp_path, np.dtype(dtype).name, fmt)
         for k in range(plan.n_shards)
     ]
     reference = []
@@ -182,7 +182,7 @@ def test_arrow_shards_load_with_hf_datasets(tmp_path, monkeypatch):
 
 def test_arrow_reads_shards_in_the_older_ipc_file_form(tmp_path):
     """Datasets built before 2026-12 hold IPC files: the same stream between an 8-byte header and a
-    footer. open_dataset and verify read them as before."""
+    footer (and no checksums file: they came before those too). open_dataset and verify read them as before."""
     reference_doc_ids = []
     reference = _random_dataset(tmp_path, np.random.default_rng(4), "arrow", np.uint16, doc_ids_out=reference_doc_ids)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
@@ -192,6 +192,8 @@ def test_arrow_reads_shards_in_the_older_ipc_file_form(tmp_path):
         assert old[:8] == b"ARROW1\0\0" and old[8 : 8 + len(stream)] == stream
         shard.write_bytes(old)
         entry["sha256"] = hashlib.sha256(old).hexdigest()
+        (tmp_path / entry.pop("checksums_file")).unlink()
+        del entry["checksums_sha256"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     ds = open_dataset(tmp_path)
     assert len(manifest["shards"]) > 2 and [(t.tolist(), o.tolist()) for t, o in ds] == reference
@@ -207,8 +209,9 @@ def test_arrow_reads_shards_in_the_older_ipc_file_form(tmp_path):
 
 @pytest.mark.parametrize("cut", ["the end-of-stream marker", "every record batch", "nothing, bytes added"])
 def test_a_cut_or_extended_arrow_stream_is_refused(tmp_path, cut):
-    """A stream cut at a record batch boundary is still a readable stream: the end-of-stream marker at
-    the last byte is what tells a whole shard, for open_dataset and for the quick verify alike."""
+    """A stream cut at a record batch boundary is still a readable stream: the shard's checksums file
+    (its size) tells a whole shard at open, and the end-of-stream marker at the last byte for the quick
+    verify, which reads no checksums."""
     manifest = _damaged(tmp_path, "arrow")
     shard = tmp_path / manifest["shards"][0]["file"]
     data = shard.read_bytes()
@@ -220,10 +223,10 @@ def test_a_cut_or_extended_arrow_stream_is_refused(tmp_path, cut):
         "nothing, bytes added": (data + arrow.END_OF_STREAM, len(data)),
     }[cut]
     shard.write_bytes(damaged)
+    with pytest.raises(ValueError, match=f"{shard.name}: {len(damaged)} bytes, its checksums file says {len(data)}"):
+        open_dataset(tmp_path)
     with pytest.raises(ValueError, match=f"{shard.name}: the Arrow stream ends at byte {stream_end} of {len(damaged)} "
                                          "without its end-of-stream marker"):
-        open_dataset(tmp_path)
-    with pytest.raises(ValueError, match="end-of-stream marker"):
         verify_dataset(tmp_path, checksums=False)
 
 

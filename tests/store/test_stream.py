@@ -137,7 +137,7 @@ def test_process_memory_stays_under_the_bound_on_a_dataset_many_times_larger(s3_
     for copy in range(COPIES):
         for entry in manifest["shards"]:
             new = dict(entry)
-            for key in ("file", "index_file"):
+            for key in ("file", "index_file", "checksums_file"):
                 new[key] = f"c{copy}-{entry[key]}"
                 fs.upload(src / entry[key], fs.location(uri) / new[key])
             shards.append(new)

@@ -255,7 +255,8 @@ def test_a_backend_registered_in_the_table_is_listed_picked_and_called(monkeypat
     before = list(available_backends("cpu"))
     monkeypatch.setitem(backends.BACKENDS, "textbook", backends.Backend(textbook, {"*": -1}, "float64 reference"))
     assert list(available_backends("cpu"))[0] == "textbook"  # rank -1: ahead of every other, on any device
-    assert available_backends("meta")["textbook"] == {"forward": True, "backward": True, "note": "float64 reference"}
+    assert available_backends("meta")["textbook"] == {"forward": True, "backward": True, "roles": False,
+                                                    "note": "float64 reference"}
     assert backends.pick_backend("cpu", torch.float32, True) == "textbook"
     (q, k, v), cu, lengths = random_case(5, [7, 1, 4])
     want = reference(q, k, v, lengths, window=2).float()

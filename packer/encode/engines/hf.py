@@ -6,6 +6,16 @@ import itertools
 
 import numpy as np
 
+NAME = "hf"
+
+
+def missing() -> str | None:
+    return None  # tokenizers is a dependency of packer
+
+
+def refusal(path: str) -> str | None:
+    return None  # the reference: every tokenizer
+
 
 def encode_batch(tok, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
     """texts -> (flat ids of all of them in order, `dtype`; int64 length of each), no specials added."""
@@ -15,3 +25,15 @@ def encode_batch(tok, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
     # that took 755 ms to encode (2.5%); building the lists first cost 32 ms (2026-11-29).
     ids = itertools.chain.from_iterable(e.ids for e in encodings)
     return np.fromiter(ids, dtype=dtype, count=int(lengths.sum())), lengths
+
+
+class Encoder:
+    """The configured `tokenizers.Tokenizer` behind the engines' encode_ids(texts, dtype)."""
+
+    name = NAME
+
+    def __init__(self, path: str, tok, check_reach: bool = True):
+        self.tok = tok
+
+    def encode_ids(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+        return encode_batch(self.tok, texts, dtype)

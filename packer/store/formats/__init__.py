@@ -10,17 +10,20 @@ A format is a module with these top-level names (the `ShardFormat` protocol):
     EXTRA_FILES  {extra: (name key, sha256 key, suffix)}: files of the optional fields
              (packer/store/rows.py EXTRAS: loss_mask, source_ids) a shard has only when its
              build does, after FILES in EXTRAS order; arrow has none (they are columns)
-    write(layout, tokens_of, sinks, extras)
+    write(layout, tokens_of, sinks, extras) -> row bounds of its blocks
              stream one shard into sinks (FILES, then the EXTRA_FILES of `extras`): `layout` is
              the shard's rows without their tokens (packer/store/rows.py), `tokens_of(r0, r1)`
              the tokens of rows r0..r1 (with "loss_mask" in extras: (tokens, mask)), asked for in
-             chunks of ROWS_PER_BATCH rows in order
-    blocks(paths, extras) -> iterator of (Rows, doc_ids)
+             chunks of ROWS_PER_BATCH rows in order. Each sink is a checksums.BlockSink: the
+             format cuts the files that hold rows at its read blocks (sink.cut_at, sink.first)
+             and returns the blocks' row bounds; the writer stores the checksums file
+    blocks(paths, extras, sums=None) -> iterator of (Rows, doc_ids)
              read one shard (paths as write's sinks): zero-copy views of memory maps locally,
              bytes read into memory for a remote path; checks what the format itself can
              (headers, sizes, counts between its files) and raises ValueError naming the file,
-             so open_dataset and verify share the format's own verification
-    stream_index(read, size, paths, block_bytes, extras) -> (bounds, ranges, state, counts, extras)
+             so open_dataset and verify share the format's own verification. With the shard's
+             checksums (`sums`), its blocks are the checksummed byte ranges (the caller checks them)
+    stream_index(read, size, paths, block_bytes, extras, sums=None) -> (bounds, ranges, state, counts, extras)
     stream_block(state, bounds, k, buffers) -> (Rows, doc_ids)
              the same rows read by byte ranges, for a dataset streamed from a remote store
              (packer/store/stream.py): what a shard's blocks are and which bytes each reads, then
@@ -46,6 +49,7 @@ from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from packer.store import checksums
 from packer.store.formats import arrow, megatron, memmap
 from packer.store.rows import EXTRAS, Layout, Rows
 
@@ -55,12 +59,12 @@ class ShardFormat(Protocol):
     EXTRA_FILES: dict[str, tuple[str, str, str]]
 
     def write(self, layout: Layout, tokens_of: Callable[[int, int], np.ndarray], sinks: Sequence[BinaryIO],
-              extras: Sequence[str] = ()) -> None: ...
+              extras: Sequence[str] = ()) -> np.ndarray: ...
 
-    def blocks(self, paths: Sequence, extras: Sequence[str] = ()) -> Iterator[tuple[Rows, np.ndarray]]: ...
+    def blocks(self, paths: Sequence, extras: Sequence[str] = (), sums=None) -> Iterator[tuple[Rows, np.ndarray]]: ...
 
     def stream_index(self, read: Callable, size: Callable, paths: Sequence, block_bytes: int,
-                     extras: Sequence[str] = ()) -> tuple: ...
+                     extras: Sequence[str] = (), sums=None) -> tuple: ...
 
     def stream_block(self, state, bounds, k: int, buffers: Sequence) -> tuple[Rows, np.ndarray]: ...
 
@@ -72,7 +76,7 @@ class ShardFormat(Protocol):
 FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
 # files every dataset has beside its shards (packer/store/manifest.py, packer/preprocess/pipeline.py)
 DATASET_FILES = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html"})
-LEGACY_FORMAT = "arrow"  # the format of a manifest whose config names none (arrow: every packer's default)
+DEFAULT = "arrow"  # BuildConfig's default: what a manifest (or a write_shard call) that names no format means
 
 
 def get(fmt: str) -> ShardFormat:
@@ -83,7 +87,7 @@ def get(fmt: str) -> ShardFormat:
 
 def manifest_format(config: dict) -> str:
     """The shard format of a manifest's (or a work fingerprint's) config."""
-    return config.get("format", LEGACY_FORMAT)
+    return config.get("format", DEFAULT)
 
 
 def derived_files(fmt: str, shards: list[dict]) -> dict[str, bytes]:
@@ -105,8 +109,12 @@ def _files(fmt: str, extras) -> list[tuple[str, str, str]]:
     return list(module.FILES) + [module.EXTRA_FILES[e] for e in EXTRAS if e in extras and e in module.EXTRA_FILES]
 
 
+CHECKSUMS = (checksums.NAME_KEY, checksums.SHA_KEY, checksums.SUFFIX)  # every format's, since format version 2
+
+
 def file_names(fmt: str, index: int, extras=()) -> list[tuple[str, str, str]]:
-    """(name key, sha256 key, file name) of each file of shard `index` storing `extras`, in writing order."""
+    """(name key, sha256 key, file name) of each data file of shard `index` storing `extras`, in
+    writing order (the checksums file, CHECKSUMS, comes after them)."""
     return [(name_key, sha_key, shard_stem(index) + suffix) for name_key, sha_key, suffix in _files(fmt, extras)]
 
 
@@ -128,12 +136,14 @@ def _name_error(name) -> str | None:
 
 
 def entry_files(fmt: str, entry: dict) -> list[tuple[str, str]]:
-    """(file name, sha256) of each file a manifest shard entry names. A name must be a plain file
-    name: a manifest never points outside its own directory (nor at its manifest or tokenizer)."""
+    """(file name, sha256) of each file a manifest shard entry names, its checksums file last
+    (when it has one). A name must be a plain file name: a manifest never points outside its own
+    directory (nor at its manifest or tokenizer)."""
     if not isinstance(entry, dict):
         raise ValueError(f"shard entry {str(entry)[:80]!r}: expected an object (the manifest is damaged or not packer's)")
+    keys = _files(fmt, entry_extras(fmt, entry)) + ([CHECKSUMS] if CHECKSUMS[0] in entry else [])
     files = []
-    for name_key, sha_key, _ in _files(fmt, entry_extras(fmt, entry)):
+    for name_key, sha_key, _ in keys:
         name = entry.get(name_key)
         if why := _name_error(name):
             shown = repr(name)[:120]  # the manifest's text, never a file's bytes; cut to one line
@@ -141,6 +151,12 @@ def entry_files(fmt: str, entry: dict) -> list[tuple[str, str]]:
                              f"directory (the manifest is damaged or not packer's)")
         files.append((name, entry.get(sha_key)))
     return files
+
+
+def data_files(fmt: str, entry: dict) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
+    """(entry_files less the checksums file, the checksums file or None: a shard of format version 1)."""
+    files = entry_files(fmt, entry)
+    return (files[:-1], files[-1]) if CHECKSUMS[0] in entry else (files, None)
 
 
 def manifest_files(fmt: str, shards) -> list[list[tuple[str, str]]]:
@@ -163,10 +179,11 @@ def manifest_files(fmt: str, shards) -> list[list[tuple[str, str]]]:
 
 def suffixes() -> set[str]:
     """Every suffix a shard file of any format ends with (after `shard-00000`)."""
-    return {suffix for f in FORMATS.values() for _, _, suffix in [*f.FILES, *f.EXTRA_FILES.values()]}
+    return {suffix for f in FORMATS.values() for _, _, suffix in [*f.FILES, *f.EXTRA_FILES.values()]} | {CHECKSUMS[2]}
 
 
-def shard_blocks(directory, entry: dict, fmt: str) -> Iterator[tuple[Rows, np.ndarray]]:
-    """(Rows, doc_ids) blocks of one manifest shard entry of a dataset in `directory`."""
-    paths = [directory / name for name, _ in entry_files(fmt, entry)]
-    return get(fmt).blocks(paths, entry_extras(fmt, entry))
+def shard_blocks(directory, entry: dict, fmt: str, sums=None) -> Iterator[tuple[Rows, np.ndarray]]:
+    """(Rows, doc_ids) blocks of one manifest shard entry of a dataset in `directory` (by its
+    checksummed blocks, given `sums`: its checksums file, read)."""
+    paths = [directory / name for name, _ in data_files(fmt, entry)[0]]
+    return get(fmt).blocks(paths, entry_extras(fmt, entry), sums)

@@ -7,6 +7,7 @@
                         doc_ids:   list<int64>           global document index of each segment (audits)
                         loss_mask: list<uint8>           1 = trained, one per token   (only in SFT builds)
                         source_ids: list<uint16>         source of each segment       (only with named sources)
+                        role_ids:  list<uint8>           chat role of each token      (only with --store-roles)
 
     state.json,         derived_files: written next to the shards by the build's finalize, so that
     dataset_info.json   `datasets.load_from_disk(DIR)` maps every shard; `Dataset.from_file(shard)`
@@ -34,17 +35,18 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from packer.io import fs
-from packer.store.rows import Layout, Rows, row_chunks, split_chunk
+from packer.store.rows import EXTRAS, Layout, Rows, row_chunks, split_chunk
 
 FILES = (("file", "sha256", ".arrow"),)
-EXTRA_FILES: dict = {}  # loss_mask and source_ids are columns of the one file
+EXTRA_FILES: dict = {}  # loss_mask, source_ids and role_ids are columns of the one file
 FILE_MAGIC = b"ARROW1"  # the first bytes of an IPC file (a shard of packer before 2026-12)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the last 8 bytes of every IPC stream
 HF_STATE, HF_INFO = "state.json", "dataset_info.json"  # what datasets.load_from_disk reads first
 DERIVED_FILES = (HF_STATE, HF_INFO)
 
 
-def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarray | None, extras) -> pa.RecordBatch:
+def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarray | None, roles: np.ndarray | None,
+           extras) -> pa.RecordBatch:
     value_type = pa.uint16() if tokens.dtype.itemsize == 2 else pa.uint32()
     o0, o1 = int(layout.offset_starts[r0]), int(layout.offset_starts[r1])
 
@@ -62,14 +64,24 @@ def _batch(layout: Layout, r0: int, r1: int, tokens: np.ndarray, mask: np.ndarra
     if "source_ids" in extras:
         columns["source_ids"] = column(segment_bounds, np.asarray(layout.source_ids[o0 - r0 : o1 - r1], np.uint16),
                                        pa.uint16())
+    if "role_ids" in extras:
+        columns["role_ids"] = column(layout.token_starts[r0 : r1 + 1], np.asarray(roles, np.uint8), pa.uint8())
     return pa.record_batch(columns)
 
 
 def write(layout: Layout, tokens_of, sinks, extras=()):
-    sink = pa.PythonFile(sinks[0], mode="w")
-    with ipc.new_stream(sink, _batch(layout, 0, 0, *split_chunk(tokens_of(0, 0)), extras).schema) as writer:
+    """The stream, its checksummed ranges (checksums.BlockSink) cut at each message: the schema
+    (written with the first batch, as `Schema.serialize` gives it), each record batch, the end marker."""
+    schema = _batch(layout, 0, 0, *split_chunk(tokens_of(0, 0)), extras).schema
+    sinks[0].first = 1
+    sinks[0].cut_at([schema.serialize().size])
+    bounds = [0]
+    with ipc.new_stream(pa.PythonFile(sinks[0], mode="w"), schema) as writer:
         for r0, r1 in row_chunks(len(layout)):
             writer.write_batch(_batch(layout, r0, r1, *split_chunk(tokens_of(r0, r1)), extras))
+            sinks[0].cut_at([sinks[0].tell()])
+            bounds.append(r1)
+    return np.asarray(bounds, np.int64)
 
 
 def _record_batches(path):
@@ -100,20 +112,31 @@ def _extra(batch, name: str, ids, where):
     return column.values.to_numpy(zero_copy_only=True)
 
 
-def blocks(paths, extras=()):
-    """One (Rows, doc_ids) per record batch, zero-copy over a memory map (read, if remote)."""
+def blocks(paths, extras=(), sums=None):
+    """One (Rows, doc_ids) per record batch, zero-copy over a memory map (read, if remote). With
+    the shard's checksums, each batch from its checksummed byte range (the bytes a reader checks)."""
     where = fs.redact(paths[0])
+    if sums is not None:
+        yield from _summed_blocks(paths[0], sums, where)
+        return
     for batch in _record_batches(paths[0]):
-        ids, offs, doc_ids = batch.column("input_ids"), batch.column("offsets"), batch.column("doc_ids")
-        rows = Rows(
-            ids.values.to_numpy(zero_copy_only=True),
-            ids.offsets.to_numpy(),
-            offs.values.to_numpy(zero_copy_only=True),
-            offs.offsets.to_numpy(),
-            loss_mask=_extra(batch, "loss_mask", ids, where),
-            source_ids=_extra(batch, "source_ids", doc_ids, where),
-        )
-        yield rows, doc_ids.flatten().to_numpy(zero_copy_only=True)
+        yield _batch_rows(batch, where)
+
+
+def _summed_blocks(path, sums, where):
+    raw = fs.map_bytes(path)
+    cuts = sums.files[0].cuts
+    if sums.files[0].first != 1 or len(cuts) != sums.n_blocks + 3 or len(raw) != cuts[-1]:
+        raise ValueError(f"{where}: {len(raw)} bytes, its checksums file describes {int(cuts[-1])} in {len(cuts) - 1} "
+                         "ranges (truncated, or replaced); rebuild the dataset")
+    schema = ipc.read_schema(pa.py_buffer(raw[cuts[0] : cuts[1]]))
+    for k in range(sums.n_blocks):
+        message = ipc.read_message(pa.py_buffer(raw[cuts[k + 1] : cuts[k + 2]]))
+        batch = ipc.read_record_batch(message, schema)
+        if batch.num_rows != sums.rows[k + 1] - sums.rows[k]:
+            raise ValueError(f"{where}: record batch {k} holds {batch.num_rows} rows, its checksums file says "
+                             f"{int(sums.rows[k + 1] - sums.rows[k])} (corrupt; rebuild the dataset)")
+        yield _batch_rows(batch, where)
 
 
 def derived_files(shards: list[dict]) -> dict[str, bytes]:
@@ -225,13 +248,16 @@ def _messages(read, size, path) -> tuple[list[tuple[int, int, int, int]], bytes]
         pos = stop
 
 
-def stream_index(read, size, paths, block_bytes: int, extras=()):
+def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     """What a streaming reader needs of one shard before any token (memmap.stream_index's shape):
     (row bounds of its blocks, each block's byte range, (schema, name), counts, the optional
     fields its columns hold). A block is one record
     batch (ROWS_PER_BATCH rows); `block_bytes` does not apply. Counts hold only `sequences` (the
-    batch headers' row counts): tokens and documents are in the bodies."""
+    batch headers' row counts): tokens and documents are in the bodies. With the shard's
+    checksums, the batches are where its ranges say (no header read at all)."""
     path = paths[0]
+    if sums is not None:
+        return _summed_index(read, size, path, sums)
     messages, schema_bytes = _messages(read, size, path)
     if not messages or messages[0][0] != _SCHEMA:
         raise ValueError(f"{fs.redact(path)}: the Arrow stream does not start with its schema (corrupt shard); rebuild")
@@ -241,8 +267,20 @@ def stream_index(read, size, paths, block_bytes: int, extras=()):
     schema = ipc.read_schema(pa.py_buffer(schema_bytes))
     bounds = np.concatenate([[0], np.cumsum([m[3] for m in messages[1:]], dtype=np.int64)]).astype(np.int64)
     ranges = [((0, start, stop),) for _, start, stop, _ in messages[1:]]
-    fields = tuple(name for name in ("loss_mask", "source_ids") if schema.get_field_index(name) >= 0)
+    fields = tuple(name for name in EXTRAS if schema.get_field_index(name) >= 0)
     return bounds, ranges, (schema, fs.redact(path)), {"sequences": int(bounds[-1])}, fields
+
+
+def _summed_index(read, size, path, sums):
+    cuts, where, n = sums.files[0].cuts, fs.redact(path), size(path)
+    if sums.files[0].first != 1 or len(cuts) != sums.n_blocks + 3 or n != cuts[-1]:
+        raise ValueError(f"{where}: {n} bytes, its checksums file describes {int(cuts[-1])} in {len(cuts) - 1} "
+                         "ranges (truncated, or replaced); rebuild the dataset")
+    schema = ipc.read_schema(pa.py_buffer(read(path, int(cuts[0]), int(cuts[1]))))
+    bounds = np.asarray(sums.rows, np.int64)
+    ranges = [((0, int(a), int(b)),) for a, b in zip(cuts[1:-2], cuts[2:-1])]
+    fields = tuple(name for name in EXTRAS if schema.get_field_index(name) >= 0)
+    return bounds, ranges, (schema, where), {"sequences": int(bounds[-1])}, fields
 
 
 def stream_block(state, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
@@ -257,5 +295,6 @@ def _batch_rows(batch, where) -> tuple[Rows, np.ndarray]:
     ids, offs, doc_ids = batch.column("input_ids"), batch.column("offsets"), batch.column("doc_ids")
     rows = Rows(ids.values.to_numpy(zero_copy_only=True), ids.offsets.to_numpy(),
                 offs.values.to_numpy(zero_copy_only=True), offs.offsets.to_numpy(),
-                loss_mask=_extra(batch, "loss_mask", ids, where), source_ids=_extra(batch, "source_ids", doc_ids, where))
+                loss_mask=_extra(batch, "loss_mask", ids, where), source_ids=_extra(batch, "source_ids", doc_ids, where),
+                role_ids=_extra(batch, "role_ids", ids, where))
     return rows, doc_ids.flatten().to_numpy(zero_copy_only=True)

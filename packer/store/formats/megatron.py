@@ -34,7 +34,7 @@ import struct
 
 import numpy as np
 
-from packer.io import fs, retry
+from packer.io import fs
 from packer.store.formats import memmap, sidecars
 from packer.store.formats.memmap import write_sidecar_chunks
 from packer.store.rows import Layout, Rows
@@ -44,7 +44,7 @@ FILES = (
     ("index_file", "index_sha256", ".idx"),
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
-EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py (Megatron ignores them)
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids, role_ids: packer/store/formats/sidecars.py (Megatron ignores them)
 DERIVED_FILES = memmap.DERIVED_FILES  # nothing beside the shards
 derived_files = memmap.derived_files
 MAGIC = b"MMIDIDX\x00\x00"
@@ -78,18 +78,22 @@ def index_bytes(layout: Layout, itemsize: int) -> list[bytes | memoryview]:
 
 def write(layout: Layout, tokens_of, sinks, extras=()):
     bin_file, idx_file, doc_ids_file, *rest = sinks
-    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    itemsize, bounds = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
     for buf in index_bytes(layout, itemsize):
         idx_file.write(buf)
     np.lib.format.write_array(doc_ids_file, np.ascontiguousarray(layout.doc_ids, dtype="<i8"), version=(1, 0),
                               allow_pickle=False)
+    return bounds
 
 
 def read_index(path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
     """(token dtype, sequence_lengths, sequence_pointers, document_indices) of a .idx file,
     checked against itself; ValueError naming the file otherwise."""
-    raw = fs.map_bytes(path)
-    where = fs.redact(path)
+    return parse_index(fs.map_bytes(path), fs.redact(path))
+
+
+def parse_index(raw: np.ndarray, where: str) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
+    """read_index of the bytes of a .idx file (a uint8 array)."""
     if len(raw) < HEADER.size:
         raise ValueError(f"{where}: {len(raw)} bytes, shorter than the {HEADER.size}-byte Megatron index header (truncated?)")
     magic, version, code, n_sequences, n_documents = HEADER.unpack(raw[: HEADER.size].tobytes())
@@ -114,11 +118,11 @@ def read_index(path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
     return dtype, lengths, pointers, document_indices
 
 
-def _read_doc_ids(path, n_sequences: int) -> np.ndarray:
-    return sidecars.load_npy(path, "doc_ids", "<i8", n_sequences, "Megatron sequence")
+def _read_doc_ids(path, n_sequences: int, raw=None) -> np.ndarray:
+    return sidecars.load_npy(path, "doc_ids", "<i8", n_sequences, "Megatron sequence", raw)
 
 
-def blocks(paths, extras=()):
+def blocks(paths, extras=(), sums=None):
     """The whole shard as one block: (Rows, doc_ids), tokens a view of the mapped .bin."""
     bin_path, idx_path, doc_ids_path, *rest = paths
     dtype, lengths, _, document_indices = read_index(idx_path)
@@ -150,21 +154,22 @@ def csr_index(lengths: np.ndarray, document_indices: np.ndarray) -> tuple[np.nda
     return token_starts, offsets, offset_starts
 
 
-def stream_index(read, size, paths, block_bytes: int, extras=()):
+def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     """memmap.stream_index's twin: (row bounds, byte ranges of each block, a memmap.StreamShard,
-    counts). The .idx, the doc_ids and the source ids are read whole (retried); the .bin and the
+    counts). The .idx, the doc_ids and the source ids are read whole (by `read`); the .bin and the
     mask by blocks."""
     bin_path, idx_path, doc_ids_path = paths[:3]
-    dtype, lengths, _, document_indices = retry.retried(lambda: read_index(idx_path), idx_path)
+    raw = np.frombuffer(read(idx_path, 0, size(idx_path)), np.uint8)
+    dtype, lengths, _, document_indices = parse_index(raw, fs.redact(idx_path))
     token_starts, offsets, offset_starts = csr_index(lengths, document_indices)
-    doc_ids = retry.retried(lambda: _read_doc_ids(doc_ids_path, len(lengths)), doc_ids_path)
+    doc_ids = _read_doc_ids(doc_ids_path, len(lengths), raw=read(doc_ids_path, 0, size(doc_ids_path)))
     n_tokens = int(token_starts[-1])
     if (n := size(bin_path)) != n_tokens * dtype.itemsize:
         raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {dtype.itemsize} "
                          "bytes (truncated?)")
-    sources, mask_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
-    shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = memmap.stream_ranges(shard, block_bytes)
+    sources, mask_file, role_file = memmap.stream_sidecars(read, size, paths, extras, n_tokens, len(lengths))
+    shard = memmap.StreamShard(dtype, token_starts, offsets, offset_starts, doc_ids, sources, mask_file, role_file)
+    bounds, ranges, counts = memmap.stream_ranges(shard, block_bytes, sums)
     return bounds, ranges, shard, counts, tuple(extras)
 
 

@@ -26,12 +26,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from packer.io import fs, retry
+from packer.io import fs
+from packer.store import checksums
 from packer.store.formats import sidecars
 from packer.store.rows import Layout, Rows, little_endian, row_chunks, split_chunk
 
 FILES = (("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx"))
-EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids: packer/store/formats/sidecars.py
+EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids, role_ids: packer/store/formats/sidecars.py
 DERIVED_FILES: tuple[str, ...] = ()  # nothing beside the shards
 MAGIC = b"PACKIDX1"
 VERSION = 1
@@ -106,16 +107,28 @@ def open_shard(bin_path, idx_path):
 
 
 def write_sidecar_chunks(layout: Layout, tokens_of, bin_file, extra_sinks: dict):
-    """The .bin (and the loss mask sidecar) chunk by chunk; then the source_ids sidecar. Returns
-    the token itemsize (memmap and megatron share this)."""
+    """The .bin (and the loss mask and role sidecars) chunk by chunk, all cut at the shard's read
+    blocks (checksums.BLOCK_BYTES of .bin); then the source_ids sidecar. Returns (the token itemsize,
+    the blocks' row bounds) (memmap and megatron share this)."""
+    bounds = None
     for r0, r1 in row_chunks(len(layout)):
-        tokens, mask = split_chunk(tokens_of(r0, r1))
+        tokens, mask, roles = split_chunk(tokens_of(r0, r1))
+        if bounds is None:  # the token size is known now: cut the files that hold rows at the blocks
+            bounds = block_bounds(layout.token_starts, tokens.dtype.itemsize, checksums.BLOCK_BYTES)
+            starts = np.asarray(layout.token_starts, np.int64)[bounds[1:]]
+            bin_file.first = 0
+            bin_file.cut_at(starts * tokens.dtype.itemsize)
+            for name in ("loss_mask", "role_ids"):
+                if name in extra_sinks:
+                    extra_sinks[name].first = 0
+                    extra_sinks[name].cut_at(starts)
         bin_file.write(little_endian(tokens))
-        if "loss_mask" in extra_sinks:
-            extra_sinks["loss_mask"].write(memoryview(np.ascontiguousarray(mask, dtype=np.uint8)).cast("B"))
+        for name, values in (("loss_mask", mask), ("role_ids", roles)):
+            if name in extra_sinks:
+                extra_sinks[name].write(memoryview(np.ascontiguousarray(values, dtype=np.uint8)).cast("B"))
     if "source_ids" in extra_sinks:
         sidecars.write_source_ids(extra_sinks["source_ids"], layout.source_ids)
-    return tokens.dtype.itemsize
+    return tokens.dtype.itemsize, bounds
 
 
 def derived_files(shards: list[dict]) -> dict[str, bytes]:
@@ -124,12 +137,13 @@ def derived_files(shards: list[dict]) -> dict[str, bytes]:
 
 def write(layout: Layout, tokens_of, sinks, extras=()):
     bin_file, idx_file, *rest = sinks
-    itemsize = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
+    itemsize, bounds = write_sidecar_chunks(layout, tokens_of, bin_file, dict(zip(extras, rest)))
     for buf in index_bytes(layout.token_starts, layout.offset_starts, layout.doc_ids, layout.offsets, itemsize):
         idx_file.write(buf)
+    return bounds
 
 
-def blocks(paths, extras=()):
+def blocks(paths, extras=(), sums=None):
     """The whole shard as one block: (Rows, doc_ids) over the memory maps (and its sidecars')."""
     tokens, token_starts, offsets, offset_starts, doc_ids = open_shard(paths[0], paths[1])
     more = sidecars.read(dict(zip(extras, paths[2:])), len(tokens), len(doc_ids))
@@ -141,7 +155,8 @@ def blocks(paths, extras=()):
 
 class StreamShard(NamedTuple):
     """A memmap or Megatron shard's index as a streaming reader holds it (no token): the CSR
-    arrays, the source ids (or None), and which of the shard's files holds the loss mask (or None)."""
+    arrays, the source ids (or None), and which of the shard's files hold the loss mask and the
+    role ids (or None)."""
 
     dtype: np.dtype
     token_starts: np.ndarray
@@ -150,6 +165,7 @@ class StreamShard(NamedTuple):
     doc_ids: np.ndarray
     source_ids: np.ndarray | None
     mask_file: int | None
+    role_file: int | None = None
 
 
 def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> np.ndarray:
@@ -162,17 +178,41 @@ def block_bounds(token_starts: np.ndarray, itemsize: int, block_bytes: int) -> n
     return np.concatenate([[0], cuts, [n_rows]]).astype(np.int64) if n_rows else np.zeros(1, np.int64)
 
 
-def stream_ranges(shard: StreamShard, block_bytes: int):
+def stream_ranges(shard: StreamShard, block_bytes: int, sums=None):
     """(row bounds, the byte ranges ((file, start, stop), ...) of each block, counts) of a shard:
-    a block's tokens in the .bin (file 0), and its mask bytes (one per token) in the mask file."""
+    a block's tokens in the .bin (file 0), its mask bytes (one per token) in the mask file, then
+    its role bytes (one per token) in the role file. With the shard's checksums, a block is a run of
+    its checksummed blocks (one, or those starting in one `block_bytes` window of .bin), so every
+    read is checked whole."""
     itemsize = shard.dtype.itemsize
-    bounds = block_bounds(shard.token_starts, itemsize, block_bytes)
-    t = np.asarray(shard.token_starts, dtype=np.int64)[bounds].tolist()
-    ranges = [((0, a * itemsize, b * itemsize),) + (((shard.mask_file, a, b),) if shard.mask_file is not None else ())
-              for a, b in zip(t[:-1], t[1:])]
+    starts = np.asarray(shard.token_starts, dtype=np.int64)
+    per_token = [f for f in (shard.mask_file, shard.role_file) if f is not None]
+    if sums is None:
+        bounds = block_bounds(starts, itemsize, block_bytes)
+    else:
+        bounds = _checked_bounds(sums, starts, itemsize, per_token)
+        if len(bounds) > 1:
+            window = starts[bounds[:-1]] * itemsize // block_bytes
+            bounds = bounds[np.concatenate([[0], np.flatnonzero(np.diff(window)) + 1, [len(bounds) - 1]])]
+    t = starts[bounds].tolist()
+    ranges = [((0, a * itemsize, b * itemsize),) + tuple((f, a, b) for f in per_token) for a, b in zip(t[:-1], t[1:])]
     counts = {"sequences": len(shard.token_starts) - 1, "documents": len(shard.doc_ids),
               "tokens": int(shard.token_starts[-1] - shard.token_starts[0])}
     return bounds, ranges, counts
+
+
+def _checked_bounds(sums, token_starts: np.ndarray, itemsize: int, per_token: list[int]) -> np.ndarray:
+    """The checksummed blocks' row bounds, once their byte ranges are seen to lie on the index's rows."""
+    rows = sums.rows
+    if rows[-1] != len(token_starts) - 1:
+        raise ValueError(f"the checksums file has {int(rows[-1])} rows, the index {len(token_starts) - 1} (corrupt; "
+                         "rebuild the dataset)")
+    for f, scale in ((0, itemsize), *((f, 1) for f in per_token)):
+        file_sums = sums.files[f]
+        cuts = file_sums.cuts[file_sums.first : file_sums.first + len(rows)] if file_sums.first >= 0 else None
+        if cuts is None or len(cuts) != len(rows) or not np.array_equal(cuts, token_starts[rows] * scale):
+            raise ValueError("the checksums file's blocks do not lie on the index's rows (corrupt; rebuild the dataset)")
+    return np.asarray(rows, np.int64)
 
 
 def stream_rows(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
@@ -181,30 +221,34 @@ def stream_rows(shard: StreamShard, bounds, k: int, buffers) -> tuple[Rows, np.n
     r0, r1 = int(bounds[k]), int(bounds[k + 1])
     o0, o1 = int(shard.offset_starts[r0]), int(shard.offset_starts[r1])
     tokens = np.frombuffer(buffers[0], shard.dtype) if len(buffers[0]) else np.zeros(0, shard.dtype)
-    mask = None
-    if shard.mask_file is not None:
-        mask = np.frombuffer(buffers[1], np.uint8) if len(buffers[1]) else np.zeros(0, np.uint8)
+    per_token, at = {}, 1  # the uint8 sidecars' buffers follow the tokens', in stream_ranges' order
+    for name, f in (("loss_mask", shard.mask_file), ("role_ids", shard.role_file)):
+        if f is not None:
+            per_token[name] = np.frombuffer(buffers[at], np.uint8) if len(buffers[at]) else np.zeros(0, np.uint8)
+            at += 1
     sources = shard.source_ids[o0 - r0 : o1 - r1] if shard.source_ids is not None else None
     rows = Rows(tokens, shard.token_starts[r0 : r1 + 1] - shard.token_starts[r0], shard.offsets,
-                shard.offset_starts[r0 : r1 + 1], loss_mask=mask, source_ids=sources)
+                shard.offset_starts[r0 : r1 + 1], source_ids=sources, **per_token)
     return rows, shard.doc_ids[o0 - r0 : o1 - r1]
 
 
-def stream_sidecars(read, size, paths, extras, n_tokens: int, n_segments: int) -> tuple[np.ndarray | None, int | None]:
-    """(source ids, read whole; the index of the loss mask file in `paths`) of a shard's sidecars
-    (FILES first, then the EXTRA_FILES of `extras` in order), their sizes checked."""
+def stream_sidecars(read, size, paths, extras, n_tokens: int, n_segments: int):
+    """(source ids, read whole; the index of the loss mask file in `paths`; that of the role ids
+    file) of a shard's sidecars (FILES first, then the EXTRA_FILES of `extras` in order), their
+    sizes checked."""
     named = dict(zip(extras, range(len(paths) - len(extras), len(paths))))
-    if "loss_mask" in named and (n := size(paths[named["loss_mask"]])) != n_tokens:
-        raise ValueError(f"{fs.redact(paths[named['loss_mask']])}: {n} bytes, one mask byte per token of the "
-                         f"shard's {n_tokens} (truncated or corrupt)")
+    for name, what in sidecars.PER_TOKEN_WHAT.items():
+        if name in named and (n := size(paths[named[name]])) != n_tokens:
+            raise ValueError(f"{fs.redact(paths[named[name]])}: {n} bytes, one {what} per token of the "
+                             f"shard's {n_tokens} (truncated or corrupt)")
     sources = None
     if "source_ids" in named:
         path = paths[named["source_ids"]]
-        sources = retry.retried(lambda: sidecars.read_source_ids(path, n_segments), path)
-    return sources, named.get("loss_mask")
+        sources = sidecars.read_source_ids(path, n_segments, raw=read(path, 0, size(path)))
+    return sources, named.get("loss_mask"), named.get("role_ids")
 
 
-def stream_index(read, size, paths, block_bytes: int, extras=()):
+def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     """What a streaming reader needs of one shard before any token: (row bounds of its blocks,
     each block's byte ranges, a StreamShard for `stream_block`, counts, the optional fields). `read(path, start, stop)`
     and `size(path)` reach the files (retried, cached). The .idx is read whole (O(rows + segments)
@@ -221,9 +265,10 @@ def stream_index(read, size, paths, block_bytes: int, extras=()):
     if (n := size(bin_path)) != n_tokens * itemsize:
         raise ValueError(f"{fs.redact(bin_path)}: {n} bytes, its index says {n_tokens} tokens of {itemsize} bytes "
                          "(truncated?)")
-    sources, mask_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
-    shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file)
-    bounds, ranges, counts = stream_ranges(shard, block_bytes)
+    sources, mask_file, role_file = stream_sidecars(read, size, paths, extras, n_tokens, n_segments)
+    shard = StreamShard(TOKEN_DTYPES[itemsize], token_starts, offsets, offset_starts, doc_ids, sources, mask_file,
+                        role_file)
+    bounds, ranges, counts = stream_ranges(shard, block_bytes, sums)
     return bounds, ranges, shard, counts, tuple(extras)
 
 

@@ -29,6 +29,10 @@ name -> Backend is in backends.py, each backend's function in its own module):
 varlen.py checks the arguments and dispatches through the table; layer.py holds rotary and
 PackedSelfAttention.
 
+A role policy (packer.masks.RolePolicy, with a chat dataset's role_ids) reaches a backend as one
+window per key: sdpa, bucketed and flex run it exactly (their table entries say roles=True; auto
+picks bucketed on CPU, flex on CUDA), flash_attn and torch_varlen refuse it (docs/role_masks.md).
+
 `bucketed` is the fast exact CPU path: documents sorted by length, cut into groups within a
 factor of each other, each group one right-padded causal SDPA call (exact: with right padding and
 a causal mask no real query sees a padding key; bucketed.py draws it).

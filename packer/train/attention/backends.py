@@ -4,7 +4,8 @@ Each backend ranks itself per device type, so auto on CUDA tries flash_attn, tor
 bucketed, sdpa; on CPU bucketed, flex, sdpa (there flex's fused forward loses to bucketed and has
 no backward in torch 2.13); on any other device bucketed, sdpa. Adding a backend is its function
 (q, k, v, cu_seqlens, max_seqlen, causal, window, scale -> out, as in sdpa.py) and one line in
-BACKENDS.
+BACKENDS. A backend whose function also takes `key_windows` (a role policy, sdpa.py) says so with
+roles=True; auto then picks among those only when a policy is given (CUDA: flex; CPU: bucketed).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Backend:
     `devices` maps a device type ("cuda", "cpu"; "*" for any) to its rank in auto's order there,
     lower first; a "cuda" entry counts only where torch sees a GPU. `trains(device_type)` says
     whether its backward runs there; `dtypes` None means any; `available()` is checked once it
-    is asked for (cached probes: no import, no kernel launch).
+    is asked for (cached probes: no import, no kernel launch); `roles`: `run` takes key_windows
+    (a role policy: packer.masks.RolePolicy).
     """
 
     run: Callable
@@ -53,6 +55,7 @@ class Backend:
     trains: Callable[[str], bool] = _always
     dtypes: tuple[torch.dtype, ...] | None = None
     available: Callable[[], bool] = _always
+    roles: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
@@ -60,9 +63,9 @@ BACKENDS: dict[str, Backend] = {
     "torch_varlen": Backend(torch_varlen, {"cuda": 1}, "fp16/bf16 only", dtypes=HALF,
                             available=_has("torch.nn.attention.varlen")),
     "flex": Backend(flex.flex_varlen, {"cuda": 2, "cpu": 4}, f"compiled when T >= {flex.FLEX_COMPILE_MIN_TOKENS}",
-                    trains=flex.trains, available=_has("torch.nn.attention.flex_attention")),
-    "bucketed": Backend(bucketed_sdpa, {"*": 3}, "exact; one batched SDPA per length group"),
-    "sdpa": Backend(sdpa_per_document, {"*": 5}, "exact reference; one SDPA per document"),
+                    trains=flex.trains, available=_has("torch.nn.attention.flex_attention"), roles=True),
+    "bucketed": Backend(bucketed_sdpa, {"*": 3}, "exact; one batched SDPA per length group", roles=True),
+    "sdpa": Backend(sdpa_per_document, {"*": 5}, "exact reference; one SDPA per document", roles=True),
 }
 
 
@@ -83,7 +86,8 @@ def backend_names(device_type: str) -> list[str]:
 
 
 def available_backends(device="cpu") -> dict[str, dict]:
-    """Backends that run on `device`, fastest first, each {"forward": bool, "backward": bool, "note": str}.
+    """Backends that run on `device`, fastest first, each {"forward": bool, "backward": bool,
+    "roles": bool (runs a role policy), "note": str}.
 
     `backend="auto"` takes the first that fits the dtype and, when gradients are needed, can train.
     """
@@ -93,16 +97,16 @@ def available_backends(device="cpu") -> dict[str, dict]:
         backend = BACKENDS[name]
         trains = backend.trains(kind)
         note = backend.note + ("" if trains else f"; torch {torch.__version__} has no {name} backward on {kind}")
-        out[name] = {"forward": True, "backward": trains, "note": note}
+        out[name] = {"forward": True, "backward": trains, "roles": backend.roles, "note": note}
     return out
 
 
-def pick_backend(device, dtype: torch.dtype, requires_grad: bool) -> str:
-    """The backend `auto` resolves to for these inputs."""
+def pick_backend(device, dtype: torch.dtype, requires_grad: bool, roles: bool = False) -> str:
+    """The backend `auto` resolves to for these inputs (`roles`: with a role policy)."""
     kind = torch.device(device).type
     for name in backend_names(kind):
         backend = BACKENDS[name]
-        if backend.dtypes is not None and dtype not in backend.dtypes:
+        if (backend.dtypes is not None and dtype not in backend.dtypes) or (roles and not backend.roles):
             continue
         if not requires_grad or backend.trains(kind):
             return name

@@ -36,8 +36,9 @@ def buckets(lengths: list[int]) -> list[list[int]]:
     return groups
 
 
-def bucketed_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
-    """Exact varlen attention as a few batched SDPA calls over right-padded length groups."""
+def bucketed_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, window, scale, key_windows=None):
+    """Exact varlen attention as a few batched SDPA calls over right-padded length groups; with a
+    role policy's `key_windows` [T] each group's mask is the policy's ([B, 1, L, L])."""
     T, H, D = q.shape
     cu = cu_seqlens.tolist()
     starts, lengths = cu[:-1], [b - a for a, b in zip(cu[:-1], cu[1:])]
@@ -46,10 +47,12 @@ def bucketed_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
         return q.new_zeros(q.shape)
     if min(live) == max(live) and len(live) * live[0] == T:  # equal rows: a view, no gather
         n, L = len(live), live[0]
+        keyed = key_windows.reshape(n, L) if key_windows is not None else None
         return _sdpa_batch(q.reshape(n, L, H, D), k.reshape(n, L, -1, D), v.reshape(n, L, -1, D), None,
-                           causal, window, scale).reshape(T, H, D)
+                           causal, window, scale, keyed).reshape(T, H, D)
     zero = q.new_zeros(1, H, D), k.new_zeros(1, k.shape[1], D)
     q_ext, k_ext, v_ext = torch.cat([q, zero[0]]), torch.cat([k, zero[1]]), torch.cat([v, zero[1]])
+    w_ext = torch.cat([key_windows, key_windows.new_zeros(1)]) if key_windows is not None else None
     outs, where = [], torch.empty(T, dtype=torch.long)
     done = 0
     for group in buckets(lengths):
@@ -61,17 +64,20 @@ def bucketed_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
             where[s:s + n] = torch.arange(done + r * L, done + r * L + n)
         valid = idx < T
         idx_dev = idx.to(q.device)
-        o = _sdpa_batch(q_ext[idx_dev], k_ext[idx_dev], v_ext[idx_dev], valid.to(q.device), causal, window, scale)
+        keyed = w_ext[idx_dev] if w_ext is not None else None  # padding keys: 0, and after every real query
+        o = _sdpa_batch(q_ext[idx_dev], k_ext[idx_dev], v_ext[idx_dev], valid.to(q.device), causal, window, scale,
+                        keyed)
         outs.append(o.reshape(-1, H, D))
         done += len(group) * L
     return torch.cat(outs)[where.to(q.device)]
 
 
-def _sdpa_batch(q, k, v, valid, causal, window, scale):
-    """q [B, L, H, D], k/v [B, L, K, D], valid [B, L] bool (None: all real) -> [B, L, H, D]."""
+def _sdpa_batch(q, k, v, valid, causal, window, scale, key_windows=None):
+    """q [B, L, H, D], k/v [B, L, K, D], valid [B, L] bool (None: all real), key_windows [B, L]
+    (None: no role policy) -> [B, L, H, D]."""
     B, L, H, D = q.shape
     q, k, v = q.transpose(1, 2), repeat_kv(k.transpose(1, 2), H, 1), repeat_kv(v.transpose(1, 2), H, 1)
-    mask = visible(L, L, causal, window, q.device)
+    mask = visible(L, L, causal, window, q.device, None if key_windows is None else key_windows[:, None, :])
     if not causal and valid is not None:
         # non-causal: hide padding keys; padding queries keep their own key, so no row is empty
         eye = torch.eye(L, dtype=torch.bool, device=q.device)

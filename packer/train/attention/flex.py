@@ -34,7 +34,7 @@ def trains(device_type: str) -> bool:
     return device_type == "cuda" or cpu_backward()
 
 
-def document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
+def document_block_mask(cu_seqlens, T: int, causal: bool, window, device, key_windows=None):
     """A FlexAttention BlockMask for documents given by cu_seqlens, built from per-block ranges.
 
     Tokens are cut into 128-token blocks. Document ids never decrease along a row, so a block
@@ -46,6 +46,10 @@ def document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
     whose nearest tokens are within it are kept as partial (mask_mod decides inside them).
     Kept beside flex_block_mask (below: causal documents only, built by create_block_mask):
     this one also takes causal=False and a window.
+
+    A role policy (packer.masks.RolePolicy) comes as `key_windows` [T] (causal): the mask_mod adds
+    q - kv <= key_windows[kv], a pair is kept when its nearest tokens are within the largest window
+    of its key block, and full only when its farthest are within the smallest.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -55,12 +59,18 @@ def document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
     doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=T)
     doc = torch.cat([doc, torch.full((Tp - T,), -1, device=device, dtype=torch.long)])
 
+    keyed = None
+    if key_windows is not None:  # padding keys: window 0 (they are masked by doc anyway)
+        keyed = torch.cat([key_windows.to(device=device, dtype=torch.long), doc.new_zeros(Tp - T)])
+
     def mask_mod(b, h, q_idx, kv_idx):
         ok = (doc[q_idx] == doc[kv_idx]) & (doc[q_idx] >= 0)
         if causal:
             ok = ok & (kv_idx <= q_idx)
         if window is not None:
             ok = ok & (q_idx - kv_idx <= window) & (kv_idx - q_idx <= (0 if causal else window))
+        if keyed is not None:
+            ok = ok & (q_idx - kv_idx <= keyed[kv_idx])
         return ok
 
     blocks = doc.view(n_blocks, FLEX_BLOCK)
@@ -73,10 +83,14 @@ def document_block_mask(cu_seqlens, T: int, causal: bool, window, device):
     full = whole[:, None] & whole[None, :] & (lo[:, None] == lo[None, :])
     if causal:
         any_, full = any_ & (j <= i), full & (j < i)
+    gap = (i - j).abs()
+    nearest, farthest = (gap - 1).clamp(min=0) * FLEX_BLOCK + (gap > 0).long(), (gap + 1) * FLEX_BLOCK - 1
     if window is not None:
-        gap = (i - j).abs()
-        any_ = any_ & ((gap - 1).clamp(min=0) * FLEX_BLOCK + (gap > 0).long() <= window)  # nearest pair
-        full = full & ((gap + 1) * FLEX_BLOCK - 1 <= window)  # farthest pair
+        any_, full = any_ & (nearest <= window), full & (farthest <= window)
+    if keyed is not None:
+        key_blocks = keyed.view(n_blocks, FLEX_BLOCK)
+        widest, narrowest = key_blocks.max(dim=1).values, key_blocks.min(dim=1).values
+        any_, full = any_ & (nearest <= widest[None, :]), full & (farthest <= narrowest[None, :])
     partial = any_ & ~full
 
     def to_kv(blocks):
@@ -96,7 +110,7 @@ def _compiled_flex():
     return torch.compile(flex_attention)  # dynamic after the first new shape: packed rows vary in T
 
 
-def flex_varlen(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
+def flex_varlen(q, k, v, cu_seqlens, max_seqlen, causal, window, scale, key_windows=None):
     from torch.nn.attention.flex_attention import flex_attention
 
     T, H, D = q.shape
@@ -106,7 +120,7 @@ def flex_varlen(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
                          "use backend='bucketed' or run under torch.no_grad()")
     if not grad:  # CPU FlexAttention refuses inputs that require grad, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
-    block_mask = document_block_mask(cu_seqlens, T, causal, window, q.device)
+    block_mask = document_block_mask(cu_seqlens, T, causal, window, q.device, key_windows)
     fn = _compiled_flex() if T >= FLEX_COMPILE_MIN_TOKENS else flex_attention
     with warnings.catch_warnings():  # eager on purpose for small T: a compile costs ~25 s on CPU
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")

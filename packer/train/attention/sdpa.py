@@ -3,6 +3,9 @@
 Every backend takes and returns the same arrays (flash-attn layout, no batch axis):
 
     q [T, H, D], k/v [T, K, D], cu_seqlens int32 [N + 1], max_seqlen, causal, window, scale -> [T, H, D]
+
+A backend that runs role policies (packer.masks.RolePolicy) also takes `key_windows`, int64 [T]:
+query i sees key j of its document when j <= i and i - j <= key_windows[j] (causal; no `window`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 
-def visible(n_q: int, n_k: int, causal: bool, window, device) -> torch.Tensor | None:
-    """[n_q, n_k] bool: query i may see key j (positions within one document), or None for all."""
+def visible(n_q: int, n_k: int, causal: bool, window, device, key_windows=None) -> torch.Tensor | None:
+    """[n_q, n_k] bool: query i may see key j (positions within one document), or None for all.
+    `key_windows` [..., n_k] (a role policy's, causal): also i - j <= key_windows[j]; [..., n_q, n_k]."""
     if not causal and window is None:
         return None
     i = torch.arange(n_q, device=device)[:, None]
@@ -20,6 +24,8 @@ def visible(n_q: int, n_k: int, causal: bool, window, device) -> torch.Tensor | 
     ok = (j <= i) if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=device)
     if window is not None:
         ok = ok & ((i - j) <= window) & ((j - i) <= (0 if causal else window))
+    if key_windows is not None:
+        ok = ok & ((i - j) <= key_windows[..., None, :])
     return ok
 
 
@@ -29,8 +35,8 @@ def repeat_kv(k, n_heads: int, dim: int):
     return k if groups == 1 else k.repeat_interleave(groups, dim=dim)
 
 
-def sdpa_per_document(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
-    """The reference: one SDPA call per document, [H, l, D] each."""
+def sdpa_per_document(q, k, v, cu_seqlens, max_seqlen, causal, window, scale, key_windows=None):
+    """The reference: one SDPA call per document, [H, l, D] each (a role policy: its dense mask)."""
     H = q.shape[1]
     k, v = repeat_kv(k, H, 1), repeat_kv(v, H, 1)
     cu = cu_seqlens.tolist()
@@ -39,7 +45,9 @@ def sdpa_per_document(q, k, v, cu_seqlens, max_seqlen, causal, window, scale):
         if b == a:
             continue
         qd, kd, vd = (t[a:b].transpose(0, 1) for t in (q, k, v))
-        mask = visible(b - a, b - a, causal, window, q.device) if window is not None else None
+        keyed = key_windows[a:b] if key_windows is not None else None
+        mask = visible(b - a, b - a, causal, window, q.device, keyed) if window is not None or keyed is not None \
+            else None
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
         outs.append(o.transpose(0, 1))
     return torch.cat(outs) if outs else q.new_zeros(q.shape)

@@ -1,0 +1,217 @@
+"""The structure test for the fast engines: is a tokenizer.json a byte-level BPE whose ids an
+engine that merges by the rank of the merged token (tiktoken) reproduces exactly, and its ranks.
+fastokens (tokenizers' own merge rule, reimplemented) is held to the same test.
+
+A fast engine is used for a tokenizer only where `ranked_vocab` finds, in the file itself:
+
+    model          BPE; no dropout, no unk_token, no byte_fallback, no continuing_subword_prefix or
+                   end_of_word_suffix; all 256 byte-level characters in the vocabulary
+    normalizer     none, or NFC (then applied by the tokenizer's own normalizer: the same text exactly)
+    pre_tokenizer  ByteLevel(use_regex=true, add_prefix_space=false): GPT-2's regex, or
+                   Sequence[Split(one of SPLIT_REGEXES, Isolated, invert=false), ByteLevel(use_regex=false)]
+    added tokens   special only (special-token strings are text in every encode: packer/encode/tokenizer.py)
+    decoder        ByteLevel
+    merges         the condition below, checked merge by merge
+
+Why the merges can be replayed by rank. `tokenizers` merges a word by the pair (a, b) of lowest
+merge index (leftmost on ties); tiktoken merges the adjacent pair whose concatenation has the
+lowest rank (leftmost on ties), and returns a word that is itself a token whole. Give each token
+c made by merges the rank of the first merge making it (bytes rank below every merge), and ask:
+
+  (B) every token's merges are consecutive in the list (merges that can never fire, a part not
+      reachable from the bytes, left out): then "lower rank" and "lower merge index" order pairs
+      of different results the same way;
+  (S) every such token c, merged alone by `tokenizers` (merges only), gives [c].
+
+Claim: with (B) and (S) both engines give the same ids for every word. Proof sketch, by steps
+(both start from the bytes): let (x, y) be the pair tiktoken merges, c = x + y. No part crosses
+the span of c, so the merges done inside it are `tokenizers`' own run on c alone (same rule,
+same order), and [x, y] is a state of that run; by (S) the run ends in [c], so [x, y] is its
+only two-part state, the pair (a, b) whose merge makes c there: a real merge, not just two
+tokens that happen to spell c. Every pair `tokenizers` could merge is a tiktoken candidate with
+the rank of its result; by (B) the lowest-index one makes the lowest-rank result, which is c,
+and every candidate spelling c is that same pair (a, b): both pick the leftmost of them. When
+tiktoken has no pair, neither has `tokenizers`. A whole word that is a token: tiktoken returns
+it, and so does `tokenizers` (by (S), or at once with ignore_merges). With ignore_merges, a
+vocabulary string no merge makes would be returned whole by `tokenizers` only: refused.
+tests/encode/test_engines.py holds a tokenizer breaking (S) ((b, c) merged before (a, b)) and
+checks it is refused and that tiktoken would indeed differ on it. Trained tokenizers pass both;
+so does cl100k_base converted by transformers' TikTokenConverter (233,378 merges for 100,256
+tokens, several per token, ignore_merges; 2026-12-03, benchmarks/bench_engines.py --cl100k).
+
+Tokens no merge can make (GPT-2's "<|endoftext|>" in its vocabulary) are left out of the ranks:
+`tokenizers` never gives them either (without ignore_merges). Checking (S) encodes each token
+once with `tokenizers` (~1 s for 50,000 tokens, once per tokenizer per process).
+
+The split regexes are a list, not any regex: tiktoken's regex engine (fancy-regex) and
+`tokenizers`' (Oniguruma) agree on these patterns, every code point checked against the
+tokenizer's own pre-tokenizer (tests/encode/test_engines.py); each covers every character
+(letters, digits, whitespace, the rest), so no text falls between two matches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+SPLIT_REGEXES = {  # Split patterns the engines reproduce exactly, by their tokenizers
+    "llama3": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "gpt2": GPT2_REGEX,
+}
+
+
+@dataclass(frozen=True)
+class RankedVocab:
+    """What a rank-merging engine needs: bytes -> rank (bytes 0-255, then tokens in merge order),
+    the tokenizer's id of each rank, the split regex, and whether NFC runs first."""
+
+    ranks: dict
+    ids: np.ndarray
+    pattern: str
+    nfc: bool
+
+
+def read_spec(path: str) -> dict:
+    """A tokenizer.json, parsed (local or remote: packer/io/fs.py)."""
+    from packer.io import fs
+
+    return json.loads(fs.location(path).read_bytes())
+
+
+def ranked_vocab_at(path: str, check_reach: bool = True) -> RankedVocab | str:
+    """ranked_vocab of the file at `path`, once per process: a result with (S) checked serves a
+    later call that skips it (the driver decides, a worker in the same process reuses it)."""
+    found = _RANKED.get(path)
+    if found is None or (check_reach and not found[0]):
+        if len(_RANKED) >= 4:
+            _RANKED.clear()
+        found = _RANKED[path] = (check_reach, ranked_vocab(read_spec(path), check_reach))
+    return found[1]
+
+
+_RANKED: dict = {}  # path -> ((S) checked, ranked_vocab's result)
+
+
+def byte_chars() -> dict[str, int]:
+    """The byte-level alphabet (GPT-2's bytes_to_unicode), character -> byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def structure_refusal(spec: dict) -> str | None:
+    """Why the file's structure (all but the merges) is outside the rule, or None."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        return f"model {model.get('type')}, not BPE"
+    for key in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            return f"BPE with {key} {model[key]!r}"
+    if model.get("byte_fallback"):
+        return "BPE with byte_fallback"
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and normalizer.get("type") != "NFC":
+        return f"normalizer {normalizer.get('type')} (only none or NFC)"
+    if (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        return "no ByteLevel decoder"
+    if _pattern(spec.get("pre_tokenizer")) is None:
+        return "pre-tokenizer is neither ByteLevel with its regex nor one known Split regex + ByteLevel"
+    plain = [t["content"] for t in spec.get("added_tokens") or [] if not t.get("special")]
+    if plain:
+        return f"{len(plain)} added tokens that are not special (first {plain[0]!r})"
+    return None
+
+
+def _pattern(pre: dict | None) -> str | None:
+    if not pre:
+        return None
+    if pre.get("type") == "ByteLevel":
+        return GPT2_REGEX if pre.get("use_regex", True) and not pre.get("add_prefix_space", True) else None
+    steps = pre.get("pretokenizers") or []
+    if pre.get("type") != "Sequence" or len(steps) != 2:
+        return None
+    split, level = steps
+    regex = (split.get("pattern") or {}).get("Regex")
+    if (split.get("type") != "Split" or split.get("behavior") != "Isolated" or split.get("invert")
+            or regex not in SPLIT_REGEXES.values()):
+        return None
+    if level.get("type") != "ByteLevel" or level.get("use_regex", True) or level.get("add_prefix_space", True):
+        return None
+    return regex
+
+
+def ranked_vocab(spec: dict, check_reach: bool = True) -> RankedVocab | str:
+    """The engine's ranks for a tokenizer.json (parsed), or why it is refused (module docstring).
+    `check_reach` False skips (S) (a caller that checked this file already)."""
+    refused = structure_refusal(spec)
+    if refused:
+        return refused
+    model = spec["model"]
+    vocab = model["vocab"]
+    alphabet = byte_chars()
+    if any(c not in vocab for c in alphabet):
+        return "not all 256 byte-level characters are in the vocabulary"
+    order, refused = _merge_order(model["merges"], alphabet)
+    if refused:
+        return refused
+    made = set(order)
+    if model.get("ignore_merges"):
+        whole = [s for s in vocab if len(s) > 1 and s not in made and all(c in alphabet for c in s)]
+        if whole:
+            return f"ignore_merges with {len(whole)} vocabulary strings no merge makes (first {whole[0]!r})"
+    if check_reach and (bad := _unreachable(spec, order)):
+        return f"{len(bad)} tokens are not what their own merges give (first {bad[0]!r}): merges out of rank order"
+    to_latin1 = str.maketrans({c: chr(b) for c, b in alphabet.items()})  # a token's characters -> its bytes
+    tokens = [*sorted(alphabet, key=alphabet.get), *order]
+    ranks = {token.translate(to_latin1).encode("latin-1"): rank for rank, token in enumerate(tokens)}
+    ids = np.fromiter(map(vocab.__getitem__, tokens), np.int64, len(tokens))
+    return RankedVocab(ranks, ids, _pattern(spec["pre_tokenizer"]), spec.get("normalizer") is not None)
+
+
+def _merge_order(merges: list, alphabet: dict) -> tuple[list[str], str | None]:
+    """The tokens merges make, in the order of their first merge (merges a part of which no merge
+    makes are left out: they never fire), or a refusal: a pair listed twice, or a token's merges
+    not consecutive (B)."""
+    pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in merges]
+    if len(set(map(tuple, pairs))) != len(pairs):
+        return [], "a merge is listed twice"
+    reach, grew = set(alphabet), True
+    while grew:  # a merge may come before the merge making its part: it fires all the same
+        size = len(reach)
+        reach.update(a + b for a, b in pairs if a in reach and b in reach)
+        grew = len(reach) > size
+    order, placed, last = [], set(), None
+    for i, (a, b) in enumerate(pairs):
+        if a not in reach or b not in reach:
+            continue
+        c = a + b
+        if c != last:
+            if c in placed:
+                return [], f"the merges making {c!r} are not consecutive (merge {i})"
+            placed.add(c)
+            order.append(c)
+            last = c
+    return order, None
+
+
+def _unreachable(spec: dict, order: list[str]) -> list[str]:
+    """(S): the tokens `tokenizers` does not give whole when it merges them alone (merges only)."""
+    from tokenizers import Tokenizer
+
+    bare = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": None, "post_processor": None, "decoder": None,
+            "model": {**spec["model"], "ignore_merges": False}}
+    tok = Tokenizer.from_str(json.dumps(bare))
+    vocab = spec["model"]["vocab"]
+    encodings = tok.encode_batch_fast(order, add_special_tokens=False)
+    return [s for s, e in zip(order, encodings) if len(e.ids) != 1 or e.ids[0] != vocab[s]]

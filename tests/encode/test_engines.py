@@ -1,0 +1,317 @@
+"""Encode engines: every engine gives `tokenizers`' ids exactly where `auto` picks it, refuses
+where it could not, and a build with either engine has the same bytes (packer/encode/engines)."""
+
+from __future__ import annotations
+
+import json
+import random
+import unicodedata
+
+import numpy as np
+import pytest
+from conftest import TOKENIZER, build_sample, run_packer, sample_heads, sample_texts
+
+from packer import config
+from packer.encode import engines
+from packer.encode.engines import byte_level, choose_engine, fastokens_bpe, tiktoken_bpe
+from packer.encode.text import encode_texts
+from packer.encode.tokenizer import load_encoder
+
+QWEN2 = byte_level.SPLIT_REGEXES["qwen2"]
+LLAMA3 = byte_level.SPLIT_REGEXES["llama3"]
+
+
+def _train(path, pre: str, normalizer: bool = False, vocab_size: int = 1500, texts=None):
+    """A byte-level BPE trained on the sample corpus: GPT-2 style (ByteLevel with its regex) or a
+    Split regex + ByteLevel (Llama 3 / Qwen 2 style), with NFC when `normalizer`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if pre == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pre), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if normalizer:
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts or (sample_texts()[:400] + _adversarial()[:40]), trainer)
+    tok.save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizers_(tmp_path_factory):
+    """name -> tokenizer.json path: the sample's and three trained here (GPT-2, Llama 3 and NFC Qwen 2 style)."""
+    d = tmp_path_factory.mktemp("tok")
+    return {"sample": TOKENIZER, "gpt2": _train(d / "gpt2.json", "gpt2"),
+            "llama3": _train(d / "llama3.json", LLAMA3), "qwen2-nfc": _train(d / "qwen.json", QWEN2, normalizer=True)}
+
+
+def _categories() -> str:
+    """Up to 40 code points of every Unicode general category (planes 0-3 and 14, no surrogates)."""
+    seen: dict[str, list[str]] = {}
+    for cp in [*range(0x40000), *range(0xE0000, 0xE0200)]:
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        found = seen.setdefault(unicodedata.category(c), [])
+        if len(found) < 40 or cp % 997 == 0:
+            found.append(c)
+    assert len(seen) >= 29  # every category, unassigned (Cn) and private use (Co) included
+    return " ".join("".join(v) + " " + " ".join(v[:10]) for v in seen.values())
+
+
+def _adversarial() -> list[str]:
+    rng = random.Random(0)
+    texts = [
+        _categories(),
+        " " * 300 + "x" + "\t" * 50 + "\n" * 40 + " \n \r\n\r\n  \u3000\u3000\xa0\u2009x  \n",
+        "0123456789" * 200 + " 1 22 333 4444 55555 ١٢٣٤٥ ０１２３ ⅠⅡⅢ ½ ²³ 𝟘𝟙",
+        "I'M you'RE he'S we'VE she'LL they'D 'S 'T 'Re 'vE 'm 'll 'D don'T '' ' s 'ſ 'K 'ß Its' it's",
+        "汉字漢字ひらがなカタカナ한국어 조선말，。！？「」 中文 English mixed 日本語の文章です。",
+        "👨‍👩‍👧‍👦 👍🏽 🇫🇷🇩🇪 🏳️‍🌈 ❤️‍🔥 🧑🏿‍🦰 #️⃣ 👩‍💻👩‍💻",
+        "e\u0301 a\u0308\u0304 A\u030a \u212b \u2126 \ufb01 \u1100\u1161\u11a8 \u0344 o\u0328\u0304 "
+        "\u0958 \u1e0b\u0323 q\u0307\u0323 \u00c5\u0301 >\u0338 =\u0338 <\u0338",
+        "<|endoftext|>x<|endoftext|><|endoftext|> <|endoftext|> <|im_start|>user\n<|endoftext",
+        "\x00\x01\x7f\x80\x9f \ufeff\u200b\u200c\u200d\u2028\u2029 \U0010fffd \ue000",
+        "مرحبا بالعالم עברית Ελληνικά Русский текст हिन्दी தமிழ் ไทย",
+        "def f(x):\n\treturn {'a': [1, 2.5e-3]}  # comment\n\n\n    \n",
+        "".join(chr(rng.randrange(32, 0x3000)) for _ in range(3000)),
+        "".join(rng.choice(" \n\tab1'é漢😀\u0301") for _ in range(5000)),
+        "",
+        " ",
+        "a",
+    ]
+    return texts + [t for t in sample_texts()[:30]]
+
+
+def _ids(path, engine, texts, piece_chars=None):
+    kwargs = {"piece_chars": piece_chars} if piece_chars else {}
+    return encode_texts(load_encoder(path, engine), texts, dtype=np.uint32, **kwargs)
+
+
+FAST = ["fastokens", "tiktoken"]
+
+
+@pytest.mark.parametrize("engine", FAST)
+@pytest.mark.parametrize("name", ["sample", "gpt2", "llama3", "qwen2-nfc"])
+def test_fast_engines_give_the_tokenizers_ids(tokenizers_, name, engine):
+    path = tokenizers_[name]
+    assert choose_engine(path).name == "tiktoken" and choose_engine(path, engine).name == engine  # the rule accepts it
+    texts = _adversarial()
+    want_ids, want_lengths = _ids(path, "hf", texts)
+    got_ids, got_lengths = _ids(path, engine, texts)
+    np.testing.assert_array_equal(got_lengths, want_lengths)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    if name == "qwen2-nfc":  # NFC changed some text, and the ids still agree
+        assert any(unicodedata.normalize("NFC", t) != t for t in texts)
+
+
+@pytest.mark.parametrize("engine", FAST)
+@pytest.mark.parametrize("name", ["gpt2", "qwen2-nfc"])
+def test_huge_words_and_pieces(tokenizers_, name, engine):
+    """A 1 MB word (one pre-token), and a long text cut into pieces by the text path."""
+    path = tokenizers_[name]
+    rng = random.Random(1)
+    word = "".join(rng.choice("abcdefghij") for _ in range(1_000_000))
+    long = " ".join("".join(rng.choice("abcdé漢 ") for _ in range(rng.randrange(1, 30))) for _ in range(20_000))
+    for texts, piece_chars in (([word], None), ([long, "tail"], 50_000)):
+        want = _ids(path, "hf", texts, piece_chars)
+        got = _ids(path, engine, texts, piece_chars)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("engine", FAST)
+@pytest.mark.parametrize("name", [pytest.param("gpt2", marks=pytest.mark.slow),
+                                  pytest.param("llama3", marks=pytest.mark.slow), "qwen2-nfc"])
+def test_every_code_point_splits_the_same(tokenizers_, name, engine):
+    """The split regexes read every code point's class (letter, digit, space, other; case folding in
+    the contractions) the same in each engine's regex engine as in the tokenizer's own (module
+    byte_level docstring): each code point in contexts where its class decides the cut. One
+    tokenizer in the quick suite (~6 s each), all with -m slow."""
+    path = tokenizers_[name]
+    texts, chunk = [], []
+    for cp in [*range(0x40000), *range(0xE0000, 0xE0200)]:
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        chunk.append(f"a{c}1 {c}{c}'{c}\n{c} ")
+        if len(chunk) == 2000:
+            texts.append("".join(chunk))
+            chunk = []
+    texts.append("".join(chunk))
+    np.testing.assert_array_equal(_ids(path, engine, texts)[0], _ids(path, "hf", texts)[0], err_msg=name)
+
+
+def test_lone_surrogates_are_refused_by_both(tokenizers_):
+    for engine in ("hf", *FAST):
+        with pytest.raises(TypeError):
+            load_encoder(tokenizers_["gpt2"], engine).encode_ids(["fine", "a\ud800b"], np.uint32)
+
+
+def _spec(path) -> dict:
+    return json.loads(open(path, encoding="utf-8").read())
+
+
+def _write(tmp_path, spec: dict, name="tokenizer.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return str(path)
+
+
+def _tiny(merges: list[list[str]], extra: list[str]) -> dict:
+    """A byte-level BPE over the 256 byte characters, `extra` tokens after them, and `merges`."""
+    vocab = {c: i for i, c in enumerate(sorted(byte_level.byte_chars(), key=byte_level.byte_chars().get))}
+    for token in extra:
+        vocab[token] = len(vocab)
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                                                "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": vocab, "merges": merges}}
+
+
+def test_merges_out_of_rank_order_are_refused(tmp_path):
+    """(b, c) merges before (a, b), so `tokenizers` leaves "abc" as [a, bc] and never uses the merge
+    (ab, c); ranking tokens by merge order would let tiktoken join a + bc into "abc". The file is
+    refused (S), and the engine without that check would indeed differ."""
+    path = _write(tmp_path, _tiny([["b", "c"], ["a", "b"], ["ab", "c"]], ["bc", "ab", "abc"]))
+    choice = choose_engine(path)
+    assert choice.name == "hf" and "not what their own merges give" in choice.reason and "'abc'" in choice.reason
+    with pytest.raises(ValueError, match="cannot encode .* exactly"):
+        choose_engine(path, "tiktoken")
+    unchecked = byte_level.ranked_vocab(_spec(path), check_reach=False)  # what (S) prevents
+    import tiktoken
+
+    enc = tiktoken.Encoding("x", pat_str=unchecked.pattern, mergeable_ranks=unchecked.ranks, special_tokens={})
+    hf_ids = load_encoder(path, "hf").encode_ids(["abc"], np.int64)[0].tolist()
+    assert [unchecked.ids[r] for r in enc.encode_ordinary("abc")] != hf_ids == [ord("a"), 256]  # a, bc (ids in byte order, then bc)
+
+
+def test_merges_in_rank_order_are_accepted(tmp_path):
+    """The same vocabulary with (a, b) first: "abc" merges to one token in both engines."""
+    path = _write(tmp_path, _tiny([["a", "b"], ["b", "c"], ["ab", "c"]], ["ab", "bc", "abc"]))
+    assert choose_engine(path).name == "tiktoken" and choose_engine(path, "fastokens").name == "fastokens"
+    texts = ["abc", "abcbc", "bcabc ab bc abcabc"]
+    want = load_encoder(path, "hf").encode_ids(texts, np.int64)[0].tolist()
+    assert all(load_encoder(path, e).encode_ids(texts, np.int64)[0].tolist() == want for e in FAST)
+
+
+def test_a_token_merged_two_ways_apart_is_refused(tmp_path):
+    """"abc" made by (ab, c) and, after another token's merge, by (a, bc): its merges are not
+    consecutive, so no one rank orders it as `tokenizers` does (B)."""
+    path = _write(tmp_path, _tiny([["a", "b"], ["b", "c"], ["ab", "c"], ["c", "d"], ["a", "bc"]],
+                                  ["ab", "bc", "abc", "cd"]))
+    assert "not consecutive" in choose_engine(path).reason
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda s: s.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [  # DeepSeek V3 style: several Splits
+        {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": QWEN2}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}),
+     "pre-tokenizer"),
+    (lambda s: s.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\w+|\\W"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}), "pre-tokenizer"),
+    (lambda s: s.update(pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                       "split": True}), "pre-tokenizer"),
+    (lambda s: s["pre_tokenizer"].update(add_prefix_space=True), "pre-tokenizer"),
+    (lambda s: s.update(normalizer={"type": "NFKC"}), "normalizer NFKC"),
+    (lambda s: s["model"].update(dropout=0.1), "dropout"),
+    (lambda s: s["model"].update(byte_fallback=True), "byte_fallback"),
+    (lambda s: s["model"].update(unk_token="<|endoftext|>"), "unk_token"),
+    (lambda s: s["added_tokens"].append({"id": 5, "content": "hello", "single_word": False, "lstrip": False,
+                                         "rstrip": False, "normalized": True, "special": False}), "not special"),
+    (lambda s: s.update(decoder={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                 "split": True}), "decoder"),
+])
+def test_other_structures_run_on_hf(tmp_path, change, why):
+    spec = _spec(TOKENIZER)
+    change(spec)
+    path = _write(tmp_path, spec)
+    choice = choose_engine(path)
+    assert choice.name == "hf" and why in choice.reason, choice.reason
+    texts = ["Hello world, it's 2024!", "  spaced\n\n"]
+    from packer.encode.tokenizer import load_tokenizer
+
+    assert load_tokenizer(path).encode_batch_fast(texts, add_special_tokens=False)  # a valid tokenizer.json
+
+
+def test_wordpiece_runs_on_hf(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordPiece({"[UNK]": 0, "[SEP]": 1, "a": 2, "##b": 3}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    assert choose_engine(path) == engines.Choice("hf", "auto: tiktoken: model WordPiece, not BPE")
+    with pytest.raises(ValueError, match="--encode-engine fastokens cannot encode .* WordPiece"):
+        choose_engine(path, "fastokens")
+
+
+def test_auto_without_the_fast_engines_falls_back_and_a_forced_engine_says_why(monkeypatch):
+    engines.choose_engine.cache_clear()
+    monkeypatch.setattr(fastokens_bpe, "missing", lambda: "fastokens is not installed")
+    try:
+        assert choose_engine(TOKENIZER) == engines.Choice("tiktoken", "auto: a byte-level BPE it encodes exactly")
+        with pytest.raises(ValueError, match="--encode-engine fastokens cannot encode .* not installed"):
+            choose_engine(TOKENIZER, "fastokens")
+        engines.choose_engine.cache_clear()
+        monkeypatch.setattr(tiktoken_bpe, "missing", lambda: "tiktoken is not installed (pip install 'packer[fast]')")
+        assert choose_engine(TOKENIZER) == engines.Choice("hf", "auto: tiktoken: tiktoken is not installed "
+                                                                "(pip install 'packer[fast]')")
+        with pytest.raises(ValueError, match="--encode-engine tiktoken cannot encode .* not installed"):
+            choose_engine(TOKENIZER, "tiktoken")
+    finally:
+        engines.choose_engine.cache_clear()
+    assert choose_engine(TOKENIZER, "hf") == engines.Choice("hf", "asked for")
+
+
+def test_the_config_lists_the_engines():
+    assert config.choices("encode_engine") == engines.CHOICES
+
+
+def _without_engine(out) -> dict:
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and not p.name.startswith(".packer")}
+    manifest = json.loads(files.pop("manifest.json"))
+    for key in ("created_unix", "build_seconds"):
+        manifest.pop(key)
+    engine = manifest["tokenizer"].pop("encode_engine")
+    manifest["config"].pop("encode_engine", None)
+    return {**files, "manifest.json": manifest, "engine": engine["name"]}
+
+
+def test_builds_with_either_engine_are_identical(tmp_path):
+    built = {e: _without_engine_after(build_sample, tmp_path / e, e) for e in ("hf", *FAST, "auto")}
+    assert [built[e].pop("engine") for e in built] == ["hf", *FAST, "tiktoken"]
+    assert built["hf"] == built["fastokens"] == built["tiktoken"] == built["auto"]
+
+
+def _without_engine_after(build, out, engine):
+    build(out, encode_engine=engine, shard_size=100_000)
+    return _without_engine(out)
+
+
+def test_a_resume_may_switch_engines(tmp_path):
+    """Killed after its first units with hf, resumed with tiktoken: the bytes of one uninterrupted
+    run (with auto: tiktoken)."""
+    inputs = sample_heads(tmp_path, 150_000)
+    args = [*inputs, "--tokenizer", TOKENIZER, "--context-length", "256", "--shard-size", "8000",
+            "--workers", "1", "--unit-bytes", "65536"]
+    code, log = run_packer(["build", *args, "-o", str(tmp_path / "a"), "--encode-engine", "hf"], failpoints="unit:2=kill")
+    assert code != 0 and (tmp_path / "a" / "_work" / "units" / "unit-000000.json").exists(), log
+    code, log = run_packer(["build", *args, "-o", str(tmp_path / "a"), "--encode-engine", "tiktoken"])
+    assert code == 0 and "engine:    tiktoken (asked for)" in log, log
+    code, log = run_packer(["build", *args, "-o", str(tmp_path / "b")])
+    assert code == 0, log
+    a, b = _without_engine(tmp_path / "a"), _without_engine(tmp_path / "b")
+    assert (a.pop("engine"), b.pop("engine")) == ("tiktoken", "tiktoken")  # b: auto
+    assert a == b
