@@ -8,6 +8,8 @@ import itertools
 
 import numpy as np
 
+from packer.encode.engines.byte_level import byte_chars
+
 
 def batch_masks(encodings, text_lengths: list[int], spans: list[list[tuple[int, int]]]):
     """A batch of encoded texts and each one's trained character spans -> (flat ids int64, lengths,
@@ -174,7 +176,7 @@ class ByteOffsets:
             return None
         level = next((p for p in posts if p is not None and p.get("type") == "ByteLevel"), None)
         trim = bool(level and level.get("trim_offsets", True))
-        byte_of = _unicode_bytes()
+        byte_of = byte_chars()
         strings = {i: s for s, i in model.get("vocab", {}).items()}
         size = 1 + max([*strings, *(a["id"] for a in added), -1])
         byte_len = np.full(size, -1, np.int64)
@@ -279,16 +281,3 @@ def _count_upto(few: np.ndarray, points: np.ndarray) -> np.ndarray:
     points, "right"), by a search per one of the few (a UTF-8 text has few continuation bytes
     against its tokens)."""
     return np.cumsum(np.bincount(np.searchsorted(points, few, side="left"), minlength=len(points) + 1)[:-1])
-
-
-def _unicode_bytes() -> dict[str, int]:
-    """The byte-level alphabet (GPT-2's bytes_to_unicode), character -> byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
