@@ -100,6 +100,10 @@ def main():
     parser.add_argument("--chats", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3, help="rounds: each row timed once per round")
     parser.add_argument("--long-turns", action="store_true", help="assistant turns of ~1,500 characters")
+    parser.add_argument("--encode-engine", default="auto", help="the stage's engine: auto (default), hf, or a fast one")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time rows by wall clock (default) or by this process's CPU time (a busy shared box: "
+                             "every row runs on one thread)")
     args = parser.parse_args()
     import numpy
     import tokenizers
@@ -114,9 +118,10 @@ def main():
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, numpy {numpy.__version__}, "
-          f"RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
-    config = BuildConfig(input_kind="chat", context_length=2048)
+          f"RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}, {args.clock} clock")
+    config = BuildConfig(input_kind="chat", context_length=2048, encode_engine=args.encode_engine)
     info = tokenizer_info(TOKENIZER, config)
+    print(f"stage engine: {info.engine}")
     template = ChatTemplate(chat_template_of(TOKENIZER)[0], template_specials(info), config.roles)
     tok = _chat_tokenizer(TOKENIZER)
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,12 +143,14 @@ def main():
 
         marked = Path(tmp) / "generation.jinja"
         marked.write_text(GENERATION_TEMPLATE, encoding="utf-8")
-        generation = BuildConfig(input_kind="chat", context_length=2048, chat_template=str(marked))
+        generation = BuildConfig(input_kind="chat", context_length=2048, chat_template=str(marked),
+                                 encode_engine=args.encode_engine)
         source = chat_template_of(TOKENIZER)[0]
         assert template._turn_by_turn
         looking = Path(tmp) / "looking.jinja"  # the same text, but reading messages outside its loop: prefix by prefix
         looking.write_text("{% if messages %}{% endif %}" + source, encoding="utf-8")
-        rendered = BuildConfig(input_kind="chat", context_length=2048, chat_template=str(looking))
+        rendered = BuildConfig(input_kind="chat", context_length=2048, chat_template=str(looking),
+                               encode_engine=args.encode_engine)
         cases = {
             "encode_batch_fast": lambda: sum(len(e) for b in batches for e in tok.encode_batch_fast(b, add_special_tokens=False)),
             "encode_batch": lambda: sum(len(e) for b in batches for e in tok.encode_batch(b, add_special_tokens=False)),
@@ -152,12 +159,13 @@ def main():
             "stage, generation": lambda: stage(generation),
             "stage, rendered": lambda: stage(rendered),
         }
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         times, counts = {name: [] for name in cases}, {}
         for _ in range(args.repeat):  # every case once per round: a round's cases share the machine's state
             for name, fn in cases.items():
-                t = time.perf_counter()
+                t = clock()
                 counts[name] = fn()
-                times[name].append(time.perf_counter() - t)
+                times[name].append(clock() - t)
         n_tokens = counts["encode_batch_fast"]
         assert counts["stage"] == counts["stage, generation"] == counts["stage, rendered"] == n_tokens  # packer adds none
         assert len(trained) == 1  # the same trained tokens both ways

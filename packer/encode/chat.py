@@ -266,10 +266,10 @@ class ChatTemplate:
             except _template_errors():  # not expected of outputs of constants: then render the prefixes
                 self._turn_by_turn = False
                 return None
-        before = marks[0]
-        if len(marks) != len(messages) + 1 or not all(e.startswith(text[:before]) for e in self._ends):
+        before, (bare, prompted) = marks[0], self._ends
+        if len(marks) != len(messages) + 1 or not (bare.startswith(text[:before]) and prompted.startswith(text[:before])):
             return None
-        bare, prompted = (e[before:] for e in self._ends)
+        bare, prompted = bare[before:], prompted[before:]
         spans, n_bare = [], len(bare)
         for k, message in enumerate(messages):
             role = message["role"]

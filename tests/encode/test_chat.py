@@ -576,3 +576,29 @@ def test_prefixes_cut_from_one_rendering_equal_the_rendered_prefixes(family):
     expected = {"ending": {"TemplateRefused", "spans"}, "prompt": {"TemplateRefused", "spans"},
                 "alternate": {"RecordError", "spans"}}.get(family, {"spans"})
     assert expected <= outcomes
+
+
+def test_the_one_pass_message_check_agrees_with_the_message_loop(tmp_path):
+    """RecordEncoder._plain (joined contents, C loops) accepts exactly the conversations the per-message
+    loop finds no problem in: bad shapes, special tokens inside a content, and a special token's
+    text split across two contents (which must not count)."""
+    path = make_tokenizer(tmp_path, "chatml")
+    cfg = BuildConfig(input_kind="chat")
+    enc = RecordEncoder("chat", tokenizer_info(str(path), cfg), cfg, encode_texts)
+    rng = random.Random(2)
+    pieces = ["hi", "", "<|im_", "end|>", "<|im_end|>", "a<|im_start|>b", "\0", "é\n"]
+    values = [None, 3, ["x"], {"x": 1}, "user", "assistant"]
+    seen = {True: 0, False: 0}
+    for _ in range(3000):
+        messages = []
+        for _ in range(rng.randrange(1, 5)):
+            m = {"role": rng.choice(["user", "assistant"]), "content": "".join(rng.choices(pieces, k=2))}
+            if rng.random() < 0.08:
+                m[rng.choice(["role", "content"])] = rng.choice(values)
+            if rng.random() < 0.04:
+                del m[rng.choice(["role", "content"])]
+            messages.append(m if rng.random() > 0.03 else rng.choice(values[1:]))
+        plain = enc._plain(messages)
+        assert plain == (enc._message_problem(messages) is None), messages
+        seen[plain] += 1
+    assert min(seen.values()) > 300

@@ -315,3 +315,34 @@ def test_a_resume_may_switch_engines(tmp_path):
     a, b = _without_engine(tmp_path / "a"), _without_engine(tmp_path / "b")
     assert (a.pop("engine"), b.pop("engine")) == ("tiktoken", "tiktoken")  # b: auto
     assert a == b
+
+
+@pytest.mark.parametrize("name", ["sample", "gpt2", "llama3"])
+def test_encode_added_reads_added_tokens_as_the_chat_tokenizer_does(tokenizers_, name):
+    """tiktoken's one call per rendered chat (added tokens read as tokens, the text between encoded
+    piece by piece) against tokenizers reading the added tokens itself, on texts dense with them."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = tokenizers_[name]
+    tok = Tokenizer.from_file(path)
+    tok.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("[INST]", special=True)])
+    added = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    rng = random.Random(3)
+    marks, between = [*added, " ", "\n", "<|im_", "[INST", "end|>"], _adversarial()[3:11]
+    texts = ["".join(rng.choice(marks) + rng.choice(between)[:rng.randrange(0, 60)]
+                     for _ in range(rng.randrange(1, 12))) for _ in range(300)] + ["", "<|im_end|>", "<|im_end|><|im_end|>"]
+    got = load_encoder(path, "tiktoken").encode_added(texts, added, np.int64)
+    assert got is not None
+    want = tok.encode_batch_fast(texts, add_special_tokens=False)
+    np.testing.assert_array_equal(got[1], [len(e.ids) for e in want])
+    np.testing.assert_array_equal(got[0], [i for e in want for i in e.ids])
+    assert sum(t.count("<|im_end|>") for t in texts) == int(np.isin(got[0], [added["<|im_end|>"]]).sum()) > 100
+
+
+def test_encode_added_refuses_where_its_reading_could_differ(tokenizers_):
+    """tiktoken takes the first added text that matches, tokenizers the longest: with one a prefix of
+    another the caller cuts the text itself; an NFC tokenizer normalizes pieces apart."""
+    encoder = load_encoder(tokenizers_["gpt2"], "tiktoken")
+    assert encoder.encode_added(["<a><ab>"], {"<a>": 1, "<a>b": 2}, np.int64) is None
+    assert encoder.encode_added(["<a><ab>"], {"<a>": 1, "<ab>": 2}, np.int64) is not None
+    assert load_encoder(tokenizers_["qwen2-nfc"], "tiktoken").encode_added(["x"], {"<a>": 1}, np.int64) is None
