@@ -60,6 +60,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packer, installed or not (its subprocesses get PYTHONPATH)
 N_FILES = 8
 DOC_CHARS = 65536
 VOCAB = 50_000
