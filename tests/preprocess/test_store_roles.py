@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLE, TOKENIZER
+from conftest import SAMPLE, TOKENIZER, attest
 
 from packer.binpack import split_documents
 from packer.cli import main
@@ -21,9 +21,7 @@ from packer.encode.text import encode_texts
 from packer.encode.tokenizer import tokenizer_info
 from packer.io import fs
 from packer.preprocess.pipeline import build
-from packer.store import checksums, formats
 from packer.store.dataset import open_dataset
-from packer.store.manifest import sha256_file
 from packer.store.verify import verify_dataset
 
 ROLES = role_table()
@@ -107,7 +105,7 @@ def test_verify_and_open_refuse_bad_role_ids(tmp_path):
         verify_dataset(out, checksums=False)
     with pytest.raises(ValueError, match=r"role_ids\.bin bytes 0-\d+: checksum mismatch"):  # before its values
         open_dataset(out)[0]
-    _attest(out)  # as a writer that wrote the bad role id, checksums and all: the value check still refuses it
+    attest(out)  # as a writer that wrote the bad role id, checksums and all: the value check still refuses it
     with pytest.raises(ValueError, match="role id 200"):
         open_dataset(out)[0]
     role_file.write_bytes(bytes(data[:-1]))
@@ -123,23 +121,6 @@ def test_verify_and_open_refuse_bad_role_ids(tmp_path):
         (out / "manifest.json").write_text(json.dumps(edited))
         with pytest.raises(ValueError, match=message):
             verify_dataset(out, checksums=False)
-
-
-def _attest(out):
-    """The checksums files and the manifest made to attest every shard file as it is now."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    for entry in manifest["shards"]:
-        files, (sums_name, sums_sha) = formats.data_files(manifest["config"]["format"], entry)
-        sums = checksums.read_sums(out / sums_name, sums_sha, len(files))
-        fresh = []
-        for (name, _), old in zip(files, sums.files):
-            data, cuts = (out / name).read_bytes(), old.cuts.tolist()
-            digests = [checksums.digest(data[a:b]) for a, b in zip(cuts, cuts[1:])]
-            fresh.append(checksums.FileSums(old.first, old.cuts, np.array(digests, np.uint64)))
-        (out / sums_name).write_bytes(b"".join(checksums.sums_bytes(sums.rows, fresh)))
-        for key in [k for k in entry if k == "file" or k.endswith("_file")]:
-            entry[key[: -len("file")] + "sha256"] = sha256_file(out / entry[key])
-    (out / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("fmt", ["arrow", "memmap"])

@@ -14,13 +14,11 @@ import struct
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_sample
+from conftest import attest, build_sample
 
 from packer.cli import main
-from packer.store import checksums, formats
 from packer.store.dataset import open_dataset
 from packer.store.formats import megatron, memmap
-from packer.store.manifest import sha256_file
 from packer.store.verify import QUICK_SKIPS, verify_dataset
 
 FORMATS = ("arrow", "memmap", "megatron")
@@ -231,24 +229,6 @@ def test_an_edited_entry_count_is_refused_at_open(ds_dir, key):
     _refused_everywhere(ds_dir, f"shard-00000.* {key}, the manifest says")
 
 
-def _attest(d):
-    """Make the checksums files and the manifest attest every shard file as it is now (as a writer that
-    wrote wrong rows, checksums and all, would): only the row checks behind the checksums can refuse it."""
-    manifest = _manifest(d)
-    for entry in manifest["shards"]:
-        files, (sums_name, sums_sha) = formats.data_files(manifest["config"]["format"], entry)
-        sums = checksums.read_sums(d / sums_name, sums_sha, len(files))
-        fresh = []
-        for (name, _), old in zip(files, sums.files):
-            data, cuts = (d / name).read_bytes(), old.cuts.tolist()
-            digests = [checksums.digest(data[a:b]) for a, b in zip(cuts, cuts[1:])]
-            fresh.append(checksums.FileSums(old.first, old.cuts, np.array(digests, np.uint64)))
-        (d / sums_name).write_bytes(b"".join(checksums.sums_bytes(sums.rows, fresh)))
-        for key in [k for k in entry if k == "file" or k.endswith("_file")]:
-            entry[key[: -len("file")] + "sha256"] = sha256_file(d / entry[key])
-    _write_manifest(d, manifest)
-
-
 def _longest_first(d, fmt) -> int:
     """Shard 0's index with row 0 made longer than the context, as a flipped .idx byte can: the
     bound between rows 0 and 1 moved to row 1's end (the .idx stays the right size, its sections
@@ -274,7 +254,7 @@ def test_a_row_longer_than_the_context_is_refused_at_open(built, tmp_path, fmt):
     d = tmp_path / fmt
     shutil.copytree(built / fmt, d)
     length = _longest_first(d, fmt)
-    _attest(d)
+    attest(d)
     assert length > CONTEXT
     _refused_everywhere(d, f"row 0: {length} tokens.*longer than the context length {CONTEXT}")
 
@@ -302,7 +282,7 @@ def test_a_token_id_past_the_vocabulary_is_never_yielded(ds_dir):
         verify_dataset(ds_dir)
     with pytest.raises(ValueError, match=r"bytes \d+-\d+: checksum mismatch"):
         open_dataset(ds_dir)[3]
-    _attest(ds_dir)
+    attest(ds_dir)
     with pytest.raises(ValueError, match=f"token id 65535 >= the vocabulary size {VOCAB}"):
         verify_dataset(ds_dir)  # the checksums made to match: the id scan still catches it
     ds = open_dataset(ds_dir)  # opening reads no tokens: the block is checked at its first read
@@ -329,7 +309,7 @@ def test_broken_offsets_are_never_yielded_memmap(built, tmp_path):
     first_offsets = memmap.HEADER.size + 8 * (2 * (n_rows + 1) + n_segments)
     struct.pack_into("<i", raw, first_offsets + 4, 5000)  # row 0's first boundary past its end
     idx.write_bytes(bytes(raw))
-    _attest(d)
+    attest(d)
     with pytest.raises(ValueError, match="row 0: offsets"):
         open_dataset(d)[0]
 
@@ -351,7 +331,7 @@ def test_a_doc_id_outside_the_build_is_never_used(built, tmp_path, fmt):
     raw = bytearray(path.read_bytes())
     struct.pack_into("<q", raw, at, 10**12)
     path.write_bytes(bytes(raw))
-    _attest(d)
+    attest(d)
     with pytest.raises(ValueError, match=r"doc_id 1000000000000 outside \[0, \d+\)"):
         verify_dataset(d, checksums=False)
     with pytest.raises(ValueError, match="doc_id 1000000000000 outside"):
