@@ -243,7 +243,7 @@ def main():
     parser.add_argument("--mb", type=float, default=60, help="corpus size in MB of UTF-8 text (default 60)")
     parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
     parser.add_argument("--cl100k", action="store_true", help="also cl100k_base (needs bpe-openai and transformers)")
-    parser.add_argument("--engines", default="fastokens", help="engines timed besides hf and auto's choice")
+    parser.add_argument("--engines", default="fastokens", help="engines timed besides hf and auto's choice (\"\": none)")
     parser.add_argument("--repeat", type=int, default=1, help="run every row this many times, keep each one's best")
     args = parser.parse_args()
     import tiktoken
@@ -277,7 +277,7 @@ def main():
 
                 for _ in range(args.repeat):
                     keep("encode_batch_fast", _python(BASELINE, [json.dumps(files), path], threads=cores))
-                    for engine in ("hf", "auto", *args.engines.split(",")):
+                    for engine in ("hf", "auto", *filter(None, args.engines.split(","))):
                         stage = _python(STAGE, [json.dumps(files), path, str(workers), engine, str(unit_bytes)])
                         keep(f"stage {stage['engine']}", stage)
                         built = _build(files, path, d / "out", workers, engine, unit_bytes)
