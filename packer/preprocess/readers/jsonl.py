@@ -23,6 +23,7 @@ and every record, goes line by line (`_line_records`: orjson where it reads as j
 from __future__ import annotations
 
 import json
+import re
 
 import orjson
 
@@ -140,7 +141,7 @@ def _parse_block(block: bytes, field: str, max_bytes: int, as_column: bool = Fal
     if len(block) > max_bytes and _longest_line(block) > max_bytes:
         return None
     n_body = len(block) - block.endswith(b"\n")  # the block without its last newline (never sliced: a copy)
-    if not n_body or block[:1].isspace() or any(s in block for s in _LINE_STARTS_BLANK):
+    if not n_body or block[:1].isspace() or _LINE_STARTS_BLANK.search(block):
         return None  # a blank line (or one starting blank): rows would not match lines one to one
     if not as_column and not block.isascii() and not valid_utf8(block):
         return None  # the per-line path rejects bad bytes anywhere in a line
@@ -190,7 +191,9 @@ def _huge_line(held: list, pos: int, line_no: int, unit: Unit, field: str, skips
         yield text
 
 
-_LINE_STARTS_BLANK = (b"\n\n", b"\n ", b"\n\t", b"\n\r", b"\n\x0b", b"\n\x0c")
+# a line that is blank or starts blank (bytes.isspace's six); one regex pass: six `in` searches cost
+# 20x more (10.7 against 0.55 ms a 1.9 MB block, 2026-12-04), a third of reading a unit
+_LINE_STARTS_BLANK = re.compile(rb"\n[\n \t\r\x0b\x0c]")
 
 
 def _longest_line(block: bytes) -> int:
