@@ -1,4 +1,4 @@
-"""The stats figures as a printed table, a PNG of four charts, a self-contained HTML page, and a block-causal mask picture.
+"""The stats figures as a printed table, a PNG of four charts, a self-contained HTML page (the charts as SVG), and a block-causal mask picture.
 
 Everything here reads only the JSON-ready dict of packer.stats.figures (so a stats.json can be
 redrawn later). matplotlib is an optional extra (`pip install 'packer[plot]'`), imported
@@ -11,8 +11,11 @@ import base64
 import html
 import io
 import json
+import re
 
 import numpy as np
+
+from packer.stats.svg import charts_svg
 
 REPORT_INCHES, REPORT_DPI = (12.0, 8.0), 100  # report PNG: 1200 x 800 pixels
 MASK_INCHES, MASK_DPI = (8.0, 8.0), 100  # show-mask PNG: 800 x 800 pixels
@@ -202,12 +205,6 @@ def write_png(f: dict, path) -> None:
     report_figure(f).savefig(path, format="png")
 
 
-def _png_bytes(f: dict) -> bytes:
-    buf = io.BytesIO()
-    report_figure(f).savefig(buf, format="png")
-    return buf.getvalue()
-
-
 def _html_table(head, rows) -> str:
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
@@ -222,12 +219,9 @@ def _sources_html(f: dict) -> str:
 
 
 def html_page(f: dict) -> str:
-    """One HTML page with everything inline: tables, the charts as a data: PNG (or a line saying
-    how to install matplotlib), and the JSON figures."""
-    try:
-        img = f'<img alt="charts" src="data:image/png;base64,{base64.b64encode(_png_bytes(f)).decode()}">'
-    except ValueError as e:
-        img = f"<p><em>{html.escape(str(e))}</em></p>"
+    """One HTML page with everything inline: tables, the charts as SVG (packer/stats/svg.py: the page
+    depends on stats.json and packer alone, so `packer verify` redraws it anywhere), and the JSON figures."""
+    img = charts_svg(f, LABELS, _source_line(f))
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>packer stats</title>
 <style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1250px}}table{{border-collapse:collapse;margin:1em 0}}
@@ -409,6 +403,16 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){
 """
 
 
+_CHARTS = re.compile(rb'<svg xmlns=.*?</svg>|<img alt="charts" src="data:image/png;base64,[^"]*">|<p><em>pictures need matplotlib[^<]*</em></p>', re.S)
+
+
+def _without_charts(page: bytes) -> bytes:
+    """A page with its charts cut out: a page written before 2026-12-04 holds a matplotlib PNG (only
+    the same matplotlib redraws it byte for byte) or the line saying how to install it; the rest of
+    it must still be what stats.json gives."""
+    return _CHARTS.sub(b"", page, count=1)
+
+
 def check_report(path):
     """A dataset's report.html is the page its stats.json gives (deterministic); ValueError naming
     the file otherwise. Nothing to check without either file."""
@@ -419,6 +423,7 @@ def check_report(path):
     report, stats = path / REPORT, path / STATS
     if not (stats.is_file() and report.is_file()):  # the page is optional: only `packer run` wrote it before 2026-12
         return
-    if report.read_bytes() != html_page(read_stats(stats)).encode("utf-8"):
+    page, want = report.read_bytes(), html_page(read_stats(stats)).encode("utf-8")
+    if page != want and (b"<svg xmlns=" in page or _without_charts(page) != _without_charts(want)):
         raise ValueError(f"{fs.redact(report)}: not the page this dataset's stats.json gives (edited, or of another "
                          "build); rebuild, or delete it")

@@ -1,5 +1,6 @@
 """The report: printed table, PNG charts (size and content), self-contained HTML, the mask
-picture read back pixel by pixel, the no-matplotlib message, and `packer show-mask`."""
+picture read back pixel by pixel, the no-matplotlib message, and `packer show-mask`. The page's SVG
+charts: tests/stats/test_svg.py."""
 
 from __future__ import annotations
 
@@ -51,19 +52,20 @@ def test_html_is_self_contained(figures, tmp_path):
     path = tmp_path / "r.html"
     report.write_html(figures, path)
     page = path.read_text(encoding="utf-8")
-    assert page.count('src="data:image/png;base64,') == 1 and "http://" not in page.replace("https://json-schema", "")
+    assert page.count("<svg xmlns=") == 1 and "<img" not in page
+    assert "http://" not in page.replace("https://json-schema", "").replace('"http://www.w3.org/2000/svg"', "")
     assert "<td>pad every document to the context</td><td>4</td><td>32</td><td>43.75%</td>" in page
-    assert "packer.stats/1" in page and len(page) > 20_000
+    assert "packer.stats/1" in page and page.count("<rect") > 10
 
 
-def test_without_matplotlib_pictures_say_how_to_install(figures, sample_dataset, tmp_path, monkeypatch):
+def test_without_matplotlib_pngs_say_how_to_install_and_pages_keep_their_charts(figures, sample_dataset, tmp_path, monkeypatch):
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.colors", "matplotlib.patches"):
         monkeypatch.setitem(sys.modules, name, None)  # importing them now fails
     with pytest.raises(ValueError, match=r"pip install 'packer\[plot\]'"):
         report.write_png(figures, tmp_path / "r.png")
-    report.write_html(figures, tmp_path / "r.html")  # tables still, with the hint instead of charts
+    report.write_html(figures, tmp_path / "r.html")  # the page's charts are packer's own SVG
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "packer[plot]" in page and "data:image/png" not in page and "43.75%" in page
+    assert page == report.html_page(figures) and "<svg xmlns=" in page and "43.75%" in page
     out = CliRunner().invoke(main, ["show-mask", str(sample_dataset), "--out", str(tmp_path / "m.png")])
     assert out.exit_code == 1 and "packer[plot]" in out.output and not (tmp_path / "m.png").exists()
 
@@ -107,7 +109,7 @@ def test_stats_command_writes_plot_and_html(sample_dataset, tmp_path):
                                     "--html", str(tmp_path / "s.html")])
     assert out.exit_code == 0, out.output
     assert _png_size(tmp_path / "s.png") == (1200, 800)
-    assert "data:image/png;base64," in (tmp_path / "s.html").read_text(encoding="utf-8")
+    assert "<svg xmlns=" in (tmp_path / "s.html").read_text(encoding="utf-8")
 
 
 def test_run_writes_the_report_beside_the_shards(tmp_path):
@@ -119,4 +121,4 @@ def test_run_writes_the_report_beside_the_shards(tmp_path):
     result = CliRunner().invoke(main, ["run", str(job)])
     assert result.exit_code == 0, result.output
     page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
-    assert "report:" in result.output and "data:image/png;base64," in page and "pack, first-fit decreasing" in page
+    assert "report:" in result.output and "<svg xmlns=" in page and "pack, first-fit decreasing" in page
