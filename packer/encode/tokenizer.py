@@ -212,8 +212,10 @@ def special_id(tok, name: str | None, candidates, what: str, fix: str) -> int:
 
 def _shipped_settings(data: bytes) -> tuple[int | None, bool]:
     """(truncation max_length or None, padding on) as the tokenizer.json itself sets them."""
+    from packer.encode.engines.byte_level import loads
+
     try:
-        shipped = json.loads(data)
+        shipped = loads(data)
     except ValueError:
         return None, False
     truncation = shipped.get("truncation") if isinstance(shipped, dict) else None

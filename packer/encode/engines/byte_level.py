@@ -79,7 +79,18 @@ def read_spec(path: str) -> dict:
     """A tokenizer.json, parsed (local or remote: packer/io/fs.py)."""
     from packer.io import fs
 
-    return json.loads(fs.location(path).read_bytes())
+    return loads(fs.location(path).read_bytes())
+
+
+def loads(data: bytes):
+    """json.loads, by orjson where it can (a 100,000-token file: 0.21-0.28 s against 0.36, 2026-12-04);
+    json reads what orjson refuses (NaN, lone surrogates, deep nesting) as before."""
+    import orjson
+
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def ranked_vocab_at(path: str, check_reach: bool = True) -> RankedVocab | str:
@@ -211,7 +222,13 @@ def _unreachable(spec: dict, order: list[str]) -> list[str]:
     bare = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
             "pre_tokenizer": None, "post_processor": None, "decoder": None,
             "model": {**spec["model"], "ignore_merges": False}}
-    tok = Tokenizer.from_str(json.dumps(bare))
+    import orjson
+
+    try:
+        text = orjson.dumps(bare).decode()
+    except TypeError:  # a string orjson will not write (a lone surrogate): json writes it escaped
+        text = json.dumps(bare)
+    tok = Tokenizer.from_str(text)
     vocab = spec["model"]["vocab"]
     encodings = tok.encode_batch_fast(order, add_special_tokens=False)
     return [s for s, e in zip(order, encodings) if len(e.ids) != 1 or e.ids[0] != vocab[s]]
