@@ -1,5 +1,5 @@
 """The report page's SVG charts: bars read back against the figures, the same text without matplotlib,
-old pages (a matplotlib PNG) still verified, and a build that never imports matplotlib."""
+old pages (a matplotlib PNG) still verified, and a build that imports no matplotlib (nor pandas)."""
 
 from __future__ import annotations
 
@@ -97,14 +97,15 @@ def test_a_page_with_the_old_png_still_verifies_and_an_edit_does_not(figures, tm
             report.check_report(tmp_path)
 
 
-def test_a_build_never_imports_matplotlib(tmp_path):
+def test_a_build_imports_neither_matplotlib_nor_pandas(tmp_path):
+    """The page's charts are packer's SVG; the Arrow writer builds arrays without pa.array's pandas check."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(f'{{"text": "{"word " * (5 + k)}"}}\n' for k in range(40)), encoding="utf-8")
     code = ("import sys; from packer.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('matplotlib' in sys.modules)")
+            "print('matplotlib' in sys.modules, 'pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, "build", str(corpus), "--tokenizer", TOKENIZER, "-o",
                           str(tmp_path / "out"), "--workers", "1", "--quiet"], capture_output=True, text=True,
                          cwd=ROOT, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert out.stdout.strip().splitlines()[-1] == "False False"
     assert "<svg xmlns=" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
