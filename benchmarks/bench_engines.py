@@ -4,6 +4,8 @@
     python benchmarks/bench_engines.py --mb 10      # quicker
     python benchmarks/bench_engines.py --cl100k     # also a real vocabulary: cl100k_base, as shipped in
                                                     # the bpe-openai package, converted by transformers
+    python benchmarks/bench_engines.py --before DIR # also the build of another checkout (an older commit's
+                                                    # git worktree), on hf: is hf slower than it was?
 
 Corpus (deterministic on one machine, corpus_texts below): man pages in ~25 languages, Debian's
 /usr/share/doc, the Python standard library's sources and the translations of every installed .mo
@@ -39,6 +41,30 @@ row to row, so the CPU ratio is the figure to read), 62 MB, --repeat 1:
     tokenize stage alone, cpu: fastokens 10.2 / 9.8, tiktoken 4.2 / 4.1, hf 0.99 / 1.00
     (2 workers: no CPU column; the baseline ran while the load was highest, so every wall
     ratio there is too high, hf's 2.78 most plainly: hf runs at about 1.0 of itself)
+
+2026-12-04, the same machine quiet (load < 0.3 at the start; a helper's tests ran beside the later
+runs now and then), 62 MB, --repeat 2, three runs (the ranges); after this session's cuts to the
+build's fixed work (report charts without matplotlib, no pandas import, a faster JSONL blank-line
+check, orjson for the tokenizer.json), and before them (the first run of the day):
+
+    whole build, ratio to encode_batch_fast    wall (cpu)
+                                   1 worker                        2 workers
+    gpt2-style      hf             0.73-1.02 (0.80-1.01)           0.73-0.91
+                      --before     0.71 (0.79)                     0.68       (the build before engines)
+                    fastokens      5.81 (8.65)                     4.23       (one run)
+                    tiktoken       1.99-2.56 (2.79-3.06)           2.21-2.38
+                      before cuts  1.75 (2.31)                     1.88
+    qwen-style NFC  hf             0.71-0.90 (0.78-0.98)           0.75-0.83
+                      --before     0.87 (0.98)                     0.71
+                    fastokens      4.21 (6.79)                     3.56
+                    tiktoken       1.99-2.27 (2.52-2.87)           2.50-2.66
+                      before cuts  1.85 (2.50)                     -
+    tokenize stage alone: tiktoken 2.5-3.7, fastokens 7.4-11.7, hf 0.68-1.02
+    --cl100k, 1 worker (before the cuts): tiktoken stage 2.58, build 1.20 (the rule's check on
+    100,000 tokens: ~1.5 s of fixed work), fastokens stage 4.86, build 1.74
+
+With 2 usable cores, "1 worker" runs 2 tokenizer threads, so every row uses both cores; the
+previous table's 1-worker rows (a loaded machine) had about one.
 """
 
 from __future__ import annotations
@@ -225,17 +251,20 @@ def _python(code: str, args: list[str], threads: int | None = None) -> dict:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "cpu": _children_cpu() - cpu}
 
 
-def _build(files, tokenizer, out: Path, workers: int, engine: str, unit_bytes: int) -> dict:
+def _build(files, tokenizer, out: Path, workers: int, engine: str | None, unit_bytes: int, root: Path = ROOT) -> dict:
+    """`packer build` of the checkout at `root` (engine None: a checkout from before engines, which runs hf)."""
     args = [sys.executable, "-m", "packer", "build", *files, "--tokenizer", tokenizer, "-o", str(out), "--workers",
-            str(workers), "--encode-engine", engine, "--unit-bytes", str(unit_bytes), "--quiet", "--overwrite"]
+            str(workers), *(["--encode-engine", engine] if engine else []), "--unit-bytes", str(unit_bytes), "--quiet",
+            "--overwrite"]
     t, cpu = time.perf_counter(), _children_cpu()
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)},
+                          cwd=root)  # python -m puts the working directory first: run in the checkout timed
     seconds, cpu = time.perf_counter() - t, _children_cpu() - cpu
     if proc.returncode:
         raise SystemExit(proc.stdout + proc.stderr)
     manifest = json.loads((out / "manifest.json").read_text())
     return {"seconds": seconds, "cpu": cpu, "tokens": manifest["totals"]["tokens_in"],
-            "engine": manifest["tokenizer"]["encode_engine"]["name"]}
+            "engine": manifest["tokenizer"].get("encode_engine", {"name": "hf"})["name"]}
 
 
 def main():
@@ -245,6 +274,8 @@ def main():
     parser.add_argument("--cl100k", action="store_true", help="also cl100k_base (needs bpe-openai and transformers)")
     parser.add_argument("--engines", default="fastokens", help="engines timed besides hf and auto's choice (\"\": none)")
     parser.add_argument("--repeat", type=int, default=1, help="run every row this many times, keep each one's best")
+    parser.add_argument("--before", type=Path, help="another checkout of packer (a git worktree of an older commit): "
+                        "its whole build, on hf, timed as one more row ('build hf, before'), to compare today's hf with")
     args = parser.parse_args()
     import tiktoken
     import tokenizers
@@ -282,6 +313,8 @@ def main():
                         keep(f"stage {stage['engine']}", stage)
                         built = _build(files, path, d / "out", workers, engine, unit_bytes)
                         keep(f"build {built['engine']}", built)
+                    if args.before:
+                        keep("build hf, before", _build(files, path, d / "out-before", workers, None, unit_bytes, args.before))
                 base = rows["encode_batch_fast"]
                 for label, r in rows.items():
                     # pool workers are the forkserver's children, which no one here waits for: their CPU

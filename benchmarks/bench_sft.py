@@ -39,6 +39,19 @@ turns in brackets), before -> after, each part timed alone: spans from the templ
 (0.118 -> 0.027), ids + offsets + mask 0.090 -> 0.054 (0.026 -> 0.027), reading the JSONL 0.025 ->
 0.019; timed inside the stage, all of it 0.31 -> 0.15 next to a 1.0 s encode (0.20 -> 0.09 next to
 0.36 s).
+
+2026-12-04, quiet 2-core box, --clock cpu, the stage on auto's engine, tiktoken (its encode_added
+reads the chat's added tokens itself, one call per conversation), the same rows:
+
+    rows                 --long-turns           short turns
+                         (2,000, --repeat 5)    (3,000, --repeat 7)
+    stage                   2.21 (1.94-2.45)       1.63 (1.24-2.18)     median (rounds' range)
+    stage, generation       2.10                   1.45
+    stage, rendered         1.85                   1.31
+
+Short turns stay under 2x: the corpus is the sample's conversations reshuffled, which tokenizers'
+word cache serves nearly whole (encode alone, tiktoken is 2.6-3x encode_batch_fast here), and the
+per-conversation work (render, spans, mask) weighs more against a short turn's encode.
 """
 
 from __future__ import annotations
