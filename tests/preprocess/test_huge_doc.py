@@ -23,7 +23,7 @@ from packer.encode.tokenizer import tokenizer_info
 from packer.io import lines
 from packer.io.lines import line_blocks
 from packer.io.utf8 import Utf8Text, valid_utf8
-from packer.preprocess.readers import SkipLog, jsonl, plan_units, read_unit, text
+from packer.preprocess.readers import SkipLog, huge_json, jsonl, plan_units, read_unit, text
 from packer.preprocess.tokenize import tokenize_unit, unit_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +41,8 @@ def small_huge(monkeypatch):
     for module in (jsonl, text):
         monkeypatch.setattr(module, "HUGE_TEXT_BYTES", 4096)
     monkeypatch.setattr(lines, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(huge_json, "LONG_STRING_BYTES", 1024)
+    monkeypatch.setattr(huge_json, "WINDOW_BYTES", 1000)
     return 4096
 
 
