@@ -18,12 +18,14 @@ from conftest import TOKENIZER, sample_texts
 from tokenizers import Tokenizer
 
 from packer.config import BuildConfig
+from packer.encode import records
 from packer.encode.text import _pieces, _utf8_pieces, encode_parts, encode_texts
 from packer.encode.tokenizer import tokenizer_info
 from packer.io import lines
 from packer.io.lines import line_blocks
 from packer.io.utf8 import Utf8Text, valid_utf8
-from packer.preprocess.readers import SkipLog, huge_json, jsonl, plan_units, read_unit, text
+from packer.preprocess.readers import SkipLog, huge_json, jsonl, plan_units, read_unit
+from packer.preprocess.readers import text as text_reader
 from packer.preprocess.tokenize import tokenize_unit, unit_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +40,7 @@ def tok():
 def small_huge(monkeypatch):
     """Make 'huge' 4 KB (and reads 4 KB, so that such a line comes as a block of its own), so the
     huge-document path runs on texts the tokenizer encodes in a blink."""
-    for module in (jsonl, text):
+    for module in (jsonl, text_reader):
         monkeypatch.setattr(module, "HUGE_TEXT_BYTES", 4096)
     monkeypatch.setattr(lines, "BLOCK_BYTES", 4096)
     monkeypatch.setattr(huge_json, "LONG_STRING_BYTES", 1024)
@@ -113,6 +115,48 @@ def test_a_huge_text_file_gives_the_tokens_of_its_text(tmp_path, tok, small_huge
     ids, _, _ = _unit_tokens(path, tmp_path)
     eos = tokenizer_info(TOKENIZER, BuildConfig()).eos_id
     assert ids == tok.encode(t, add_special_tokens=False).ids + [eos]
+
+
+def _unit_files(path, tmp_path, name, **config) -> tuple[dict, dict]:
+    config = BuildConfig(**config)
+    info = tokenizer_info(TOKENIZER, config)
+    (unit,) = plan_units([str(path)], 1 << 30)
+    work = tmp_path / name
+    work.mkdir()
+    counters = tokenize_unit(unit, info, config, work)
+    files = {p.name.split(".", 1)[1]: p.read_bytes() for p in sorted(work.glob("unit-*")) if not p.name.endswith(".json")}
+    return files, {k: counters[k] for k in ("docs_accepted", "skipped", "skip_examples", "tokens", "trained_tokens")}
+
+
+@pytest.mark.parametrize("config", [dict(), dict(long_prompts="drop", context_length=300), dict(eos=False)],
+                         ids=["split", "drop", "no-eos"])
+def test_huge_prompts_and_completions_stream_to_the_same_unit_files(tmp_path, monkeypatch, small_huge, config):
+    """Records with long prompts and completions (Utf8Text from huge_json, encoded a piece at a time)
+    give the bytes the old path gives (whole strs, one batch), skips and their order included."""
+    rng = random.Random(7)
+    rows = []
+    for i in range(40):
+        long, short = _long_text(i, rng.randrange(2, 30)), rng.choice(["Q: ", "", " ", "2+2=", "\u00e9"])
+        rows.append(rng.choice([
+            {"prompt": short, "completion": long}, {"prompt": long, "completion": short or "x"},
+            {"prompt": long, "completion": _long_text(i + 100, 5)}, {"prompt": short, "completion": "done"},
+            {"prompt": long, "completion": "   \u3000 " * 900}, {"prompt": 5, "completion": long},
+            {"completion": long}, {"prompt": short, "completion": long, "extra": [1, {"a": long[:50]}]},
+        ]))
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=i % 3 == 0) + "\n" for i, r in enumerate(rows)), encoding="utf-8")
+    monkeypatch.setattr(records, "PIECE_CHARS", 3000)  # long from 3000 characters, encoded in pieces of 3000
+    kinds = [type(r.get("completion")).__name__ for _, r in jsonl.records(plan_units([str(path)], 1 << 30)[0], path,
+                                                                       SkipLog.empty(), fields=(), max_doc_bytes=1 << 30, fix="")]
+    assert kinds.count("Utf8Text") > 10
+    new = _unit_files(path, tmp_path, "new", input_kind="prompt-completion", **config)
+    monkeypatch.setattr(huge_json, "huge_record", lambda *a, **k: None)  # the old path: strs
+    monkeypatch.setattr(records, "PIECE_CHARS", 1 << 40)  # and every example in its batch
+    old = _unit_files(path, tmp_path, "old", input_kind="prompt-completion", **config)
+    assert new == old
+    assert new[1]["docs_accepted"] >= 10 and len(new[1]["skipped"]) >= 2
+    if config.get("long_prompts") == "drop":
+        assert new[1]["skipped"]["prompt_too_long"] > 3
 
 
 def test_bad_huge_lines_are_skipped_as_small_ones_are(tmp_path, small_huge):
