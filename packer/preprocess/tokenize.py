@@ -186,7 +186,7 @@ def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, r
                 roles.append(encoded.roles)
             n_tokens += len(encoded.ids)
             n_trained += int(np.count_nonzero(encoded.mask))
-        del batch, encoded  # a huge record's text is freed before the next batch is read
+        batch = encoded = None  # a huge record's text is freed before the next batch is read
     return n_tokens, n_trained
 
 

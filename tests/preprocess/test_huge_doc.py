@@ -227,3 +227,58 @@ def test_one_20_mb_line_grows_rss_by_at_most_3x_its_size(tmp_path):
 
 
 ALLOWANCE_MB = 40  # the tokenizer's working memory for one 1 MiB piece, and allocator slack
+
+
+@pytest.mark.parametrize("layout", ["string", "large_string", "string_view", "binary", "dict-string", "dict-binary"])
+def test_huge_column_values_read_as_the_old_path_reads_them(tmp_path, monkeypatch, layout):
+    """A chunk holding a value over HUGE_TEXT_BYTES is read row by row, such a value as a Utf8Text over its
+    Arrow buffer: the same texts, skips and examples as the old path (every value a Python object)."""
+    import pyarrow as pa
+
+    from packer.preprocess.readers import columns
+
+    monkeypatch.setattr(columns, "HUGE_TEXT_BYTES", 300)
+    binary = "binary" in layout
+    values = [_long_text(1, 3), "short", None, "", "  \u3000 " * 300, _long_text(2, 3), " x ", _long_text(3, 3) * 90,
+              _long_text(1, 3)]
+    values = [v.encode() if binary and v is not None else v for v in values]
+    if binary:
+        values += [b"\xff" * 2000, b"caf\xe9", b"  "]
+    kind = {"string": pa.string(), "large_string": pa.large_string(), "string_view": pa.string_view(),
+            "binary": pa.binary(), "dict-string": pa.string(), "dict-binary": pa.binary()}[layout]
+    column = pa.array(values, kind)
+    if layout.startswith("dict"):
+        column = column.dictionary_encode()
+        assert len(column.dictionary) < len(values)
+
+    def read():
+        skips = SkipLog.empty()
+        got = list(columns.column_texts(column, 10, "a.parquet", skips, max_bytes=20_000))
+        return [(type(t).__name__, str(t)) for t in got], skips.counts, skips.examples
+
+    new = read()
+    monkeypatch.setattr(columns, "_longest", lambda column: 0)  # the old path
+    old = read()
+    assert [t for _, t in new[0]] == [t for _, t in old[0]] and new[1:] == old[1:]
+    assert [k for k, _ in new[0]].count("Utf8Text") == 3 and [k for k, _ in old[0]].count("Utf8Text") == 0
+    assert {"null_text", "empty_text", "too_large"} <= set(new[1]) and (not binary or new[1]["invalid_utf8"] == 2)
+
+
+def test_a_huge_parquet_value_gives_the_tokens_of_its_text(tmp_path, tok, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packer.preprocess.readers import columns
+
+    monkeypatch.setattr(columns, "HUGE_TEXT_BYTES", 4096)
+    texts = ["before", _long_text(6), "after"]
+    eos = tokenizer_info(TOKENIZER, BuildConfig()).eos_id
+    ref = [t for e in tok.encode_batch(texts, add_special_tokens=False) for t in e.ids + [eos]]
+    for dictionary in (True, False):
+        path = tmp_path / f"a{dictionary}.parquet"
+        pq.write_table(pa.table({"text": texts}), path, use_dictionary=dictionary)
+        kinds = [type(t).__name__ for u in plan_units([str(path)], 1 << 30) for t in read_unit(u, SkipLog.empty())]
+        assert kinds == ["str", "Utf8Text", "str"]
+        (tmp_path / str(dictionary)).mkdir()
+        ids, _, _ = _unit_tokens(path, tmp_path / str(dictionary))
+        assert ids == ref

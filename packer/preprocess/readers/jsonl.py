@@ -89,6 +89,7 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
                     if (record := huge_json.huge_record(held[0])) is not None:  # long strings as Utf8Text
                         held.clear()
                         yield where(unit, line_no, pos), record
+                        del record  # not held while the next line is read
                         continue
                 for at, record, _ in _line_records(held.pop(), pos, line_no, unit, skips, max_doc_bytes):
                     yield at, record
