@@ -1,6 +1,6 @@
 """Huge documents: a text over HUGE_TEXT_BYTES travels as its UTF-8 bytes (Utf8Text), is encoded a
 window at a time and streamed to the unit file, and gives exactly the tokens of encoding it whole;
-a real build of one 20 MB line stays within 3x its size (plus a fixed allowance) of RSS growth."""
+a real build of one 20 MB line or record grows RSS by at most about its size (plus a fixed allowance)."""
 
 from __future__ import annotations
 
@@ -188,20 +188,21 @@ def test_a_long_line_comes_alone_and_is_not_kept(tmp_path):
 
 
 RSS = textwrap.dedent("""
-    import resource, sys
+    import sys
     from packer.cli import main
     try:
         main(sys.argv[1:])
     except SystemExit as e:
         if e.code:
             raise
-    print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    # VmHWM: this process's own peak (ru_maxrss would start at pytest's RSS, kept across fork and exec)
+    print("maxrss_kb", next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))
 """)
 
 
-def _peak_rss_mb(path, out, max_doc_bytes: int) -> float:
+def _peak_rss_mb(path, out, max_doc_bytes: int, extra=()) -> float:
     args = ["build", str(path), "--tokenizer", TOKENIZER, "--output", str(out), "--workers", "1",
-            "--max-doc-bytes", str(max_doc_bytes), "--quiet"]
+            "--max-doc-bytes", str(max_doc_bytes), "--quiet", *extra]
     proc = subprocess.run([sys.executable, "-c", RSS, *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and "maxrss_kb" in proc.stdout, proc.stdout + proc.stderr
@@ -209,19 +210,23 @@ def _peak_rss_mb(path, out, max_doc_bytes: int) -> float:
 
 
 @pytest.mark.slow
-def test_one_20_mb_line_grows_rss_by_at_most_3x_its_size(tmp_path):
-    """Measured 2026-12-01 (busy 2-core box, bench_huge_doc.py): growth 1.5x at 50 MB and 2.2x at 200 MB with
-    this code; 5.6x at 50 MB before."""
+@pytest.mark.parametrize("case", ["jsonl", "records"])
+def test_one_20_mb_document_grows_rss_by_at_most_its_size(tmp_path, case):
+    """Measured 2026-12-04 (bench_huge_doc.py, --mb 200): peak/doc 1.79 (jsonl) and 1.73 (records), the
+    growth over a small build about 1.0x the document at 200 MB (at 20 MB: 17 and 59 MB, the tokenizer's
+    working memory weighing more); 3.63 and 7.77 before huge_json and streamed records."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_huge_doc import write_corpus
+    from bench_huge_doc import write_case
 
-    doc = write_corpus(tmp_path / "huge.jsonl", 20_000_000)
-    write_corpus(tmp_path / "small.jsonl", 1000)
+    (tmp_path / "small").mkdir()
+    (tmp_path / "huge").mkdir()
+    small, _, extra = write_case(case, tmp_path / "small", 1000)
+    huge, doc, _ = write_case(case, tmp_path / "huge", 20_000_000)
     limit = doc + (1 << 20)
-    baseline = _peak_rss_mb(tmp_path / "small.jsonl", tmp_path / "o1", limit)
-    peak = _peak_rss_mb(tmp_path / "huge.jsonl", tmp_path / "o2", limit)
+    baseline = _peak_rss_mb(small, tmp_path / "o1", limit, extra)
+    peak = _peak_rss_mb(huge, tmp_path / "o2", limit, extra)
     doc_mb = doc / 2**20
-    assert peak - baseline < 3 * doc_mb + ALLOWANCE_MB, (peak, baseline, doc_mb)
+    assert peak - baseline < 1.5 * doc_mb + ALLOWANCE_MB, (peak, baseline, doc_mb)
     manifest = json.loads((tmp_path / "o2" / "manifest.json").read_text())
     assert manifest["totals"]["docs_accepted"] == 3
 
