@@ -34,8 +34,8 @@ import numpy as np
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask, token_roles  # noqa: F401  (spans_to_mask: re-exported)
-from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
 from packer.encode.text import PIECE_CHARS, encode_parts
+from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
 from packer.io.utf8 import Utf8Text, encodable, is_blank
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)

@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 from packer.config import BuildConfig
 from packer.encode import text
 from packer.encode.tokenizer import resolve_tokenizer, tokenizer_info
-from packer.preprocess.readers import plan_units
 from packer.preprocess import tokenize
+from packer.preprocess.readers import plan_units
 from packer.preprocess.tokenize import _NpyAppender, prefix_sums, tokenize_unit, unit_paths
 
 
