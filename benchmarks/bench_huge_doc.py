@@ -1,24 +1,40 @@
-"""How much memory does one huge document cost a build? Peak RSS against the document's size.
+"""How much memory does one huge document cost a build? Peak RSS of the build's process tree against the document's size.
 
-    python benchmarks/bench_huge_doc.py             # one 200 MB JSONL line, the issue's figure
-    python benchmarks/bench_huge_doc.py --mb 20     # quicker
+    python benchmarks/bench_huge_doc.py                          # every case, a 200 MB document each
+    python benchmarks/bench_huge_doc.py --mb 20 --cases jsonl    # quicker
 
-The document is sample_data text (prose and code, JSON-escaped newlines and quotes), repeated
-with a varying number until it is --mb MB, on one line of a JSONL file between two small
-documents. `packer build --workers 1 --max-doc-bytes <above it>` runs in a fresh subprocess
-(so its peak is its own), and once more over the same file with the huge line replaced by a
-small one: the baseline (interpreter, imports, tokenizer). Printed: peak RSS of each, the growth
-(peak - baseline) and its ratio to the document's bytes. Target: growth <= 3x the document.
+Cases, each one huge document between two small ones:
 
-2026-12-01, busy shared 2-core box, sample_data tokenizer (MB are MiB):
+    jsonl           one JSONL line {"text": "<document>"} (the issue's figure)
+    txt             a .txt file that is the document (--text-split file)
+    records         one prompt/completion JSONL record, the document its completion (--input-kind prompt-completion)
+    parquet         a Parquet file whose text column holds the document (pyarrow's default: dictionary-encoded)
+    parquet-plain   the same written with use_dictionary=False
 
-    document                 peak RSS   growth   growth/doc   peak/doc
-    193.4 (default --mb)       665 MB    417 MB      2.16        3.44     (baseline 248 MB)
-     49.8 (--mb 50)            323 MB     75 MB      1.50        6.48
-     49.8, before (eeb7722)    528 MB    279 MB      5.60       10.59     (the issue: 200 MB -> 1,695 MB)
+The document is sample_data text (prose and code), repeated with a varying number until it is
+--mb MB. Each case runs `packer build --workers 1 --max-doc-bytes <above it>` in a fresh
+process, and once more over the same case with the huge document replaced by a 1 KB one: the
+baseline (interpreter, imports, tokenizer, the report at the end). The peak is that of the whole
+process tree: the largest of the build's own peak (VmHWM), its children's maxrss, and the sum of
+the tree's RSS sampled every 20 ms from /proc. Printed per case: peak RSS, the growth over the baseline, and
+peak/doc, the figure the issue bounds (target: at most 2). doc MB is the document as stored
+(JSON-escaped on a line; a Parquet file's string value).
 
-What is left at 200 MB: the line's bytes and Arrow's parse of it side by side (the JSON
-parser's string builder grows by doubling), then the text's UTF-8 alone while it is encoded.
+2026-12-04, shared 2-core x86_64 box (glibc 2.36), python 3.11, pyarrow 26.0.1, sample_data tokenizer,
+--mb 200 (MB are MiB; before: main d461465, after: this code; baseline builds 139-160 MB):
+
+    case            doc MB   peak MB before -> after   peak/doc before -> after
+    jsonl            193.4            701 ->  347              3.63 -> 1.79
+    txt              192.3            369 ->  342              1.92 -> 1.78
+    records          193.4           1503 ->  335              7.77 -> 1.73
+    parquet          192.3           1201 -> 1013              6.24 -> 5.27
+    parquet-plain    192.3           1009 ->  820              5.25 -> 4.26
+
+What is left: JSONL, txt and records hold the document once (the line or file's own buffer) while
+it is encoded a 1 MiB piece at a time. Parquet's floor is pyarrow's reading of the column chunk:
+the file's compressed pages (memory-mapped), the page decompressed and the decoded array side by
+side (a dictionary page: also its dictionary array and the dense copy); packer adds no copy of its
+own (the value is encoded over its Arrow buffer). Going lower needs a page reader of our own.
 """
 
 from __future__ import annotations
@@ -30,11 +46,14 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
+CASES = ("jsonl", "txt", "records", "parquet", "parquet-plain")
+SAMPLE_SECONDS = 0.02
 
 RUN = """
 import resource, sys
@@ -44,7 +63,9 @@ try:
 except SystemExit as e:
     if e.code:
         raise
-print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM: this process's own peak (ru_maxrss starts at the RSS of the process it was forked from)
+print("maxrss_kb", next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")),
+      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 """
 
 
@@ -56,60 +77,145 @@ def sample_text() -> str:
     return "\n\n".join(texts)
 
 
+def _chunks(doc_bytes: int, escaped: bool):
+    """Pieces of the document as UTF-8 bytes (JSON-escaped, without quotes, when `escaped`), about doc_bytes in all."""
+    base, n, k = sample_text(), 0, 0
+    while n < doc_bytes:
+        text = f"{base} ({k})\n"
+        chunk = (json.dumps(text, ensure_ascii=False)[1:-1] if escaped else text).encode("utf-8")
+        yield chunk
+        n, k = n + len(chunk), k + 1
+
+
 def write_corpus(path: Path, doc_bytes: int) -> int:
     """before / a doc_bytes line / after; returns the huge line's length in bytes."""
-    base = sample_text()
+    return _write_jsonl(path, doc_bytes, b'{"text": "', b'"}\n', b'{"text": "before"}\n', b'{"text": "after"}\n')
+
+
+def _write_jsonl(path: Path, doc_bytes: int, head: bytes, tail: bytes, before: bytes, after: bytes) -> int:
+    n = 0
     with open(path, "wb") as f:
-        f.write(b'{"text": "before"}\n{"text": "')
-        n, k = 0, 0
-        while n < doc_bytes:
-            chunk = json.dumps(f"{base} ({k})\n", ensure_ascii=False)[1:-1].encode("utf-8")
+        f.write(before + head)
+        for chunk in _chunks(doc_bytes, escaped=True):
             f.write(chunk)
-            n, k = n + len(chunk), k + 1
-        f.write(b'"}\n{"text": "after"}\n')
+            n += len(chunk)
+        f.write(tail + after)
     return n
 
 
-def run_build(corpus: Path, out: Path, max_doc_bytes: int) -> tuple[float, float]:
-    """(peak RSS in MB, seconds) of `packer build` over `corpus`, in a fresh process."""
+def write_case(case: str, d: Path, doc_bytes: int) -> tuple[Path, int, list[str]]:
+    """(the input, the document's bytes as stored, extra build arguments) of one case."""
+    if case == "jsonl":
+        return d / "in.jsonl", write_corpus(d / "in.jsonl", doc_bytes), []
+    if case == "records":
+        record = b'{"prompt": "Write it out: ", "completion": "'
+        n = _write_jsonl(d / "in.jsonl", doc_bytes, record, b'"}\n', b'{"prompt": "a", "completion": "before"}\n',
+                         b'{"prompt": "b", "completion": "after"}\n')
+        return d / "in.jsonl", n, ["--input-kind", "prompt-completion"]
+    if case == "txt":
+        n = 0
+        with open(d / "in.txt", "wb") as f:
+            for chunk in _chunks(doc_bytes, escaped=False):
+                f.write(chunk)
+                n += len(chunk)
+        return d / "in.txt", n, []
+    if case in ("parquet", "parquet-plain"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        doc = b"".join(_chunks(doc_bytes, escaped=False)).decode("utf-8")
+        n = len(doc.encode("utf-8"))
+        pq.write_table(pa.table({"text": ["before", doc, "after"]}), d / "in.parquet",
+                       use_dictionary=case == "parquet")
+        return d / "in.parquet", n, []
+    raise SystemExit(f"unknown case {case!r} (cases: {', '.join(CASES)})")
+
+
+def write_case_apart(case: str, d: Path, doc_bytes: int) -> tuple[Path, int, list[str]]:
+    """write_case in a child process: this one stays small (a build forked from it would start its
+    maxrss at this process's RSS: Linux keeps the high-water mark across exec)."""
+    code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from bench_huge_doc import write_case; "
+            f"from pathlib import Path; p, n, extra = write_case({case!r}, Path({str(d)!r}), {doc_bytes}); "
+            "print(json.dumps([str(p), n, extra]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    path, n, extra = json.loads(out.splitlines()[-1])
+    return Path(path), n, extra
+
+
+def _tree_rss_kb(pid: int) -> int:
+    """Sum of VmRSS over `pid` and its descendants (0 once it is gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def run_build(corpus: Path, out: Path, max_doc_bytes: int, extra: list[str]) -> tuple[float, float]:
+    """(peak RSS of the process tree in MiB, seconds) of `packer build` over `corpus`, in a fresh process."""
     args = ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(out), "--workers", "1",
-            "--max-doc-bytes", str(max_doc_bytes), "--quiet"]
+            "--max-doc-bytes", str(max_doc_bytes), "--quiet", *extra]
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen([sys.executable, "-c", RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    sampled = [0]
+
+    def sample():
+        while proc.poll() is None:
+            sampled[0] = max(sampled[0], _tree_rss_kb(proc.pid))
+            time.sleep(SAMPLE_SECONDS)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    sampler.join()
     seconds = time.perf_counter() - t
-    if proc.returncode or "maxrss_kb" not in proc.stdout:
-        raise SystemExit(f"build failed:\n{proc.stdout}\n{proc.stderr}")
-    return int(proc.stdout.rsplit("maxrss_kb", 1)[1]) / 1024, seconds
+    if proc.returncode or "maxrss_kb" not in stdout:
+        raise SystemExit(f"build failed:\n{stdout}\n{stderr}")
+    own, children = map(int, stdout.rsplit("maxrss_kb", 1)[1].split())
+    return max(own, children, sampled[0]) / 1024, seconds
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=200, help="the document's size in MB (default 200)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)} (default all)")
+    parser.add_argument("--keep", type=Path, help="build into this directory (one folder per case) and keep it")
     args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
     import pyarrow
     import tokenizers
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
-    print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, pyarrow {pyarrow.__version__}")
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        doc = write_corpus(tmp / "huge.jsonl", int(args.mb * 1e6))
-        write_corpus(tmp / "small.jsonl", 1000)
-        limit = doc + (1 << 20)
-        print(f"document: {doc / 1e6:.1f} MB on one JSONL line, --max-doc-bytes {limit:,}, tokenizer "
-              f"{Path(TOKENIZER).name}")
-        base_mb, base_s = run_build(tmp / "small.jsonl", tmp / "out-small", limit)
-        peak_mb, seconds = run_build(tmp / "huge.jsonl", tmp / "out-huge", limit)
-        manifest = json.loads((tmp / "out-huge" / "manifest.json").read_text())
-        tokens = manifest["totals"]["tokens_in"]
-    doc_mb = doc / 2**20
-    print(f"{'case':<22}{'doc MB':>9}{'seconds':>9}{'peak RSS MB':>13}{'growth MB':>11}{'growth/doc':>12}"
-          f"{'peak/doc':>10}")
-    print(f"{'baseline (1 KB doc)':<22}{0:>9.1f}{base_s:>9.1f}{base_mb:>13.0f}{0:>11.0f}{'-':>12}{'-':>10}")
-    print(f"{'one huge document':<22}{doc_mb:>9.1f}{seconds:>9.1f}{peak_mb:>13.0f}{peak_mb - base_mb:>11.0f}"
-          f"{(peak_mb - base_mb) / doc_mb:>12.2f}{peak_mb / doc_mb:>10.2f}")
-    print(f"tokens of the build: {tokens:,}; MB are MiB; target growth/doc <= 3")
+    print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, pyarrow {pyarrow.__version__}; "
+          f"packer from {ROOT}; tokenizer {Path(TOKENIZER).name}; --mb {args.mb:g}")
+    print(f"{'case':<15}{'doc MB':>8}{'seconds':>9}{'base MB':>9}{'peak MB':>9}{'growth MB':>11}{'peak/doc':>10}",
+          flush=True)
+    for case in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            outs = (args.keep / case) if args.keep else tmp
+            (tmp / "small").mkdir()
+            (tmp / "huge").mkdir()
+            small, _, extra = write_case_apart(case, tmp / "small", 1000)
+            huge, doc, _ = write_case_apart(case, tmp / "huge", int(args.mb * 1e6))
+            limit = doc + (1 << 20)
+            base_mb, _ = run_build(small, outs / "out-small", limit, extra)
+            peak_mb, seconds = run_build(huge, outs / "out-huge", limit, extra)
+            accepted = json.loads((outs / "out-huge" / "manifest.json").read_text())["totals"]["docs_accepted"]
+        if accepted != (1 if case == "txt" else 3):  # a .txt file is one document
+            raise SystemExit(f"{case}: {accepted} documents accepted")
+        doc_mb = doc / 2**20
+        print(f"{case:<15}{doc_mb:>8.1f}{seconds:>9.1f}{base_mb:>9.0f}{peak_mb:>9.0f}{peak_mb - base_mb:>11.0f}"
+              f"{peak_mb / doc_mb:>10.2f}", flush=True)
+    print("MB are MiB; peak/doc = peak RSS of the process tree / the document's bytes; target <= 2")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ never depend on the prompt's last characters. Every problem with one record is a
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -33,11 +34,13 @@ import numpy as np
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask, token_roles  # noqa: F401  (spans_to_mask: re-exported)
+from packer.encode.text import PIECE_CHARS, encode_parts
 from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
-from packer.io.utf8 import encodable
+from packer.io.utf8 import Utf8Text, encodable, is_blank
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)
 RECORD_KINDS = ("prompt-completion", "chat", "tokens")
+_NO_LENGTHS = np.zeros(0, np.int64)
 _DICT, _STR = {dict}, {str}
 
 SKIP_REASONS = {
@@ -94,9 +97,69 @@ class RecordEncoder:
                 "tokens": (c.ids_field, c.labels_field, c.loss_mask_field)}[self.kind]
 
     def encode(self, batch: list[tuple[str, dict]], skips) -> Encoded:
-        kind = {"prompt-completion": self._prompt_completion, "chat": self._chat, "tokens": self._tokens}[self.kind]
-        wheres, encoded = kind(batch, skips)
-        return self._keep(wheres, encoded, skips)
+        parts = list(self.encode_parts(batch, skips))
+        if len(parts) == 1:
+            return parts[0]
+        roles = None if parts[0].roles is None else np.concatenate([p.roles for p in parts])
+        return Encoded(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("ids", "lengths", "mask")), roles)
+
+    def encode_parts(self, batch: list[tuple[str, dict]], skips):
+        """`encode` for writers that append what they get (the unit files): the same ids, lengths and
+        mask, concatenated, in parts of bounded size. A prompt-completion example with a long prompt
+        or completion (a Utf8Text, or over PIECE_CHARS) comes as parts of its own, the examples
+        before and after it as batches (_long_prompt_completion); skips are counted in `encode`'s order."""
+        if self.kind != "prompt-completion":
+            kind = {"chat": self._chat, "tokens": self._tokens}[self.kind]
+            yield self._keep(*kind(batch, skips), skips)
+            return
+        good = [g for g in (self._prompt_and_completion(where, record, skips) for where, record in batch) if g]
+        run = []
+        for example in good:
+            if not any(isinstance(t, Utf8Text) or len(t) > PIECE_CHARS for t in example[1:]):
+                run.append(example)
+                continue
+            if run:
+                yield self._keep(*self._encode_prompt_completion(run), skips)
+                run = []
+            yield from self._long_prompt_completion(*example, skips)
+        if run or not good:
+            yield self._keep(*self._encode_prompt_completion(run), skips)
+
+    def _long_prompt_completion(self, where: str, prompt, completion, skips):
+        """One example's parts (Encoded; the last one alone carries its length), prompt then completion,
+        each streamed a piece at a time through the text path (encode_parts): the ids and mask
+        `_encode_prompt_completion` and `_keep` give, never gathered. What `_keep` would drop is
+        decided before a part is given: no trained token (the completion's first parts are held
+        until one comes), or with long_prompts="drop" a prompt that fills the context (its ids are
+        held until they reach it: at most context_length of them)."""
+        info, c = self.info, self.config
+        completion_parts = encode_parts(self.tok, [completion], dtype=info.dtype, eos_id=info.eos_id, piece_chars=PIECE_CHARS)
+        head = []  # the completion's parts up to its first token
+        for ids, _ in completion_parts:
+            head.append(ids)
+            if len(ids):
+                break
+        else:
+            skips.add("no_trained_tokens", where)
+            return
+        prompt_parts = encode_parts(self.tok, [prompt], dtype=info.dtype, bos_id=info.bos_id, piece_chars=PIECE_CHARS)
+        if c.long_prompts == "drop":
+            held, n = [], 0
+            for ids, _ in prompt_parts:
+                held.append(ids)
+                n += len(ids)
+                if n >= c.context_length:
+                    skips.add("prompt_too_long", where)
+                    return
+            prompt_parts = ((ids, None) for ids in held)
+        n = 0
+        for ids, _ in prompt_parts:
+            n += len(ids)
+            yield Encoded(ids, _NO_LENGTHS, np.zeros(len(ids), np.uint8))
+        for ids in itertools.chain(head, (ids for ids, _ in completion_parts)):
+            n += len(ids)
+            yield Encoded(ids, _NO_LENGTHS, np.ones(len(ids), np.uint8))
+        yield Encoded(np.zeros(0, info.dtype), np.array([n], np.int64), np.zeros(0, np.uint8))
 
     def _keep(self, wheres: list[str], e: Encoded, skips) -> Encoded:
         """The batch without its examples that train nothing, or (long_prompts="drop") whose prompt
@@ -125,20 +188,27 @@ class RecordEncoder:
         return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8), roles)
 
     def _prompt_completion(self, batch, skips):
+        good = [g for g in (self._prompt_and_completion(where, record, skips) for where, record in batch) if g]
+        return self._encode_prompt_completion(good)
+
+    def _prompt_and_completion(self, where: str, record: dict, skips) -> tuple | None:
+        """(where, prompt, completion) of a usable record, else None with the skip counted. A prompt or
+        completion may be a Utf8Text (a long string of a huge JSONL line: packer/preprocess/readers/huge_json.py)."""
         c = self.config
-        good = []
-        for where, record in batch:
-            prompt, completion = record.get(c.prompt_field), record.get(c.completion_field)
-            if prompt is None or completion is None:
-                skips.add("missing_field", where)
-            elif not isinstance(prompt, str) or not isinstance(completion, str):
-                skips.add("non_string_text", where)
-            elif not completion.strip():
-                skips.add("empty_completion", where)
-            elif not (encodable(prompt) and encodable(completion)):
-                skips.add("invalid_utf8", where)
-            else:
-                good.append((where, prompt, completion))
+        prompt, completion = record.get(c.prompt_field), record.get(c.completion_field)
+        if prompt is None or completion is None:
+            skips.add("missing_field", where)
+        elif not isinstance(prompt, (str, Utf8Text)) or not isinstance(completion, (str, Utf8Text)):
+            skips.add("non_string_text", where)
+        elif is_blank(completion):
+            skips.add("empty_completion", where)
+        elif not (encodable(prompt) and encodable(completion)):
+            skips.add("invalid_utf8", where)
+        else:
+            return where, prompt, completion
+        return None
+
+    def _encode_prompt_completion(self, good: list[tuple]) -> tuple[list, Encoded]:
         if not good:
             return self._empty()
         dtype, info = self.info.dtype, self.info

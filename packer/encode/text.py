@@ -122,6 +122,7 @@ def encode_parts(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None,
                 yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
                 batch, batch_chars = [], 0
             yield from _long_parts(tok, text, dtype, eos_id, bos_id, piece_chars)
+            del text  # not held while the reader reads the next document
             continue
         batch.append(text)
         batch_chars += len(text)

@@ -78,8 +78,18 @@ def valid_utf8(data) -> bool:
     return True
 
 
-def encodable(text: str) -> bool:
-    """Whether a str is valid UTF-8 when written (no lone surrogate, which JSON's \\ud800 escapes allow)."""
+def is_blank(text) -> bool:
+    """Empty or only whitespace (str.isspace: Unicode's too): such a document is empty_text in every reader."""
+    if isinstance(text, Utf8Text):
+        return text.is_blank()
+    return not text or text.isspace()
+
+
+def encodable(text) -> bool:
+    """Whether a str is valid UTF-8 when written (no lone surrogate, which JSON's \\ud800 escapes allow);
+    a Utf8Text is (its reader checked its bytes)."""
+    if isinstance(text, Utf8Text):
+        return True
     try:
         text.encode("utf-8")
         return True

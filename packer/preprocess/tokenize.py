@@ -178,14 +178,15 @@ def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, r
     records = read_records(unit, skips, fields, max_doc_bytes=config.max_doc_bytes, fix=fix)
     n_tokens = n_trained = 0
     for batch in iter(lambda: list(itertools.islice(records, RECORD_BATCH)), []):
-        encoded = encoder.encode(batch, skips)
-        tokens.append(encoded.ids)
-        lengths.append(encoded.lengths)
-        mask.append(encoded.mask)
-        if roles is not None:
-            roles.append(encoded.roles)
-        n_tokens += len(encoded.ids)
-        n_trained += int(np.count_nonzero(encoded.mask))
+        for encoded in encoder.encode_parts(batch, skips):  # a huge example in parts: its ids never gathered
+            tokens.append(encoded.ids)
+            lengths.append(encoded.lengths)
+            mask.append(encoded.mask)
+            if roles is not None:
+                roles.append(encoded.roles)
+            n_tokens += len(encoded.ids)
+            n_trained += int(np.count_nonzero(encoded.mask))
+        batch = encoded = None  # a huge record's text is freed before the next batch is read
     return n_tokens, n_trained
 
 
@@ -204,10 +205,35 @@ def piece_trained(plan, work_dir, n_units: int) -> np.ndarray | None:
     for u, path in enumerate(paths):
         at = order[bounds[u]:bounds[u + 1]]
         if len(at) and path.exists():
-            mask = fs.load_npy(path)
-            sums = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
-            trained[at] = sums[plan.piece_start[at] + plan.piece_len[at]] - sums[plan.piece_start[at]]
+            starts = plan.piece_start[at].astype(np.int64)
+            sums = prefix_sums(fs.load_npy(path), np.concatenate([starts, starts + plan.piece_len[at]]))
+            trained[at] = sums[len(at):] - sums[:len(at)]
     return trained
+
+
+SUM_CHUNK = 1 << 22  # prefix sums over this many mask values at a time (32 MiB of int64)
+
+
+def prefix_sums(mask: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """int64 sums of mask[:p] for each p of `points` (any order, 0..len(mask)), without a full-length
+    cumulative sum (a 200M-token unit's would be 1.6 GB): a chunk's cumsum at a time, read at the
+    points inside it.
+
+        mask [0, 1, 1, 0, 1], points [5, 0, 3]  ->  [3, 0, 2]"""
+    points = np.asarray(points, np.int64)
+    order = np.argsort(points, kind="stable")
+    ordered = points[order]
+    out = np.empty(len(points), np.int64)
+    total, i = 0, 0
+    for start in range(0, len(mask) + 1, SUM_CHUNK):
+        chunk = mask[start:start + SUM_CHUNK]
+        j = int(np.searchsorted(ordered, start + len(chunk), side="right")) if start + SUM_CHUNK <= len(mask) else len(ordered)
+        if j > i:
+            sums = np.concatenate([[0], np.cumsum(chunk, dtype=np.int64)])
+            out[order[i:j]] = total + sums[ordered[i:j] - start]
+            i = j
+        total += int(chunk.sum(dtype=np.int64))
+    return out
 
 
 def trained_totals(unit_counters, plans, work) -> dict:

@@ -16,8 +16,9 @@ from tokenizers import Tokenizer
 from packer.config import BuildConfig
 from packer.encode import text
 from packer.encode.tokenizer import resolve_tokenizer, tokenizer_info
+from packer.preprocess import tokenize
 from packer.preprocess.readers import plan_units
-from packer.preprocess.tokenize import _NpyAppender, tokenize_unit, unit_paths
+from packer.preprocess.tokenize import _NpyAppender, prefix_sums, tokenize_unit, unit_paths
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +144,15 @@ def test_config_checks_the_new_fields():
     for bad in (dict(text_split="lines"), dict(on_file_error="ignore"), dict(max_doc_bytes=0)):
         with pytest.raises(ValueError):
             dataclasses.replace(BuildConfig(), **bad)
+
+
+def test_prefix_sums_in_chunks_equal_a_full_cumulative_sum(monkeypatch):
+    assert prefix_sums(np.array([0, 1, 1, 0, 1], np.uint8), np.array([5, 0, 3])).tolist() == [3, 0, 2]
+    monkeypatch.setattr(tokenize, "SUM_CHUNK", 7)  # points on, before and after chunk edges
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 6, 7, 8, 14, 50, 333):
+        mask = rng.integers(0, 2, n).astype(np.uint8)
+        points = rng.integers(0, n + 1, rng.integers(1, 40))
+        full = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        assert prefix_sums(mask, points).tolist() == full[points].tolist(), (n, points)
+        assert prefix_sums(mask, np.array([n, 0, n])).tolist() == [full[-1], 0, full[-1]]

@@ -13,7 +13,8 @@ read with their Arrow schema), each chunk with its own dictionary:
 
 from __future__ import annotations
 
-from packer.preprocess.readers.common import FileError, SkipLog, decode, is_blank
+from packer.io import memory
+from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError, SkipLog, Utf8Text, decode, is_blank, valid_utf8
 
 
 def _is_string(kind) -> bool:
@@ -67,6 +68,9 @@ def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: i
     """Texts of one Arrow text column chunk (any layout check_text_column accepts); rows are numbered from first_row."""
     import pyarrow.compute as pc
 
+    if _longest(column) > HUGE_TEXT_BYTES:
+        yield from _huge_texts(column, first_row, path, skips, max_bytes)
+        return
     column = _plain(column)
     values = column.to_pylist()
     is_binary = _is_binary(column.type)
@@ -90,6 +94,58 @@ def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: i
                 skips.add("empty_text", f"{path} row {first_row + i}")
             else:
                 yield text
+
+
+def _longest(column) -> int:
+    """The longest value's bytes (0 for none), a dictionary's read from its dictionary (nothing decoded)."""
+    import pyarrow.compute as pc
+    import pyarrow.types as t
+
+    values = column.dictionary if t.is_dictionary(column.type) else column
+    if t.is_string_view(values.type) or t.is_binary_view(values.type):
+        values = _plain(values)
+    return (pc.max(pc.binary_length(values)).as_py() or 0) if len(values) else 0
+
+
+def _huge_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: int):
+    """column_texts of a chunk holding a value over HUGE_TEXT_BYTES, row by row: such a value is
+    handed on as a Utf8Text over its Arrow buffer (a dictionary's value where the column is one),
+    never a str, nor a decoded copy of the dictionary; the others as column_texts gives them."""
+    import pyarrow.types as t
+
+    memory.return_large_buffers()
+    is_binary = _is_binary(column.type.value_type if t.is_dictionary(column.type) else column.type)
+    if not t.is_dictionary(column.type):
+        column = _plain(column)  # views cast; a plain column is left as it is
+    for i in range(len(column)):
+        at = f"{path} row {first_row + i}"
+        scalar = column[i]
+        if t.is_dictionary(column.type) and scalar.is_valid:
+            scalar = scalar.value
+        if not scalar.is_valid:
+            skips.add("null_text", at)
+            continue
+        n_bytes = len(scalar.as_buffer())  # a view of the value's bytes: no copy
+        if n_bytes > max_bytes:
+            skips.add("too_large", at)
+            continue
+        if n_bytes > HUGE_TEXT_BYTES:
+            if not valid_utf8(scalar.as_buffer()):
+                if not is_binary:
+                    scalar.as_py()  # a string column's bad UTF-8: what column_texts meets in to_pylist (it raises)
+                skips.add("invalid_utf8", at)
+                continue
+            text = Utf8Text(scalar.as_buffer())
+        else:
+            text = scalar.as_py()
+            if is_binary and text:
+                text = decode(text, at, skips)
+                if text is None:
+                    continue
+        if is_blank(text):
+            skips.add("empty_text", at)
+        else:
+            yield text
 
 
 def _all_sized(column, low: int, high: int) -> bool:

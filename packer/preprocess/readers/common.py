@@ -17,7 +17,7 @@ from typing import Iterator, Protocol
 
 from packer.io import fs
 from packer.io.lines import Joined, Utf8Stream, bom_encoding, first_line_start
-from packer.io.utf8 import HUGE_TEXT_BYTES, Utf8Text, encodable, valid_utf8  # noqa: F401  (readers take them from here)
+from packer.io.utf8 import HUGE_TEXT_BYTES, Utf8Text, encodable, is_blank, valid_utf8  # noqa: F401  (readers take them from here)
 
 SPAN_NAMES = {"parquet": "row groups"}  # Unit.format -> what its start and end count (else bytes)
 MAX_EXAMPLES = 5  # skipped-record examples kept per unit
@@ -190,13 +190,6 @@ def _check_magic(unit: Unit, place):
             raise FileError(unit.path, f"named as {unit.compression} but it is {codec} data (rename it)")
     if head and not head.startswith(MAGIC[unit.compression]):
         raise FileError(unit.path, f"not {unit.compression} data (bad magic bytes {head.hex()})")
-
-
-def is_blank(text) -> bool:
-    """Empty or only whitespace (str.isspace: Unicode's too): such a document is empty_text in every reader."""
-    if isinstance(text, Utf8Text):
-        return text.is_blank()
-    return not text or text.isspace()
 
 
 def where(unit: Unit, line_no: int, pos: int) -> str:

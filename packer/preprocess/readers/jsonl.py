@@ -27,7 +27,9 @@ import re
 
 import orjson
 
+from packer.io import memory
 from packer.io.lines import line_blocks
+from packer.preprocess.readers import huge_json
 from packer.preprocess.readers.common import (
     COMPRESSION,
     HUGE_TEXT_BYTES,
@@ -82,6 +84,13 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
                         skips.add("missing_field", at)
         elif pos < end:
             for pos, line_no, held in _unit_blocks(f, pos, end, unit, skips, max_doc_bytes):
+                if _one_huge_line(held[0]):
+                    memory.return_large_buffers()
+                    if (record := huge_json.huge_record(held[0])) is not None:  # long strings as Utf8Text
+                        held.clear()
+                        yield where(unit, line_no, pos), record
+                        del record  # not held while the next line is read
+                        continue
                 for at, record, _ in _line_records(held.pop(), pos, line_no, unit, skips, max_doc_bytes):
                     yield at, record
 
@@ -117,7 +126,7 @@ def _unit_blocks(f, pos: int, end: int, unit: Unit, skips: SkipLog, max_bytes: i
 
 def _jsonl_texts(f, pos, end, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
     for pos, line_no, held in _unit_blocks(f, pos, end, unit, skips, max_bytes):
-        if len(held[0]) > HUGE_TEXT_BYTES and held[0].count(b"\n", 0, len(held[0]) - 1) == 0:
+        if _one_huge_line(held[0]):
             yield from _huge_line(held, pos, line_no, unit, field, skips, max_bytes)  # it takes the only reference
             continue
         block = held.pop()
@@ -126,6 +135,10 @@ def _jsonl_texts(f, pos, end, unit: Unit, field: str, skips: SkipLog, max_bytes:
             yield from _parse_lines(block, pos, line_no, unit, field, skips, max_bytes)
         else:
             yield from texts
+
+
+def _one_huge_line(block) -> bool:
+    return len(block) > HUGE_TEXT_BYTES and block.count(b"\n", 0, len(block) - 1) == 0
 
 
 def _parse_block(block: bytes, field: str, max_bytes: int, as_column: bool = False) -> list[str] | None:
@@ -171,10 +184,20 @@ def _parse_block(block: bytes, field: str, max_bytes: int, as_column: bool = Fal
 
 def _huge_line(held: list, pos: int, line_no: int, unit: Unit, field: str, skips: SkipLog, max_bytes: int):
     """One line over HUGE_TEXT_BYTES (`held` = [its bytes], taken from the caller) -> its text as a
-    Utf8Text over the parsed Arrow value, the line's bytes freed before: one copy of the document
-    at a time, two while it is parsed. Anything the fast path would not take goes the per-line way."""
-
+    Utf8Text. Its long strings decoded where they lie (huge_json: the line is the only copy of the
+    document); else over the Arrow value pyarrow parses, the line's bytes freed before (two copies
+    while it is parsed); anything the fast path would not take goes the per-line way."""
     line = held.pop()
+    memory.return_large_buffers()
+    record = huge_json.huge_record(line, keys={field})
+    if record is not None:
+        del line
+        text, reason = _record_text(record, field, may_hold_surrogates=False)  # huge_json refuses \\ud escapes
+        if reason:
+            skips.add(reason, where(unit, line_no, pos))
+        else:
+            yield text
+        return
     column = None
     if b"\\ud" not in line and b"\\uD" not in line and (line.isascii() or valid_utf8(line)):  # \\ud: per line
         column = _parse_block(line, field, max_bytes, as_column=True)
@@ -279,7 +302,7 @@ def _record_text(record, field: str, may_hold_surrogates: bool = True) -> tuple[
         return None, "missing_field"
     if text is None:
         return None, "null_text"
-    if not isinstance(text, str):
+    if not isinstance(text, (str, Utf8Text)):  # Utf8Text: a long string of a huge line (huge_json)
         return None, "non_string_text"
     if is_blank(text):
         return None, "empty_text"

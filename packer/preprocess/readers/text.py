@@ -15,6 +15,7 @@ auto reads it as text).
 
 from __future__ import annotations
 
+from packer.io import memory
 from packer.io.lines import iter_lines, previous_line_blank
 from packer.preprocess.readers.common import (
     HUGE_TEXT_BYTES,
@@ -107,6 +108,7 @@ def _whole_file_text(f, unit: Unit, skips: SkipLog, max_bytes: int):
         skips.add("too_large", unit.path)
         return
     if len(data) > HUGE_TEXT_BYTES:  # handed on as its bytes (common.Utf8Text), never a whole str
+        memory.return_large_buffers()
         if not valid_utf8(data):
             skips.add("invalid_utf8", unit.path)
             return
