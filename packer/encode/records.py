@@ -187,10 +187,6 @@ class RecordEncoder:
         roles = np.zeros(0, np.uint8) if self.role_table is not None else None
         return [], Encoded(np.zeros(0, self.info.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint8), roles)
 
-    def _prompt_completion(self, batch, skips):
-        good = [g for g in (self._prompt_and_completion(where, record, skips) for where, record in batch) if g]
-        return self._encode_prompt_completion(good)
-
     def _prompt_and_completion(self, where: str, record: dict, skips) -> tuple | None:
         """(where, prompt, completion) of a usable record, else None with the skip counted. A prompt or
         completion may be a Utf8Text (a long string of a huge JSONL line: packer/preprocess/readers/huge_json.py)."""
