@@ -79,21 +79,27 @@ def column_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: i
         return
     sizes = pc.binary_length(column).to_numpy(zero_copy_only=False)
     for i, value in enumerate(values):
+        if (text := _row_text(value, sizes[i], is_binary, f"{path} row {first_row + i}", skips, max_bytes)) is not None:
+            yield text
+
+
+def _row_text(value, n_bytes: int, is_binary: bool, at: str, skips: SkipLog, max_bytes: int):
+    """One row's text, or None with its skip counted: over max_bytes, null, bad UTF-8 in a binary
+    column, or blank (the one rule of every reader, common.is_blank). A Utf8Text comes checked."""
+    if n_bytes > max_bytes:  # (a null's size is 0, or NaN from a column's sizes)
+        skips.add("too_large", at)
+        return None
+    if value is None:
+        skips.add("null_text", at)
+        return None
+    if is_binary and not isinstance(value, Utf8Text) and value:
+        value = decode(value, at, skips)
         if value is None:
-            skips.add("null_text", f"{path} row {first_row + i}")
-        elif sizes[i] > max_bytes:
-            skips.add("too_large", f"{path} row {first_row + i}")
-        elif not is_binary and is_blank(value):  # the one rule of every reader (common.is_blank)
-            skips.add("empty_text", f"{path} row {first_row + i}")
-        elif not is_binary:
-            yield value
-        elif not value:
-            skips.add("empty_text", f"{path} row {first_row + i}")
-        elif (text := decode(value, f"{path} row {first_row + i}", skips)) is not None:
-            if is_blank(text):
-                skips.add("empty_text", f"{path} row {first_row + i}")
-            else:
-                yield text
+            return None
+    if is_blank(value):
+        skips.add("empty_text", at)
+        return None
+    return value
 
 
 def _longest(column) -> int:
@@ -122,29 +128,19 @@ def _huge_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: in
         scalar = column[i]
         if t.is_dictionary(column.type) and scalar.is_valid:
             scalar = scalar.value
-        if not scalar.is_valid:
-            skips.add("null_text", at)
-            continue
-        n_bytes = len(scalar.as_buffer())  # a view of the value's bytes: no copy
-        if n_bytes > max_bytes:
-            skips.add("too_large", at)
-            continue
-        if n_bytes > HUGE_TEXT_BYTES:
-            if not valid_utf8(scalar.as_buffer()):
-                if not is_binary:
-                    scalar.as_py()  # a string column's bad UTF-8: what column_texts meets in to_pylist (it raises)
-                skips.add("invalid_utf8", at)
-                continue
-            text = Utf8Text(scalar.as_buffer())
-        else:
-            text = scalar.as_py()
-            if is_binary and text:
-                text = decode(text, at, skips)
-                if text is None:
+        value, n_bytes = None, 0
+        if scalar.is_valid:
+            n_bytes = len(scalar.as_buffer())  # a view of the value's bytes: no copy
+            if HUGE_TEXT_BYTES < n_bytes <= max_bytes:
+                if not valid_utf8(scalar.as_buffer()):
+                    if not is_binary:
+                        scalar.as_py()  # a string column's bad UTF-8: what column_texts meets in to_pylist (it raises)
+                    skips.add("invalid_utf8", at)
                     continue
-        if is_blank(text):
-            skips.add("empty_text", at)
-        else:
+                value = Utf8Text(scalar.as_buffer())
+            elif n_bytes <= max_bytes:  # (a larger one is not read: _row_text counts it too_large)
+                value = scalar.as_py()
+        if (text := _row_text(value, n_bytes, is_binary, at, skips, max_bytes)) is not None:
             yield text
 
 
