@@ -17,7 +17,7 @@ import argparse
 
 import torch
 from accelerate import Accelerator
-from hf_trainer import tiny_model, write_audit
+from hf_trainer import end_process_group, tiny_model, write_audit
 
 from packer.data import PackedDataset
 from packer.hf import hf_dataloader
@@ -62,6 +62,7 @@ def main(argv=None):
     rank, rows, steps = train(opts.data, max_steps=opts.max_steps, batch_size=opts.batch_size, seed=opts.seed,
                               audit=bool(opts.rows_seen or opts.loss_log))
     write_audit(rank, opts.rows_seen, opts.loss_log, rows, steps)
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -85,6 +85,14 @@ def main(argv=None):
                     output_dir=opts.output_dir, audit=bool(opts.rows_seen or opts.loss_log))
     write_audit(trainer.args.process_index, opts.rows_seen, opts.loss_log, getattr(trainer, "rows_trained", []),
                 getattr(trainer, "step_log", []))
+    end_process_group()
+
+
+def end_process_group():
+    """Close the process group torchrun opened: left to interpreter exit, gloo's threads can abort a rank
+    ("terminate called without an active exception") after training finished."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def write_audit(rank: int, rows_seen, loss_log, rows: list[int], steps: list[dict]):

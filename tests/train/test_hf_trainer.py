@@ -96,7 +96,7 @@ from transformers import TrainingArguments
 from packer.data import PackedDataset
 from packer.hf import PackedTrainer
 sys.path.insert(0, sys.argv[2])
-from hf_trainer import tiny_model
+from hf_trainer import end_process_group, tiny_model
 
 args = TrainingArguments(output_dir=sys.argv[3], max_steps=1, report_to="none")  # no use_cpu on a CPU box
 assert args.world_size == 1
@@ -107,6 +107,7 @@ except ValueError as e:
     assert "use_cpu=True" in str(e), e
 else:
     raise AssertionError("2 processes trained as 2 separate runs")
+end_process_group()
 """
 
 
