@@ -4,6 +4,7 @@
     python benchmarks/bench_engines.py --mb 10      # quicker
     python benchmarks/bench_engines.py --cl100k     # also a real vocabulary: cl100k_base, as shipped in
                                                     # the bpe-openai package, converted by transformers
+    python benchmarks/bench_engines.py --corpus DIR # keep the corpus in DIR, or read it from there
     python benchmarks/bench_engines.py --before DIR # also the build of another checkout (an older commit's
                                                     # git worktree), on hf: is hf slower than it was?
 
@@ -233,6 +234,11 @@ STAGE = textwrap.dedent("""
 """)
 
 
+def _pythonpath(root: Path) -> str:
+    """The checkout first, then whatever PYTHONPATH already held (packages installed with --target)."""
+    return os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")]))
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -241,7 +247,7 @@ def _children_cpu() -> float:
 def _python(code: str, args: list[str], threads: int | None = None) -> dict:
     """Run `code` in a fresh process: its JSON line, with "cpu": the process's CPU seconds and its
     children's (pool workers included: reaped by their parents before these exit)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": _pythonpath(ROOT)}
     if threads:
         env.update(RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true" if threads > 1 else "false")
     cpu = _children_cpu()
@@ -257,7 +263,7 @@ def _build(files, tokenizer, out: Path, workers: int, engine: str | None, unit_b
             str(workers), *(["--encode-engine", engine] if engine else []), "--unit-bytes", str(unit_bytes), "--quiet",
             "--overwrite"]
     t, cpu = time.perf_counter(), _children_cpu()
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)},
+    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _pythonpath(root)},
                           cwd=root)  # python -m puts the working directory first: run in the checkout timed
     seconds, cpu = time.perf_counter() - t, _children_cpu() - cpu
     if proc.returncode:
@@ -276,6 +282,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=1, help="run every row this many times, keep each one's best")
     parser.add_argument("--before", type=Path, help="another checkout of packer (a git worktree of an older commit): "
                         "its whole build, on hf, timed as one more row ('build hf, before'), to compare today's hf with")
+    parser.add_argument("--corpus", type=Path, help="keep the corpus in DIR: written there when DIR holds no "
+                        "part-*.jsonl, else read from there (--mb ignored): the same texts on another machine")
     args = parser.parse_args()
     import tiktoken
     import tokenizers
@@ -286,7 +294,10 @@ def main():
           f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        files = write_corpus(d, int(args.mb * 1e6))
+        kept = sorted(args.corpus.glob("part-*.jsonl")) if args.corpus and args.corpus.is_dir() else []
+        if args.corpus and not kept:
+            args.corpus.mkdir(parents=True, exist_ok=True)
+        files = [str(f) for f in kept] or write_corpus(args.corpus or d, int(args.mb * 1e6))
         size = sum(os.path.getsize(f) for f in files)
         unit_bytes = max(size // (4 * N_FILES), 1 << 20)
         t = time.perf_counter()
