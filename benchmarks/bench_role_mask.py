@@ -1,7 +1,7 @@
 """What does a role policy cost on the exact CPU path, against dense masked SDPA at context 4096?
 
     python benchmarks/bench_role_mask.py            # CPU fp32, 1 thread, 3 rows of 4096 (~1 min busy, 2 cores)
-    python benchmarks/bench_role_mask.py --device cuda --dtype bf16   # adds flex (forward + backward)
+    python benchmarks/bench_role_mask.py --device cuda --dtype bf16   # adds flex; 32 rows in one call, best of 10
 
 Rows are FFD-packed chat conversations (lognormal, median 500, mean 800 tokens, cut at the
 context), each a system prompt (~8%), then alternating user / assistant turns. The policy is the
@@ -17,7 +17,14 @@ to the baseline timed in the same run.
 Measured 2026-12-03, shared 2-core CPU, 1 thread, 3 rows of 4096 (9 conversations, flop ratio 2.9x),
 against the dense hybrid mask: bucketed + policy forward 7.6x, forward+backward 6.6x faster (sdpa +
 policy 3.9x / 4.3x; bucketed without a policy 10.4x / 7.6x); a second run at load 7.7: 5.8x / 4.9x
-(sdpa 2.4x / 2.7x; no policy 5.6x / 6.8x). Not yet run on a GPU (gpu_check.sh runs it).
+(sdpa 2.4x / 2.7x; no policy 5.6x / 6.8x).
+
+Measured 2026-12-04 on an NVIDIA H200 (torch 2.11.0+cu130, bf16), every row in one call as a GPU step
+runs them (dense: one batched SDPA with [B, 1, L, L] masks), best of 10: 32 rows (flop ratio 4.1x)
+flex + policy forward 0.60x, forward+backward 1.22x of the dense hybrid mask; bucketed + policy 0.34x /
+0.22x, sdpa + policy 0.09x / 0.09x. 8 rows: flex 0.34x / 0.84x, bucketed 0.37x / 0.22x. One call a row
+(3 rows, the CPU layout): flex 0.77x / 0.97x, bucketed 2.82x / 1.69x. flex, auto's pick on CUDA, is
+the fastest exact policy backend for training steps of many rows; forward alone, dense masks win.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ POLICY = RolePolicy(role_windows={"user": 64}, global_roles={"system"})
 def conversations(n: int, rng) -> list[np.ndarray]:
     """Role ids of n conversations: a system prompt, then user / assistant turns (lognormal lengths)."""
     out = []
-    for total in np.minimum(rng.lognormal(np.log(500), 0.8, n), CONTEXT).astype(int) + 8:
+    for total in np.minimum(rng.lognormal(np.log(500), 0.8, n), CONTEXT - 8).astype(int) + 8:
         system = max(1, int(0.08 * total))
         turns = [np.full(system, DEFAULT_ROLES["system"])]
         left, k = total - system, 0
@@ -62,15 +69,22 @@ def conversations(n: int, rng) -> list[np.ndarray]:
     return out
 
 
-def packed_rows(rng) -> list[list[np.ndarray]]:
-    """N_ROWS full rows of FFD-packed conversations, in a seeded order."""
-    convs = conversations(60 * N_ROWS, rng)
+def packed_rows(rng, n_rows: int) -> list[list[np.ndarray]]:
+    """n_rows full rows of FFD-packed conversations, in a seeded order."""
+    convs = conversations(60 * n_rows, rng)
     bins = pack(np.array([len(c) for c in convs]), CONTEXT)
     rows = [[c for c, b in zip(convs, bins) if b == k] for k in rng.permutation(bins.max() + 1)]
-    return [r for r in rows if sum(map(len, r)) > 0.95 * CONTEXT][:N_ROWS]
+    return [r for r in rows if sum(map(len, r)) > 0.95 * CONTEXT][:n_rows]
 
 
-def cases(rows, device, dtype):
+def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, 0, 0, 0, 0, n - len(t)))
+
+
+def cases(rows, device, dtype, one_call: bool):
+    """The cases, each a function of `backward`. one_call (CUDA): every row in one call (dense: one batched
+    SDPA over [B, H, L, D] with [B, 1, L, L] masks; varlen: one call, cu_seqlens merged), as a GPU step
+    runs them; else one call per row."""
     g = torch.Generator().manual_seed(SEED)
     out = {}
     data = []
@@ -82,14 +96,26 @@ def cases(rows, device, dtype):
         mask = torch.from_numpy(hybrid_mask(offsets, role_ids, POLICY, DEFAULT_ROLES)).to(device)
         cu = torch.tensor(offsets, dtype=torch.int32, device=device)
         data.append((q, k, v, grad, mask, cu, int(np.diff(offsets).max()), torch.from_numpy(role_ids).to(device)))
+    dense_data = data
+    if one_call:
+        L = max(len(d[0]) for d in data)
+        masks = torch.zeros(len(data), 1, L, L, dtype=torch.bool, device=device)
+        for r, d in enumerate(data):
+            masks[r, 0, : len(d[0]), : len(d[0])] = d[4]
+            masks[r, 0, len(d[0]):, len(d[0]):] = torch.eye(L - len(d[0]), dtype=torch.bool, device=device)  # pads
+        dense_data = [tuple(torch.stack([_padded(d[i], L) for d in data]) for i in range(4)) + (masks,)]
+        cu = torch.cat([data[0][5]] + [d[5][1:] + sum(len(e[0]) for e in data[:r + 1])
+                                        for r, d in enumerate(data[1:])])
+        data = [tuple(torch.cat([d[i] for d in data]) for i in range(4)) + (None, cu, max(d[6] for d in data),
+                                                                           torch.cat([d[7] for d in data]))]
 
     def dense(backward):
-        for q, k, v, grad, mask, *_ in data:
+        for q, k, v, grad, mask, *_ in dense_data:
             for t in (q, k, v):
                 t.requires_grad_(backward)
-            o = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), attn_mask=mask)
+            o = F.scaled_dot_product_attention(*(t.transpose(-3, -2) for t in (q, k, v)), attn_mask=mask)
             if backward:
-                o.backward(grad.transpose(0, 1))
+                o.backward(grad.transpose(-3, -2))
 
     def varlen(backend, policy):
         def run(backward):
@@ -130,21 +156,25 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared 2-core machine)")
-    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--repeats", type=int, help=f"timed rounds, best kept (default {REPEATS}; 10 on CUDA)")
+    parser.add_argument("--rows", type=int, help=f"rows of {CONTEXT} (default {N_ROWS}; 32 on CUDA, in one call)")
     args = parser.parse_args()
+    cuda = torch.device(args.device).type == "cuda"
+    args.repeats = args.repeats or (10 if cuda else REPEATS)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     torch.set_num_threads(args.threads)
     print(f"# {platform.node()} {platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}; "
           f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
-    rows = packed_rows(np.random.default_rng(SEED))
+    rows = packed_rows(np.random.default_rng(SEED), args.rows or (32 if cuda else N_ROWS))
     lengths = [len(c) for r in rows for c in r]
     flops = len(rows) * CONTEXT ** 2 / sum(n * n for n in lengths)
     print(f"# {args.device} {dtype}, {len(rows)} rows of {CONTEXT}, {len(lengths)} conversations, fill "
           f"{sum(lengths) / (len(rows) * CONTEXT):.3f}, flop ratio L^2/sum(l^2) {flops:.1f}x, heads {HEADS} x "
-          f"{HEAD_DIM}, best of {args.repeats}, policy {POLICY}")
-    runs = cases(rows, args.device, dtype)
-    for fn in runs.values():  # warm-up (a flex compile, allocator pools) outside the timing
+          f"{HEAD_DIM}, best of {args.repeats}, {'one call' if cuda else 'one call a row'}, policy {POLICY}")
+    runs = cases(rows, args.device, dtype, one_call=cuda)
+    for fn in runs.values():  # warm-up (flex's compiles, forward and backward; allocator pools) outside the timing
         fn(False)
+        fn(True)
     print(f"{'case':<22} {'fwd ms':>9} {'fwd x':>7} {'fwd+bwd ms':>11} {'fwd+bwd x':>10}")
     base = None
     for name, fn in runs.items():
