@@ -347,12 +347,15 @@ def stamp(loc) -> tuple:
     return st.st_size, st.st_mtime_ns
 
 
-def open_arrow(loc):
-    """A pyarrow RandomAccessFile: a memory map locally, the remote file otherwise (read on demand)."""
+def open_arrow(loc, mapped: bool = True):
+    """A pyarrow RandomAccessFile: a memory map locally (mapped=False: a plain file, whose reads are
+    copies, freed with them), the remote file otherwise (read on demand)."""
     import pyarrow as pa
 
     loc = location(loc)
-    return loc.open_input() if isinstance(loc, RemotePath) else pa.memory_map(str(loc), "r")
+    if isinstance(loc, RemotePath):
+        return loc.open_input()
+    return pa.memory_map(str(loc), "r") if mapped else pa.OSFile(str(loc))
 
 
 def size(loc) -> int:

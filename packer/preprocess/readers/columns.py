@@ -120,28 +120,42 @@ def _huge_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: in
     import pyarrow.types as t
 
     memory.return_large_buffers()
-    is_binary = _is_binary(column.type.value_type if t.is_dictionary(column.type) else column.type)
+    is_binary = text_is_binary(column.type)
     if not t.is_dictionary(column.type):
         column = _plain(column)  # views cast; a plain column is left as it is
     for i in range(len(column)):
-        at = f"{path} row {first_row + i}"
         scalar = column[i]
         if t.is_dictionary(column.type) and scalar.is_valid:
             scalar = scalar.value
-        value, n_bytes = None, 0
-        if scalar.is_valid:
-            n_bytes = len(scalar.as_buffer())  # a view of the value's bytes: no copy
-            if HUGE_TEXT_BYTES < n_bytes <= max_bytes:
-                if not valid_utf8(scalar.as_buffer()):
-                    if not is_binary:
-                        scalar.as_py()  # a string column's bad UTF-8: what column_texts meets in to_pylist (it raises)
-                    skips.add("invalid_utf8", at)
-                    continue
-                value = Utf8Text(scalar.as_buffer())
-            elif n_bytes <= max_bytes:  # (a larger one is not read: _row_text counts it too_large)
-                value = scalar.as_py()
-        if (text := _row_text(value, n_bytes, is_binary, at, skips, max_bytes)) is not None:
+        data = scalar.as_buffer() if scalar.is_valid else None  # a view of the value's bytes: no copy
+        if (text := value_text(data, is_binary, f"{path} row {first_row + i}", skips, max_bytes)) is not None:
             yield text
+
+
+def value_text(data, is_binary: bool, at: str, skips: SkipLog, max_bytes: int):
+    """_row_text of a value given as its bytes (any buffer; None: null): one over HUGE_TEXT_BYTES is
+    handed on as a Utf8Text over that buffer, checked, never copied; a smaller one as a str (bytes
+    from a binary column). Shared by _huge_texts and packer's own Parquet page reader (parquet_pages)."""
+    value, n_bytes = None, 0
+    if data is not None:
+        n_bytes = len(data)
+        if HUGE_TEXT_BYTES < n_bytes <= max_bytes:
+            if not valid_utf8(data):
+                if not is_binary:
+                    str(data, "utf-8")  # a string column's bad UTF-8: what column_texts meets in to_pylist (it raises)
+                skips.add("invalid_utf8", at)
+                return None
+            value = Utf8Text(data)
+        elif n_bytes <= max_bytes:  # (a larger one is not read: _row_text counts it too_large)
+            value = bytes(data) if is_binary else str(data, "utf-8")
+    return _row_text(value, n_bytes, is_binary, at, skips, max_bytes)
+
+
+def text_is_binary(kind) -> bool:
+    """Whether a text column of Arrow type `kind` (any layout check_text_column accepts) holds bytes, not strings."""
+    import pyarrow.types as t
+
+    return _is_binary(kind.value_type if t.is_dictionary(kind) else kind)
 
 
 def _all_sized(column, low: int, high: int) -> bool:
