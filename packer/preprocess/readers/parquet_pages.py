@@ -190,7 +190,8 @@ def _page_data(f, at: int, header: dict, codec: str | None, n_levels: int, path:
         return body[:n_levels], body[n_levels:]
     levels = bytes(body[:n_levels])  # a copy (small), so the compressed page is let go
     try:
-        data = pa.decompress(body[n_levels:], decompressed_size=size - n_levels, codec=codec)
+        data = pa.decompress(body[n_levels:], decompressed_size=size - n_levels, codec=codec,
+                             memory_pool=pa.system_memory_pool())  # malloc: returned to the system when freed
     except (OSError, ValueError) as e:
         raise FileError(path, f"a Parquet page does not decompress ({codec}: {e})") from None
     return memoryview(levels), memoryview(data)
