@@ -15,7 +15,16 @@ from conftest import TOKENIZER, sample_texts
 from packer.config import BuildConfig, Job
 from packer.io.utf8 import Utf8Text
 from packer.preprocess.pipeline import build
-from packer.preprocess.readers import SkipLog, columns, page_headers, parquet, parquet_pages, plan_units, read_unit
+from packer.preprocess.readers import (
+    SkipLog,
+    columns,
+    page_headers,
+    parquet,
+    parquet_pages,
+    plan_units,
+    read_unit,
+    snappy_pieces,
+)
 
 HUGE = 2000  # HUGE_TEXT_BYTES in these tests
 MAX_DOC_BYTES = 9000
@@ -51,10 +60,10 @@ def _values(seed: int, nullable: bool, binary: bool) -> list:
     return values
 
 
-def _read(path, **kw):
+def _read(path, max_doc_bytes=MAX_DOC_BYTES):
     """(texts as str, their types, skip counts, skip examples) of reading `path` whole."""
     skips = SkipLog.empty()
-    texts = [t for u in plan_units([str(path)], 1 << 30) for t in read_unit(u, skips, max_doc_bytes=MAX_DOC_BYTES, **kw)]
+    texts = [t for u in plan_units([str(path)], 1 << 30) for t in read_unit(u, skips, max_doc_bytes=max_doc_bytes)]
     return [str(t) for t in texts], [type(t).__name__ for t in texts], dict(skips.counts), skips.examples
 
 
@@ -218,3 +227,27 @@ def test_a_build_gives_the_bytes_of_pyarrows_path(tmp_path, monkeypatch, small_h
         shards = [{p.name: p.read_bytes() for p in sorted((tmp_path / f"{name}-{dictionary}").glob("shard-*"))}
                   for name in ("pages", "pyarrow")]
         assert shards[0] == shards[1] and shards[0]
+
+
+def test_a_huge_snappy_page_is_decompressed_in_pieces(tmp_path, monkeypatch, small_huge):
+    """A Snappy page over HUGE_TEXT_BYTES goes through snappy_pieces (here cut at every 64 KiB block),
+    and reads as pyarrow reads it; where that declines, the page is decompressed whole, the same."""
+    monkeypatch.setattr(snappy_pieces, "PIECE_BYTES", 1)
+    rng = random.Random(5)
+    values = ["a", _text(rng, 300_000), None, _text(rng, 70_000), ""]
+    calls = []
+    decompress = snappy_pieces.decompress
+    monkeypatch.setattr(snappy_pieces, "decompress", lambda *a: calls.append(a[-1]) or decompress(*a))
+    for dictionary in (True, False):
+        for version in ("1.0", "2.0"):
+            path = tmp_path / f"{dictionary}-{version}.parquet"
+            pq.write_table(pa.table({"text": values}), path, use_dictionary=dictionary, data_page_version=version)
+            new = _read(path, max_doc_bytes=1 << 20)
+            with monkeypatch.context() as m:
+                m.setattr(parquet, "huge_chunks", lambda *a: {})
+                assert new == _read(path, max_doc_bytes=1 << 20)
+            with monkeypatch.context() as m:
+                m.setattr(snappy_pieces, "decompress", lambda *a: None)
+                assert new == _read(path, max_doc_bytes=1 << 20)
+            assert new[1] == ["str", "Utf8Text", "Utf8Text"]
+    assert len(calls) == 4 and min(calls) > 370_000
