@@ -19,6 +19,7 @@ from packer.preprocess.readers import (
     SkipLog,
     columns,
     page_headers,
+    page_streams,
     parquet,
     parquet_pages,
     plan_units,
@@ -85,10 +86,26 @@ def _n_pages(path) -> int:
 KINDS = {"string": pa.string(), "large_string": pa.large_string(), "binary": pa.binary()}
 
 
-@pytest.mark.parametrize("compression", ["none", "snappy", "zstd", "gzip"])
+def _count_calls(monkeypatch, module) -> list:
+    """Patch module.decompress to note each result that is not None."""
+    done, decompress = [], module.decompress
+
+    def counted(*args):
+        data = decompress(*args)
+        done.extend([1] if data is not None else [])
+        return data
+
+    monkeypatch.setattr(module, "decompress", counted)
+    return done
+
+
+@pytest.mark.parametrize("compression", ["none", "snappy", "zstd", "gzip", "brotli"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_pages_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge, compression, kind):
+    """Every combination pyarrow writes reads the same; huge pages of snappy, zstd, gzip and brotli
+    are decompressed a piece at a time (snappy_pieces, page_streams)."""
     cases = n_pages = 0
+    pieces, streams = _count_calls(monkeypatch, snappy_pieces), _count_calls(monkeypatch, page_streams)
     for dictionary in (True, False):
         for version in ("1.0", "2.0"):
             for nullable in (True, False):
@@ -112,6 +129,7 @@ def test_pages_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge, com
                 assert expected | ({"invalid_utf8"} if kind == "binary" else set()) == set(new[2])
                 cases += 1
     assert cases == 8 and n_pages > 8 * 3 * 3  # several pages a chunk
+    assert (len(pieces) > 20) == (compression == "snappy") and (len(streams) > 20) == (compression in ("zstd", "gzip", "brotli"))
 
 
 def test_a_chunk_without_a_huge_page_and_odd_chunks_go_to_pyarrow(tmp_path, monkeypatch, small_huge):
@@ -200,6 +218,10 @@ def test_page_header_fields_and_skipped_ones():
     assert n == len(header)
     assert got == {"type": 0, "uncompressed_page_size": 123, "compressed_page_size": 45,
                    "data_page_header": {"num_values": 7, "encoding": 0, "definition_level_encoding": 3}}
+    pyarrows = bytes.fromhex("15 00 15 a8 1f 15 e8 01 2c 15 04 15 00 15 06 15 06 1c 00 00 00")  # 2 PLAIN values, snappy
+    assert page_headers.read_page_header(pyarrows) == ({
+        "type": 0, "uncompressed_page_size": 2004, "compressed_page_size": 116,
+        "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3}}, 21)
     for cut in range(len(header)):
         with pytest.raises(page_headers.Truncated):
             page_headers.read_page_header(header[:cut])

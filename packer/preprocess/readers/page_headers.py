@@ -1,8 +1,8 @@
 """Parquet page headers out of Thrift's compact protocol: the fields packer's page reader needs, the rest skipped.
 
-    15 00 15 a0 1f 15 9a 0c 2c 15 04 15 00 15 06 15 06 00 00    (a DATA_PAGE header, 19 bytes)
-        -> ({"type": 0, "uncompressed_page_size": 2000, "compressed_page_size": 781,
-             "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3}}, 19)
+    15 00 15 a8 1f 15 e8 01 2c 15 04 15 00 15 06 15 06 1c 00 00 00     (pyarrow's, for 2 PLAIN values, snappy)
+        -> ({"type": 0, "uncompressed_page_size": 2004, "compressed_page_size": 116,
+             "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3}}, 21)
 
 A compact-protocol struct is a run of fields, each a byte (high nibble: the field id's step from
 the last one, or 0 and a zigzag varint id; low nibble: the type) and its value, up to a 0 byte.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.io import memory
-from packer.preprocess.readers import page_headers, snappy_pieces
+from packer.preprocess.readers import page_headers, page_streams, snappy_pieces
 from packer.preprocess.readers.columns import value_text
 from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError
 
@@ -183,8 +183,12 @@ def _page_data(f, at: int, header: dict, codec: str | None, n_levels: int, path:
     import pyarrow as pa
 
     stored, size = header["compressed_page_size"], header["uncompressed_page_size"]
-    if codec == "snappy" and size - n_levels > HUGE_TEXT_BYTES:  # a piece at a time, if the stream allows
-        data = snappy_pieces.decompress(f, at + n_levels, stored - n_levels, size - n_levels)
+    if size - n_levels > HUGE_TEXT_BYTES and codec is not None:  # never the whole compressed page beside its output
+        data = None
+        if codec == "snappy":
+            data = snappy_pieces.decompress(f, at + n_levels, stored - n_levels, size - n_levels)
+        elif codec in page_streams.CODECS:
+            data = page_streams.decompress(f, at + n_levels, stored - n_levels, size - n_levels, codec)
         if data is not None:
             return memoryview(f.read_at(n_levels, at)), memoryview(data)
     body = memoryview(f.read_at(stored, at))
