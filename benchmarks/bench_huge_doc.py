@@ -28,7 +28,7 @@ this code; baseline builds 138-160 MB):
     jsonl            193.4            701 ->  347              3.63 -> 1.79
     txt              192.3            369 ->  342              1.92 -> 1.78
     records          193.4           1503 ->  335              7.77 -> 1.73
-    parquet          192.3            993 ->  340              5.17 -> 1.77
+    parquet          192.3            993 ->  342              5.17 -> 1.78
     parquet-plain    192.3            799 ->  342              4.16 -> 1.78
 
 Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt and
