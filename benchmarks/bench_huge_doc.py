@@ -39,7 +39,8 @@ dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's de
 decompression alone would hold the 87 MiB compressed page beside the output (405 MB, 2.1x), so a
 huge Snappy page is decompressed a piece at a time (snappy_pieces: ~8 s of reading Snappy's tags in
 Python for this value), gzip, zstd and brotli pages as a stream (page_streams). Written with zstd,
-or uncompressed, the same value peaked at 335 and 330 MB (a build with a hook reading VmHWM, not
+or uncompressed, the same value peaked at 335 and 330 MB, and as the completion of a Parquet
+prompt/completion record at 342 MB (1269 MB on main 859e46e) (builds reading their own VmHWM, not
 this script).
 """
 

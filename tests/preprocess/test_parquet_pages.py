@@ -23,6 +23,7 @@ from packer.preprocess.readers import (
     parquet,
     parquet_pages,
     plan_units,
+    read_records,
     read_unit,
     snappy_pieces,
 )
@@ -273,3 +274,66 @@ def test_a_huge_snappy_page_is_decompressed_in_pieces(tmp_path, monkeypatch, sma
                 assert new == _read(path, max_doc_bytes=1 << 20)
             assert new[1] == ["str", "Utf8Text", "Utf8Text"]
     assert len(calls) == 4 and min(calls) > 370_000
+
+
+def _records(path) -> list:
+    """(where, {field: (type name, str)}) of each record of `path`, and whether any came as a Utf8Text."""
+    out = []
+    for u in plan_units([str(path)], 1 << 30):
+        for where, record in read_records(u, SkipLog.empty(), ("prompt", "completion")):
+            out.append((where, {k: (type(v).__name__, str(v)) for k, v in record.items()}))
+    return out
+
+
+def test_records_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge):
+    """Prompt/completion string columns with a huge value: the same records, huge values a Utf8Text
+    where pyarrow gives a str; a binary column or a chat column leaves the row group to pyarrow."""
+    rng = random.Random(11)
+    prompts = [_text(rng, n) for n in (30, 2500, 10)] + [None, "", "p"] * 2
+    completions = [_text(rng, n) for n in (3000, 20, 40_000)] + ["c", None, " "] * 2
+    for compression in ("none", "snappy", "zstd"):
+        for dictionary in (True, False):
+            for version in ("1.0", "2.0"):
+                path = tmp_path / f"{compression}-{dictionary}-{version}.parquet"
+                pq.write_table(pa.table({"id": list(range(9)), "completion": completions, "prompt": prompts}), path,
+                               compression=compression, use_dictionary=dictionary, data_page_version=version,
+                               row_group_size=4, data_page_size=1000, write_batch_size=2)
+                new = _records(path)
+                with monkeypatch.context() as m:
+                    m.setattr(parquet, "huge_record_chunks", lambda *a: {})
+                    old = _records(path)
+                assert [(w, {k: t for k, (_, t) in r.items()}) for w, r in new] == [
+                    (w, {k: t for k, (_, t) in r.items()}) for w, r in old]
+                kinds = [k for _, r in new for k, _ in r.values()]
+                assert kinds.count("Utf8Text") == 3 and "Utf8Text" not in [k for _, r in old for k, _ in r.values()]
+                assert new[3] == (f"{path} row 3", {"completion": ("str", "c")})  # nulls left out
+    assert list(_records(path)[0][1]) == ["prompt", "completion"]  # the fields' order, not the file's
+    binary = tmp_path / "binary.parquet"
+    pq.write_table(pa.table({"prompt": [p.encode() if p else p for p in prompts], "completion": completions}), binary)
+    chat = tmp_path / "chat.parquet"
+    pq.write_table(pa.table({"prompt": prompts, "completion": [[c] for c in completions]}), chat)
+    with monkeypatch.context() as m:
+        m.setattr(parquet_pages, "chunk_records", lambda *a: pytest.fail("read by pages"))
+        assert len(_records(binary)) == len(_records(chat)) == 9
+
+
+def test_a_prompt_completion_build_gives_the_bytes_of_pyarrows_path(tmp_path, monkeypatch, small_huge):
+    rng = random.Random(4)
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"prompt": ["Say it: ", _text(rng, 3000), None, "q"],
+                             "completion": [_text(rng, 9000), "short", "x", " "]}), path, row_group_size=2)
+    totals, groups, read_groups = {}, [], parquet.huge_record_chunks
+    for name in ("pages", "pyarrow"):
+        with monkeypatch.context() as m:
+            if name == "pyarrow":
+                m.setattr(parquet, "huge_record_chunks", lambda *a: {})
+            else:
+                m.setattr(parquet, "huge_record_chunks", lambda *a: groups.append(read_groups(*a)) or groups[-1])
+            job = Job(inputs=(str(path),), tokenizer=TOKENIZER, output=str(tmp_path / name), workers=1,
+                      config=BuildConfig(context_length=256, input_kind="prompt-completion", max_doc_bytes=1 << 20))
+            totals[name] = build(job)["totals"]
+    assert totals["pages"] == totals["pyarrow"] and totals["pages"]["docs_accepted"] == 2
+    assert [list(g) for g in groups] == [[0]]  # row group 0 read by pages, group 1 by pyarrow
+    shards = [{p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("shard-*"))} for name in ("pages", "pyarrow")]
+    assert shards[0] == shards[1] and shards[0]

@@ -151,6 +151,13 @@ def value_text(data, is_binary: bool, at: str, skips: SkipLog, max_bytes: int):
     return _row_text(value, n_bytes, is_binary, at, skips, max_bytes)
 
 
+def is_string_column(kind) -> bool:
+    """A string column (plain, large, view, or a dictionary of one): Python reads its values as str."""
+    import pyarrow.types as t
+
+    return _is_string(kind.value_type if t.is_dictionary(kind) else kind)
+
+
 def text_is_binary(kind) -> bool:
     """Whether a text column of Arrow type `kind` (any layout check_text_column accepts) holds bytes, not strings."""
     import pyarrow.types as t

@@ -22,6 +22,7 @@ from packer.preprocess.readers.columns import (
     check_text_column,
     column_records,
     column_texts,
+    is_string_column,
     text_is_binary,
 )
 from packer.preprocess.readers.common import SkipLog, Unit
@@ -103,7 +104,8 @@ def _runs(unit: Unit, chunks: dict) -> list[tuple[int, int]]:
 
 def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_doc_bytes: int, fix: str):
     """(where, record) of each row of the unit's row groups: the present `fields` (the first one
-    required: FileError naming `fix` without it), nulls left out (columns.column_records)."""
+    required: FileError naming `fix` without it), nulls left out (columns.column_records); a row
+    group with a page over HUGE_TEXT_BYTES among string columns is read by parquet_pages."""
     import pyarrow.parquet as pq
 
     with fs.open_arrow(place) as f:
@@ -111,9 +113,33 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
         check_record_columns(pf.schema_arrow, fields, unit.path, fix)
         row = sum(pf.metadata.row_group(i).num_rows for i in range(unit.start))
         present = [c for c in fields if c in pf.schema_arrow.names]
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=range(unit.start, unit.end), columns=present):
-            yield from column_records(batch, fields, row, unit.path)
-            row += batch.num_rows
+        chunks = huge_record_chunks(f, pf, unit, present)
+        with fs.open_arrow(place, mapped=False) if chunks else contextlib.nullcontext(f) as raw:
+            for start, end in _runs(unit, chunks):
+                if start in chunks:
+                    yield from parquet_pages.chunk_records(raw, chunks[start], row, unit.path)
+                    row += pf.metadata.row_group(start).num_rows
+                    continue
+                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=range(start, end), columns=present):
+                    yield from column_records(batch, fields, row, unit.path)
+                    row += batch.num_rows
+
+
+def huge_record_chunks(f, pf, unit: Unit, present: list[str]) -> dict:
+    """Row group -> {field: parquet_pages.Chunk} of the unit's groups whose record columns packer reads:
+    every present field a flat string column it can read, one of them with a page over HUGE_TEXT_BYTES."""
+    meta = pf.metadata
+    columns = [parquet_pages.column_index(meta, name) for name in present]
+    if not present or None in columns or not all(is_string_column(pf.schema_arrow.field(n).type) for n in present):
+        return {}
+    out = {}
+    for i in range(unit.start, unit.end):
+        huge = [parquet_pages.page_chunk(f, meta, i, j) for j in columns]
+        if any(huge):
+            chunks = [h or parquet_pages.page_chunk(f, meta, i, j, huge=False) for h, j in zip(huge, columns)]
+            if all(chunks):
+                out[i] = dict(zip(present, chunks))
+    return out
 
 
 def field_names(unit: Unit, place, *, max_doc_bytes: int) -> set[str]:

@@ -27,7 +27,7 @@ import numpy as np
 from packer.io import memory
 from packer.preprocess.readers import page_headers, page_streams, snappy_pieces
 from packer.preprocess.readers.columns import value_text
-from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError
+from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError, Utf8Text, valid_utf8
 
 CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "LZ4_RAW": "lz4_raw",
           "BROTLI": "brotli"}  # the footer's name -> pyarrow's
@@ -57,11 +57,12 @@ def column_index(meta, field: str) -> int | None:
     return None
 
 
-def page_chunk(f, meta, group: int, column: int) -> Chunk | None:
-    """The Chunk of `column` in row group `group` when packer reads it page by page, else None (pyarrow does)."""
+def page_chunk(f, meta, group: int, column: int, huge: bool = True) -> Chunk | None:
+    """The Chunk of `column` in row group `group` when packer reads it page by page, else None (pyarrow
+    does); huge=False: whether or not a page is over HUGE_TEXT_BYTES (a record's other columns)."""
     info = meta.row_group(group).column(column)
     schema = meta.schema.column(column)
-    if (info.total_uncompressed_size <= HUGE_TEXT_BYTES or schema.physical_type != "BYTE_ARRAY"
+    if ((huge and info.total_uncompressed_size <= HUGE_TEXT_BYTES) or schema.physical_type != "BYTE_ARRAY"
             or schema.max_repetition_level != 0 or schema.max_definition_level > 1 or info.file_path
             or info.compression not in CODECS):
         return None
@@ -76,7 +77,7 @@ def page_chunk(f, meta, group: int, column: int) -> Chunk | None:
     pages = _scan_pages(f, start, end, schema.max_definition_level == 1)
     n_rows = meta.row_group(group).num_rows
     if (pages is None or sum(_n_values(h) for _, h in pages) != n_rows or info.num_values != n_rows
-            or not any(h["uncompressed_page_size"] > HUGE_TEXT_BYTES for _, h in pages)):
+            or (huge and not any(h["uncompressed_page_size"] > HUGE_TEXT_BYTES for _, h in pages))):
         return None
     return Chunk(CODECS[info.compression], schema.max_definition_level == 1, n_rows, tuple(pages))
 
@@ -137,17 +138,37 @@ def _n_values(header: dict) -> int:
 
 def chunk_texts(f, chunk: Chunk, first_row: int, path: str, skips, max_bytes: int, is_binary: bool):
     """column_texts of the chunk, page by page; each page's buffers are let go before the next is read."""
+    for row, value in enumerate(chunk_values(f, chunk, path), first_row):
+        if (text := value_text(value, is_binary, f"{path} row {row}", skips, max_bytes)) is not None:
+            yield text
+
+
+def chunk_records(f, chunks: dict, first_row: int, path: str):
+    """column_records of a row group whose `chunks` (field -> Chunk of a string column, in the
+    fields' order) packer reads: (where, record) per row, nulls left out, a value over
+    HUGE_TEXT_BYTES a Utf8Text over its page (bad UTF-8 raises, as pyarrow's to_pylist does)."""
+    names = list(chunks)
+    rows = zip(*(chunk_values(f, chunk, path) for chunk in chunks.values()))
+    for row, values in enumerate(rows, first_row):
+        yield f"{path} row {row}", {k: _string(v) for k, v in zip(names, values) if v is not None}
+
+
+def _string(data):
+    if len(data) > HUGE_TEXT_BYTES and valid_utf8(data):
+        return Utf8Text(data)
+    return str(data, "utf-8")
+
+
+def chunk_values(f, chunk: Chunk, path: str):
+    """Each row's value of the chunk: a memoryview into its page's buffer, or None (null)."""
     memory.return_large_buffers()
-    dictionary, row = None, first_row
+    dictionary = None
     for at, header in chunk.pages:
         if header["type"] == DICTIONARY_PAGE:
             _, data = _page_data(f, at, header, chunk.codec, 0, path)
             dictionary = _plain_values(data, header["dictionary_page_header"]["num_values"], 0, path)
             continue
-        for value in _data_page_values(f, at, header, chunk, dictionary, path):
-            if (text := value_text(value, is_binary, f"{path} row {row}", skips, max_bytes)) is not None:
-                yield text
-            row += 1
+        yield from _data_page_values(f, at, header, chunk, dictionary, path)
 
 
 def _data_page_values(f, at: int, header: dict, chunk: Chunk, dictionary, path: str):
