@@ -37,7 +37,7 @@ from packer.encode.chat_source import chat_template_of, template_specials
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask, token_roles  # noqa: F401  (spans_to_mask: re-exported)
 from packer.encode.text import PIECE_CHARS, encode_parts
 from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
-from packer.io.utf8 import Utf8Text, encodable, is_blank
+from packer.io.utf8 import HugeRecord, Utf8Text, encodable, is_blank
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)
 RECORD_KINDS = ("prompt-completion", "chat", "tokens")
@@ -138,7 +138,7 @@ class RecordEncoder:
         """encode_parts for chats: a conversation with a long content (chat_long.py) as parts of its own
         where exact, else whole with its contents made str; the others in batches. The skips are counted
         as one batch counts them (_Ordered)."""
-        if not any(isinstance(r, dict) and chat_long.has_long(r.get(self.config.messages_field)) for _, r in batch):
+        if not any(type(r) is HugeRecord for _, r in batch):  # the common case: one type check a record
             yield self._keep(*self._chat(batch, skips), skips)
             return
         ordered = _Ordered(skips, [w for w, _ in batch])
@@ -148,15 +148,14 @@ class RecordEncoder:
     def _long_chat_parts(self, batch, skips):
         run, given = [], 0
         for where, record in batch:
-            messages = record.get(self.config.messages_field) if isinstance(record, dict) else None
-            if not chat_long.has_long(messages):
+            if type(record) is not HugeRecord:
                 run.append((where, record))
                 continue
             if run:
                 yield self._keep(*self._chat(run, skips), skips)
                 run, given = [], given + 1
             parts = None
-            if self.long_chats:
+            if self.long_chats and chat_long.has_long(record.get(self.config.messages_field)):
                 messages = self._messages(record, where, _phase(skips, 0))
                 if messages is None:
                     continue

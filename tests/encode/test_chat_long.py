@@ -18,7 +18,7 @@ from packer.encode import chat_long
 from packer.encode.records import RecordEncoder
 from packer.encode.text import encode_texts
 from packer.encode.tokenizer import tokenizer_info
-from packer.io.utf8 import Utf8Text
+from packer.io.utf8 import HugeRecord, Utf8Text
 from packer.preprocess.readers import SkipLog
 
 PIECE = 400
@@ -46,7 +46,8 @@ def _encoders(tokenizer, **config):
 
 def _both(enc, records):
     """(the parts' concatenation, its skips, how many parts) and (the whole path's result, its skips)."""
-    batch = [(f"chat.jsonl:{i + 1}", r) for i, r in enumerate(records)]
+    batch = [(f"chat.jsonl:{i + 1}", HugeRecord(r) if chat_long.has_long(r["messages"]) else r)  # as huge_json reads
+             for i, r in enumerate(records)]
     parts = list(enc.encode_parts(batch, got_skips := SkipLog.empty()))
     got = {k: np.concatenate([getattr(p, k) for p in parts]).tolist() for k in ("ids", "lengths", "mask")}
     whole = enc._keep(*enc._chat([(w, chat_long.as_str(r)) for w, r in batch], want_skips := SkipLog.empty()),
@@ -180,3 +181,20 @@ def test_contains_finds_a_match_across_windows(monkeypatch):
         text = "é" * at + "<|im_end|>" + "x" * 30
         assert chat_long.contains(pattern, 10, Utf8Text(bytearray(text.encode())))
     assert not chat_long.contains(pattern, 10, Utf8Text(bytearray(("<|im_end" + "x" * 30).encode())))
+
+
+def test_a_huge_lines_other_long_strings_reach_the_template_as_str(tmp_path):
+    """A record from a huge line whose long string is not a content (a tool call's arguments, read by a
+    template through tojson): made str before the whole path renders it, as if the line had been short."""
+    template = FAMILIES["chatml"][1].replace("message['content']", "message['content'] + (message['args'] | tojson)")
+    path = make_tokenizer(tmp_path, "chatml", template)
+    args = _prose(random.Random(4), 3 * PIECE)
+    plain = {"messages": [{"role": "user", "content": "hi", "args": args}, {"role": "assistant", "content": "ok",
+                                                                            "args": "x"}]}
+    huge = HugeRecord({"messages": [{**plain["messages"][0], "args": Utf8Text(bytearray(args.encode()))},
+                                    plain["messages"][1]]})
+    for enc in _encoders(path):
+        want = enc.encode([("a:1", plain)], SkipLog.empty())
+        got = enc.encode([("a:1", huge)], skips := SkipLog.empty())
+        assert got.ids.tolist() == want.ids.tolist() and got.mask.tolist() == want.mask.tolist() and not skips.counts
+        assert len(want.lengths) == 1

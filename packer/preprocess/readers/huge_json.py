@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import json
 
-from packer.io.utf8 import Utf8Text, valid_utf8
+from packer.io.utf8 import HugeRecord, Utf8Text, valid_utf8
 
 LONG_STRING_BYTES = 1 << 20  # a string this long is decoded in place (smaller ones go through the skeleton)
 WINDOW_BYTES = 1 << 22  # decoded this much at a time
 _MARK = "\x00"  # a placeholder's first character: no decoded string holds one without a \u0000 escape
 
 
-def huge_record(line: bytearray, keys=None) -> dict | None:
+def huge_record(line: bytearray, keys=None) -> HugeRecord | None:
     """The JSON object on `line` (one line, optionally ending in a newline) with its long strings, at
     any depth, as Utf8Text decoded in place, or None, the line untouched, where the ordinary path
     must decide (module docstring). `keys`: decode only the long strings under these top-level keys
@@ -50,7 +50,7 @@ def huge_record(line: bytearray, keys=None) -> dict | None:
     for key, value in record.items():
         if keys is None or key in keys:
             record[key] = _decoded(value, line, spans)
-    return record
+    return HugeRecord(record)
 
 
 def _decoded(value, line: bytearray, spans):
