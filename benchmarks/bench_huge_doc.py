@@ -8,6 +8,7 @@ Cases, each one huge document between two small ones:
     jsonl           one JSONL line {"text": "<document>"} (the issue's figure)
     txt             a .txt file that is the document (--text-split file)
     records         one prompt/completion JSONL record, the document its completion (--input-kind prompt-completion)
+    chat            one chat JSONL record, the document its assistant message's content (--input-kind chat)
     parquet         a Parquet file whose text column holds the document (pyarrow's default: dictionary-encoded)
     parquet-plain   the same written with use_dictionary=False
 
@@ -59,7 +60,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
-CASES = ("jsonl", "txt", "records", "parquet", "parquet-plain")
+CASES = ("jsonl", "txt", "records", "chat", "parquet", "parquet-plain")
 SAMPLE_SECONDS = 0.02
 
 RUN = """
@@ -119,6 +120,11 @@ def write_case(case: str, d: Path, doc_bytes: int) -> tuple[Path, int, list[str]
         n = _write_jsonl(d / "in.jsonl", doc_bytes, record, b'"}\n', b'{"prompt": "a", "completion": "before"}\n',
                          b'{"prompt": "b", "completion": "after"}\n')
         return d / "in.jsonl", n, ["--input-kind", "prompt-completion"]
+    if case == "chat":
+        head = b'{"messages": [{"role": "user", "content": "Write it out."}, {"role": "assistant", "content": "'
+        short = b'{"messages": [{"role": "user", "content": "%s"}, {"role": "assistant", "content": "ok"}]}\n'
+        n = _write_jsonl(d / "in.jsonl", doc_bytes, head, b'"}]}\n', short % b"before", short % b"after")
+        return d / "in.jsonl", n, ["--input-kind", "chat"]
     if case == "txt":
         n = 0
         with open(d / "in.txt", "wb") as f:

@@ -13,6 +13,21 @@ SAMPLE_INPUTS = (str(SAMPLE / "prose.jsonl"), str(SAMPLE / "code.jsonl"))
 TOKENIZER = str(SAMPLE / "tokenizer.json")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _rule_verdicts_of_this_run(tmp_path_factory):
+    """The engine rule's verdicts (packer/encode/engines/rule_verdicts.py) go to this run's own directory,
+    not the user's cache: each run checks (S) afresh, and builds in subprocesses inherit it."""
+    import os
+
+    before = os.environ.get("PACKER_RULE_CACHE")
+    os.environ["PACKER_RULE_CACHE"] = str(tmp_path_factory.mktemp("rule-verdicts"))
+    yield
+    if before is None:
+        del os.environ["PACKER_RULE_CACHE"]
+    else:
+        os.environ["PACKER_RULE_CACHE"] = before
+
+
 def schema_errors(value) -> list[str]:
     """What in `value` breaks packer/stats/stats_schema.json, one line per problem (jsonschema)."""
     import jsonschema

@@ -35,7 +35,7 @@ import json
 import re
 from datetime import datetime
 
-from packer.encode.chat_turns import renders_turn_by_turn
+from packer.encode.chat_turns import content_verbatim, renders_turn_by_turn
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -112,6 +112,12 @@ def _renders_turn_by_turn(source: str, names: frozenset) -> bool:
     return renders_turn_by_turn(compile_template(source).environment, source, names)
 
 
+@functools.lru_cache(maxsize=8)
+def _content_verbatim(source: str) -> bool:
+    """chat_turns.content_verbatim, once per template."""
+    return content_verbatim(compile_template(source).environment, source)
+
+
 @functools.lru_cache(maxsize=1)
 def _context_class():
     """jinja2's Context (and its EvalContext), built as Context.__init__ builds them but from values
@@ -158,6 +164,8 @@ class ChatTemplate:
         # packer/encode/chat_turns.py: one rendering gives every prefix rendering
         self._turn_by_turn = not self.has_generation and _renders_turn_by_turn(
             source, frozenset({*self.specials, "tools", "documents"}))
+        # a content may be rendered as a stand-in, then put back (packer/encode/chat_long.py)
+        self.content_verbatim = self._turn_by_turn and _content_verbatim(source)
         self._ends: tuple[str, str] | None = None  # no turns rendered, without and with the generation prompt
 
     def _context(self, messages: list, add_generation_prompt: bool):

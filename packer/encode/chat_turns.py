@@ -132,3 +132,51 @@ class _Reads:
 
     def _all(self, items) -> bool:
         return all(self.expression(e) for e in items)
+
+
+def content_verbatim(environment, source: str) -> bool:
+    """Whether, in a template of renders_turn_by_turn's shape, each message's content reaches the text
+    only as itself: read as message['content'] or message.content, and only inside an output, joined
+    to the rest by + or ~ (never tested, filtered, set, sliced or passed on), and the message never
+    read but by a constant key. Then a conversation rendered with a content swapped for a stand-in
+    is its text with the stand-in where the content goes (packer/encode/chat_long.py relies on it).
+
+        {{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token }}    yes
+        {{ message['content'] | trim }}      {% if '<think>' in message.content %}            no"""
+    from jinja2 import nodes
+
+    loop = next((n for n in environment.parse(source).body if isinstance(n, nodes.For)), None)
+    if loop is None or not isinstance(loop.target, nodes.Name):
+        return False
+    name, joined = loop.target.name, set()
+    for output in _walk(loop.body, nodes):
+        if isinstance(output, nodes.Output):
+            todo = list(output.nodes)
+            while todo:  # the output's + / ~ chain: a content read at its leaves goes in as itself
+                e = todo.pop()
+                if isinstance(e, nodes.Add):
+                    todo += [e.left, e.right]
+                elif isinstance(e, nodes.Concat):
+                    todo += e.nodes
+                elif _content_read(e, name):
+                    joined.add(id(e))
+    for parent in _walk(loop.body, nodes):
+        for child in parent.iter_child_nodes():
+            if not _is_name(child, name):
+                continue
+            key = parent.attr if isinstance(parent, nodes.Getattr) else \
+                parent.arg.value if isinstance(parent, nodes.Getitem) and isinstance(parent.arg, nodes.Const) else None
+            if not isinstance(key, str) or key in _DICT_METHODS or (key == "content" and id(parent) not in joined):
+                return False
+    return True
+
+
+_DICT_METHODS = frozenset(dir(dict))  # message.get('content'), .items(): the content read another way
+
+
+def _content_read(node, name: str) -> bool:
+    kind = type(node).__name__
+    if kind == "Getattr":
+        return node.attr == "content" and _is_name(node.node, name)
+    return kind == "Getitem" and _is_name(node.node, name) and type(node.arg).__name__ == "Const" \
+        and node.arg.value == "content"

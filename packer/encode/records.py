@@ -31,12 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packer.encode import chat_long
 from packer.encode.chat import ChatTemplate, RecordError
 from packer.encode.chat_source import chat_template_of, template_specials
 from packer.encode.offsets import ByteOffsets, batch_masks, spans_to_mask, token_roles  # noqa: F401  (spans_to_mask: re-exported)
 from packer.encode.text import PIECE_CHARS, encode_parts
 from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer
-from packer.io.utf8 import Utf8Text, encodable, is_blank
+from packer.io.utf8 import HugeRecord, Utf8Text, encodable, is_blank
 
 RECORD_BATCH = 256  # records encoded together (one encode_batch call; rendering is per record)
 RECORD_KINDS = ("prompt-completion", "chat", "tokens")
@@ -87,8 +88,14 @@ class RecordEncoder:
             source, _ = chat_template_of(info.path, config.chat_template)
             self.template = ChatTemplate(source, template_specials(info), config.roles)
             self.chat_tok, self.specials_re, self.offsets = _chat_encoding(info.path)
+            self.specials_longest = max((len(t.content) for t in self.chat_tok.get_added_tokens_decoder().values()
+                                         if t.special), default=0)
             # a fast engine encodes the text between the special tokens (the ids give the offsets)
             self.added = _added_splitter(info.path) if info.engine != "hf" and self.offsets is not None else None
+            # a chat with a long content, in bounded memory where exact (packer/encode/chat_long.py)
+            self.splitter = _added_splitter(info.path)
+            self.long_chats = (self.template.content_verbatim and self.offsets is not None and self.splitter is not None
+                               and self.role_table is None)
 
     def fields(self) -> tuple[str, ...]:
         """The record fields this kind reads, the required one first."""
@@ -108,9 +115,11 @@ class RecordEncoder:
         mask, concatenated, in parts of bounded size. A prompt-completion example with a long prompt
         or completion (a Utf8Text, or over PIECE_CHARS) comes as parts of its own, the examples
         before and after it as batches (_long_prompt_completion); skips are counted in `encode`'s order."""
-        if self.kind != "prompt-completion":
-            kind = {"chat": self._chat, "tokens": self._tokens}[self.kind]
-            yield self._keep(*kind(batch, skips), skips)
+        if self.kind == "chat":
+            yield from self._chat_parts(batch, skips)
+            return
+        if self.kind == "tokens":
+            yield self._keep(*self._tokens(batch, skips), skips)
             return
         good = [g for g in (self._prompt_and_completion(where, record, skips) for where, record in batch) if g]
         run = []
@@ -124,6 +133,40 @@ class RecordEncoder:
             yield from self._long_prompt_completion(*example, skips)
         if run or not good:
             yield self._keep(*self._encode_prompt_completion(run), skips)
+
+    def _chat_parts(self, batch, skips):
+        """encode_parts for chats: a conversation with a long content (chat_long.py) as parts of its own
+        where exact, else whole with its contents made str; the others in batches. The skips are counted
+        as one batch counts them (_Ordered)."""
+        if not any(type(r) is HugeRecord for _, r in batch):  # the common case: one type check a record
+            yield self._keep(*self._chat(batch, skips), skips)
+            return
+        ordered = _Ordered(skips, [w for w, _ in batch])
+        yield from self._long_chat_parts(batch, ordered)
+        ordered.flush()
+
+    def _long_chat_parts(self, batch, skips):
+        run, given = [], 0
+        for where, record in batch:
+            if type(record) is not HugeRecord:
+                run.append((where, record))
+                continue
+            if run:
+                yield self._keep(*self._chat(run, skips), skips)
+                run, given = [], given + 1
+            parts = None
+            if self.long_chats and chat_long.has_long(record.get(self.config.messages_field)):
+                messages = self._messages(record, where, _phase(skips, 0))
+                if messages is None:
+                    continue
+                parts = chat_long.LongChat(self, where, messages).parts(skips)
+            if parts is None:
+                parts = [self._keep(*self._chat([(where, chat_long.as_str(record))], skips), skips)]
+            for part in parts:
+                yield part
+                given += 1
+        if run or not given:  # at least one part, as encode_parts always gave
+            yield self._keep(*self._chat(run, skips), skips)
 
     def _long_prompt_completion(self, where: str, prompt, completion, skips):
         """One example's parts (Encoded; the last one alone carries its length), prompt then completion,
@@ -176,7 +219,7 @@ class RecordEncoder:
         else:
             too_long = np.zeros(len(keep), bool)
         for i in np.flatnonzero(~keep | too_long).tolist():
-            skips.add("no_trained_tokens" if not keep[i] else "prompt_too_long", wheres[i])
+            _phase(skips, 2).add("no_trained_tokens" if not keep[i] else "prompt_too_long", wheres[i])
         keep &= ~too_long
         if keep.all():
             return e
@@ -222,6 +265,7 @@ class RecordEncoder:
 
     def _chat(self, batch, skips):
         rendered, turns = [], []
+        _phase(skips, 0)
         for where, record in batch:
             messages = self._messages(record, where, skips)
             if messages is None:
@@ -256,7 +300,7 @@ class RecordEncoder:
                 roles = token_roles(encodings, [len(t) for t in texts], turns, self.role_table)
         ids, lengths, mask, bad = got
         for i in np.flatnonzero(bad).tolist():
-            skips.add("span_inside_token", rendered[i][0])
+            _phase(skips, 1).add("span_inside_token", rendered[i][0])
         wheres = [w for (w, _, _, _), b in zip(rendered, bad.tolist()) if not b]
         if bad.any():
             tokens = np.repeat(~bad, lengths)
@@ -332,9 +376,9 @@ class RecordEncoder:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 return "missing_role"
             content = m.get("content")
-            if not isinstance(content, str):
+            if not isinstance(content, (str, Utf8Text)):
                 return "non_string_content"
-            if special is not None and special(content):
+            if special is not None and chat_long.contains(self.specials_re, self.specials_longest, content):
                 return "special_token_in_content"
         return None
 
@@ -372,6 +416,34 @@ class RecordEncoder:
             return mask.astype(np.uint8)
         skips.add("missing_field", where)
         return None
+
+
+class _Ordered:
+    """A chat batch's skips, handed to the unit's SkipLog (flush) in the order one batch counts them:
+    the records' own problems (phase 0: fields, messages, template, UTF-8), then span edges inside a
+    token (1), then what _keep drops (2), each phase in record order. So a batch holding a long chat
+    (parts of its own, chat_long.py) lists the same first examples as the whole batch would."""
+
+    def __init__(self, skips, wheres: list[str]):
+        self.skips, self.rank, self.events, self.phase = skips, {w: i for i, w in enumerate(wheres)}, [], 0
+
+    def add(self, reason: str, where: str):
+        rank = self.rank.get(where)
+        if rank is None:  # "WHERE: detail" (a template error)
+            rank = next((i for w, i in self.rank.items() if where.startswith(w + ":")), len(self.rank))
+        self.events.append((self.phase, rank, len(self.events), reason, where))
+
+    def flush(self):
+        for _, _, _, reason, where in sorted(self.events):
+            self.skips.add(reason, where)
+        self.events = []
+
+
+def _phase(skips, phase: int):
+    """`skips`, an _Ordered one set to count in `phase`."""
+    if isinstance(skips, _Ordered):
+        skips.phase = phase
+    return skips
 
 
 def _int_array(value) -> np.ndarray | None:

@@ -64,6 +64,12 @@ class Utf8Text:
         return str(self.data, "utf-8")
 
 
+class HugeRecord(dict):
+    """A record read from a huge line, whose long strings, at any depth, may be Utf8Text
+    (packer/preprocess/readers/huge_json.py): the mark that lets the record kinds look for them in
+    that record alone (packer/encode/records.py), not in every record of a build."""
+
+
 def valid_utf8(data) -> bool:
     """Is `data` (any buffer) strict UTF-8 (no raw surrogates: CESU-8 is not)? Checked a window at a
     time, so a huge document is never decoded whole to find out."""

@@ -159,6 +159,39 @@ def test_huge_prompts_and_completions_stream_to_the_same_unit_files(tmp_path, mo
         assert new[1]["skipped"]["prompt_too_long"] > 3
 
 
+@pytest.mark.parametrize("config", [dict(), dict(long_prompts="drop", context_length=300)], ids=["split", "drop"])
+def test_huge_chat_messages_stream_to_the_same_unit_files(tmp_path, monkeypatch, small_huge, config):
+    """Chats whose message contents are long (Utf8Text from huge_json, nested in the messages; encoded a
+    piece at a time by packer/encode/chat_long.py) give the bytes the old path gives (whole strs, one batch)."""
+    from packer.encode import chat_long
+
+    rng = random.Random(9)
+    rows = []
+    for i in range(30):
+        long, short = _long_text(i, rng.randrange(2, 30)), rng.choice(["Q: ", "hi", "2+2=", "\u00e9"])
+        rows.append({"messages": rng.choice([
+            [{"role": "user", "content": short}, {"role": "assistant", "content": long}],
+            [{"role": "user", "content": long}, {"role": "assistant", "content": short}],
+            [{"role": "system", "content": short}, {"role": "user", "content": long},
+             {"role": "assistant", "content": _long_text(i + 50, 4)}, {"role": "user", "content": "more"},
+             {"role": "assistant", "content": long}],
+            [{"role": "user", "content": long}],
+            [{"role": "user", "content": short}, {"role": "assistant", "content": "<|im_end|>" + long}],
+        ])})
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=i % 3 == 0) + "\n" for i, r in enumerate(rows)), encoding="utf-8")
+    monkeypatch.setattr(chat_long, "PIECE_CHARS", 3000)
+    read = [r for _, r in jsonl.records(plan_units([str(path)], 1 << 30)[0], path, SkipLog.empty(), fields=(),
+                                        max_doc_bytes=1 << 30, fix="")]
+    assert sum(isinstance(m["content"], Utf8Text) for r in read for m in r["messages"]) > 10
+    new = _unit_files(path, tmp_path, "new", input_kind="chat", **config)
+    monkeypatch.setattr(huge_json, "huge_record", lambda *a, **k: None)  # the old path: strs
+    monkeypatch.setattr(chat_long, "PIECE_CHARS", 1 << 40)  # and every chat in its batch
+    old = _unit_files(path, tmp_path, "old", input_kind="chat", **config)
+    assert new == old  # the unit files' bytes, the counts, the first skip examples in the same order
+    assert new[1]["docs_accepted"] >= 10 and len(new[1]["skipped"]) >= 1
+
+
 def test_bad_huge_lines_are_skipped_as_small_ones_are(tmp_path, small_huge):
     big = "word " * 2000
     lines = [json.dumps({"text": " \u3000 " * 3000}),  # whitespace only
@@ -210,7 +243,7 @@ def _peak_rss_mb(path, out, max_doc_bytes: int, extra=()) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["jsonl", "records", "parquet", "parquet-plain"])
+@pytest.mark.parametrize("case", ["jsonl", "records", "chat", "parquet", "parquet-plain"])
 def test_one_20_mb_document_grows_rss_by_at_most_its_size(tmp_path, case):
     """Measured 2026-12-04 (bench_huge_doc.py, --mb 200): peak/doc 1.79 (jsonl) and 1.73 (records), the
     growth over a small build about 1.0x the document at 200 MB (at 20 MB: 17 and 59 MB, the tokenizer's

@@ -1,7 +1,10 @@
-"""A huge JSON line's long strings decoded in place: its object with each long top-level string a Utf8Text over the line's own bytes.
+"""A huge JSON line's long strings decoded in place: its object with each long string a Utf8Text over the line's own bytes.
 
     line  {"id": 7, "text": "<200 MB, escaped: \\n \\" \\u00e9 ...>"}        (a bytearray, the only copy)
       -> {"id": 7, "text": Utf8Text(line[10:10 + n])}    the string's JSON escapes undone where it lies
+
+A long string nested in the object (a chat's message content: {"messages": [{"content": "<...>"}]})
+is decoded in place the same way.
 
 The object's structure is parsed by json from a skeleton of the line in which each string over
 LONG_STRING_BYTES stands as a short placeholder; each long string is then decoded by json too, a
@@ -10,8 +13,8 @@ document costs its line and nothing more: no Python str of it, no second copy.
 
 Anything unusual is left to the reader's ordinary path (None is returned and the line is left as
 it came): a line that does not start with "{", is not strict UTF-8, holds a \\ud800-\\udfff escape
-(surrogate pairs, lone surrogates) or \\u0000 (the placeholders' mark), a long string nested below
-the top level or used as a key, or any line json would refuse. So what comes back is exactly what
+(surrogate pairs, lone surrogates) or \\u0000 (the placeholders' mark), a long string used as a
+key, or any line json would refuse. So what comes back is exactly what
 json.loads gives for the line, long strings as their UTF-8 bytes.
 """
 
@@ -19,18 +22,18 @@ from __future__ import annotations
 
 import json
 
-from packer.io.utf8 import Utf8Text, valid_utf8
+from packer.io.utf8 import HugeRecord, Utf8Text, valid_utf8
 
 LONG_STRING_BYTES = 1 << 20  # a string this long is decoded in place (smaller ones go through the skeleton)
 WINDOW_BYTES = 1 << 22  # decoded this much at a time
 _MARK = "\x00"  # a placeholder's first character: no decoded string holds one without a \u0000 escape
 
 
-def huge_record(line: bytearray, keys=None) -> dict | None:
-    """The JSON object on `line` (one line, optionally ending in a newline) with its long top-level
-    strings as Utf8Text decoded in place, or None, the line untouched, where the ordinary path must
-    decide (module docstring). `keys`: decode only the long strings of these keys (others keep a
-    placeholder: a texts reader wants one field); None: every one."""
+def huge_record(line: bytearray, keys=None) -> HugeRecord | None:
+    """The JSON object on `line` (one line, optionally ending in a newline) with its long strings, at
+    any depth, as Utf8Text decoded in place, or None, the line untouched, where the ordinary path
+    must decide (module docstring). `keys`: decode only the long strings under these top-level keys
+    (others keep a placeholder: a texts reader wants one field); None: every one."""
     if not isinstance(line, bytearray) or line[:1] != b"{":
         return None
     n = len(line) - line.endswith(b"\n")
@@ -45,10 +48,23 @@ def huge_record(line: bytearray, keys=None) -> dict | None:
     if not all(_decode(line, start + 1, end - 1, write=False) is not None for start, end in spans):
         return None  # json would refuse the line (a bad escape, a raw control character)
     for key, value in record.items():
-        if isinstance(value, str) and value.startswith(_MARK) and (keys is None or key in keys):
-            start, end = spans[int(value[1:])]
-            record[key] = Utf8Text(memoryview(line)[start + 1:_decode(line, start + 1, end - 1, write=True)])
-    return record
+        if keys is None or key in keys:
+            record[key] = _decoded(value, line, spans)
+    return HugeRecord(record)
+
+
+def _decoded(value, line: bytearray, spans):
+    """`value` with each placeholder in it, at any depth, replaced by its string decoded in place."""
+    if isinstance(value, str):
+        if not value.startswith(_MARK):
+            return value
+        start, end = spans[int(value[1:])]
+        return Utf8Text(memoryview(line)[start + 1:_decode(line, start + 1, end - 1, write=True)])
+    if isinstance(value, dict):
+        return {k: _decoded(v, line, spans) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decoded(v, line, spans) for v in value]
+    return value
 
 
 def _strings(line: bytearray, n: int):
@@ -73,7 +89,7 @@ def _strings(line: bytearray, n: int):
 
 def _parse_skeleton(line: bytearray, n: int, spans) -> dict | None:
     """json's object of the line with long string k replaced by the string "\\x00k", or None where json
-    refuses it, it is no object, or a placeholder is a key or lies below the top level."""
+    refuses it, it is no object, or a placeholder is a key."""
     parts, at = [], 0
     for k, (start, end) in enumerate(spans):
         parts += [bytes(line[at:start]), b'"\\u0000%d"' % k]
@@ -86,15 +102,11 @@ def _parse_skeleton(line: bytearray, n: int, spans) -> dict | None:
     if not isinstance(record, dict):
         return None
     todo = [record]
-    while todo:  # no placeholder as a key, nor inside a nested value
+    while todo:  # no placeholder as a key
         item = todo.pop()
         if isinstance(item, dict) and any(k.startswith(_MARK) for k in item):
             return None
-        for v in item.values() if isinstance(item, dict) else item:
-            if isinstance(v, (dict, list)):
-                todo.append(v)
-            elif item is not record and isinstance(v, str) and v.startswith(_MARK):
-                return None
+        todo += [v for v in (item.values() if isinstance(item, dict) else item) if isinstance(v, (dict, list))]
     return record
 
 

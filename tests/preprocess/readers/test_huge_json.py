@@ -32,8 +32,23 @@ def _body(rng, n, pieces=PIECES) -> str:
     return "".join(rng.choice(pieces) for _ in range(n))
 
 
-def _plain(record):
-    return {k: str(v) if isinstance(v, Utf8Text) else v for k, v in record.items()}
+def _plain(value):
+    """`value` with every Utf8Text in it, at any depth, a str."""
+    if isinstance(value, Utf8Text):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _marks(value) -> list[str]:
+    """Placeholders left in `value` (none may be)."""
+    if isinstance(value, str):
+        return [value] if value.startswith("\x00") else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [m for v in items for m in _marks(v)]
 
 
 def _check(line: bytes, keys=None):
@@ -47,8 +62,8 @@ def _check(line: bytes, keys=None):
     assert set(got) == set(expected)
     for k, v in got.items():
         if keys is None or k in keys:
-            assert repr(str(v) if isinstance(v, Utf8Text) else v) == repr(expected[k]), (line, k)  # repr: NaN
-            assert not isinstance(v, str) or not v.startswith("\x00")
+            assert repr(_plain(v)) == repr(expected[k]), (line, k)  # repr: NaN
+            assert not _marks(v)
     return True
 
 
@@ -72,8 +87,10 @@ def test_it_gives_what_json_gives_or_leaves_the_line():
         '{{"text": "{a}", "text": "{b}"}}',  # duplicate keys: the last wins
         '{{"text": "{a}", "text": null}}',
         '{{"text": null, "text": "{a}"}}',
-        '{{"meta": {{"text": "{a}"}}, "text": "{b}"}}',  # a long string nested: left alone
+        '{{"meta": {{"text": "{a}"}}, "text": "{b}"}}',  # a long string nested: decoded in place too
         '{{"text": ["{a}"]}}',
+        '{{"messages": [{{"role": "user", "content": "{a}"}}, {{"role": "assistant", "content": "{b}"}}]}}',
+        '{{"m": [[{{"x": ["{a}", 1, {{"y": "{b}"}}]}}]], "t": "{b}"}}',
         '{{"{a}": 1, "text": "{b}"}}',  # a long key
         ' {{"text": "{a}"}}', '{{"text": "{a}"}} \r', '{{"text": "{a}"}}x', '{{"text": "{a}",}}', '{{"text": "{a}"',
         '{{"text": "{a}", "n": NaN, "i": -Infinity, "big": 123456789012345678901234567890}}',
@@ -103,13 +120,17 @@ def test_it_gives_what_json_gives_or_leaves_the_line():
 def test_what_it_leaves_to_the_ordinary_path():
     text = "x" * 20
     for line in [f'{{"text": "{text}\\ud83d\\ude00"}}', f'{{"text": "{text}\\ud800"}}', f'{{"text": "{text}\\u0000"}}',
-                 f'{{"a": {{"text": "{text}"}}}}', f'{{"{text}": 1}}', f'["{text}"]', f' {{"text": "{text}"}}',
+                 f'{{"a": {{"{text}": 1}}}}', f'{{"{text}": 1}}', f'["{text}"]', f' {{"text": "{text}"}}',
                  '{"text": "short"}']:
         assert huge_json.huge_record(bytearray(line.encode())) is None, line
     assert huge_json.huge_record(f'{{"text": "{text}"}}'.encode()) is None  # bytes: not writable in place
     assert huge_json.huge_record(bytearray(b'{"text": "' + b"\xe9" * 20 + b'"}')) is None  # not UTF-8
     got = huge_json.huge_record(bytearray(f'{{"text": "{text}\\n\\u00e9"}}'.encode()))
     assert isinstance(got["text"], Utf8Text) and str(got["text"]) == text + "\n\u00e9"
+    chat = f'{{"messages": [{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": "{text}\\u00e9"}}]}}'
+    got = huge_json.huge_record(bytearray(chat.encode()))
+    assert got["messages"][0] == {"role": "user", "content": "hi"}
+    assert isinstance(got["messages"][1]["content"], Utf8Text) and str(got["messages"][1]["content"]) == text + "\u00e9"
 
 
 def test_the_document_is_the_line_itself():
