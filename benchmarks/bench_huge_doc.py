@@ -22,26 +22,27 @@ peak/doc, the figure the issue bounds (target: at most 2). doc MB is the documen
 (JSON-escaped on a line; a Parquet file's string value).
 
 2026-12-04, shared 2-core x86_64 box (glibc 2.36), python 3.11, pyarrow 26.0.1, sample_data tokenizer,
---mb 200 (MB are MiB; before: main d461465, or for Parquet main 859e46e (pyarrow's reading); after:
+--mb 200 (MB are MiB; before: main d461465, or for Parquet main f292907 (pyarrow's reading); after:
 this code; baseline builds 138-160 MB):
 
     case            doc MB   peak MB before -> after   peak/doc before -> after
     jsonl            193.4            701 ->  347              3.63 -> 1.79
     txt              192.3            369 ->  342              1.92 -> 1.78
     records          193.4           1503 ->  335              7.77 -> 1.73
-    parquet          192.3            993 ->  342              5.17 -> 1.78
-    parquet-plain    192.3            799 ->  342              4.16 -> 1.78
+    parquet          192.3            993 ->  317              5.16 -> 1.65
+    parquet-plain    192.3            799 ->  318              4.16 -> 1.65
 
 Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt and
 records in the line's or file's own buffer; Parquet in its page, decompressed by packer's own page
 reader (packer/preprocess/readers/parquet_pages.py) into one buffer the value is handed on over.
 pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
 dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot
-decompression alone would hold the 87 MiB compressed page beside the output (405 MB, 2.1x), so a
-huge Snappy page is decompressed a piece at a time (snappy_pieces: ~8 s of reading Snappy's tags in
-Python for this value), gzip, zstd and brotli pages as a stream (page_streams). Written with zstd,
-or uncompressed, the same value peaked at 335 and 330 MB, and as the completion of a Parquet
-prompt/completion record at 342 MB (1269 MB on main 859e46e) (builds reading their own VmHWM, not
+decompression alone would hold the 87 MiB compressed page beside the output (405 MB, 2.1x, with a
+20 MB higher baseline then), so a huge Snappy page is decompressed a piece at a time (snappy_pieces:
+reading Snappy's tags in Python, the build 29.7 s against 23.5 s before), gzip, zstd and brotli
+pages as a stream (page_streams). Written with zstd, or uncompressed, the same value peaked at 335
+and 330 MB (before merging f292907's lower baseline), and as the completion of a Parquet
+prompt/completion record at 318 MB (1269 MB on main f292907) (builds reading their own VmHWM, not
 this script).
 """
 
