@@ -337,3 +337,22 @@ def test_a_prompt_completion_build_gives_the_bytes_of_pyarrows_path(tmp_path, mo
     assert [list(g) for g in groups] == [[0]]  # row group 0 read by pages, group 1 by pyarrow
     shards = [{p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("shard-*"))} for name in ("pages", "pyarrow")]
     assert shards[0] == shards[1] and shards[0]
+
+
+def test_headers_packer_cannot_read_leave_the_chunk_to_pyarrow(tmp_path, small_huge):
+    """A page header that does not parse, or a page type or count that does not fit the footer: page_chunk
+    declines the chunk (pyarrow then reads it, or reports it) before a value is read."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": ["a", "x" * 5000]}), path, use_dictionary=False, compression="none")
+    assert _page_chunks(path) == 1
+    data = path.read_bytes()
+    at = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
+    assert data[at:at + 2] == b"\x15\x00"  # field 1 (type): DATA_PAGE
+    for name, header in (("index-page", b"\x15\x02"), ("no-such-type", b"\x1d\x00"), ("bad-varint", b"\x15\xff")):
+        bad = tmp_path / f"{name}.parquet"
+        bad.write_bytes(data[:at] + header + data[at + 2:])
+        assert _page_chunks(bad) == 0, name
+    fewer = tmp_path / "fewer.parquet"  # num_values 2 -> 1: the pages no longer add up to the rows
+    i = data.index(b"\x15\x04", at)
+    fewer.write_bytes(data[:i] + b"\x15\x02" + data[i + 2:])
+    assert _page_chunks(fewer) == 0
