@@ -29,11 +29,13 @@ this code; baseline builds 138-160 MB):
     jsonl            193.4            701 ->  347              3.63 -> 1.79
     txt              192.3            369 ->  342              1.92 -> 1.78
     records          193.4           1503 ->  335              7.77 -> 1.73
+    chat             193.4           3469 ->  329             17.94 -> 1.70   (before: main 859e46e)
     parquet          192.3            993 ->  317              5.16 -> 1.65
     parquet-plain    192.3            799 ->  318              4.16 -> 1.65
 
-Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt and
-records in the line's or file's own buffer; Parquet in its page, decompressed by packer's own page
+Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt,
+records and chat in the line's or file's own buffer (a chat rendered with a stand-in for the long
+content, packer/encode/chat_long.py; it rendered and encoded the whole conversation as a str before); Parquet in its page, decompressed by packer's own page
 reader (packer/preprocess/readers/parquet_pages.py) into one buffer the value is handed on over.
 pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
 dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot
