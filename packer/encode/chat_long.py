@@ -75,10 +75,8 @@ class LongChat:
         self.enc, self.where, self.messages = enc, where, messages
 
     def parts(self, skips):
-        """The example's Encoded parts (records.Encoded; the last one alone carries its length), with its
+        """The example's parts, (ids, lengths, mask) each (the last one alone carries its length), with its
         skips counted; None where it must go the whole way (module docstring)."""
-        from packer.encode.records import _phase
-
         enc = self.enc
         pattern, added_ids = enc.splitter
         longest = max(map(len, added_ids))
@@ -94,7 +92,7 @@ class LongChat:
         try:
             text, spans = enc.template.spans(stand_ins, self.where)[:2]
         except RecordError as e:
-            _phase(skips, 0).add(e.reason, f"{self.where}: {e.detail}"[:300])
+            phase(skips, 0).add(e.reason, f"{self.where}: {e.detail}"[:300])
             return iter(())
         at = [text.find(_STAND_IN.format(i)) for i in range(len(contents))]
         if any(a < 0 or text.count(_STAND_IN.format(i)) != 1 for i, a in enumerate(at)) or at != sorted(at):
@@ -103,7 +101,7 @@ class LongChat:
         if any(a < e < a + w for a, w in zip(at, widths) for s in spans for e in s):
             return None  # a span edge inside a stand-in: inside a content
         if not all(map(encodable, [text, *contents])):
-            _phase(skips, 0).add("invalid_utf8", self.where)
+            phase(skips, 0).add("invalid_utf8", self.where)
             return iter(())
         segments, last = [], 0  # the text: (False, template text) and (True, content), in order
         for a, w, content in zip(at, widths, contents):
@@ -114,8 +112,6 @@ class LongChat:
         return self._given(segments, edges, len(spans), skips)
 
     def _given(self, segments, edges, n_spans: int, skips):
-        from packer.encode.records import _phase
-
         tokens = trained = 0
         first_trained, bad = None, False
         for ids, mask, chunk_bad in self._chunks(segments, edges, n_spans):  # the first pass: the example's fate
@@ -128,17 +124,15 @@ class LongChat:
         reason = "span_inside_token" if bad else "no_trained_tokens" if not trained else \
             "prompt_too_long" if c.long_prompts == "drop" and first_trained >= c.context_length else None
         if reason:
-            _phase(skips, 1 if bad else 2).add(reason, self.where)  # where one batch counts it (records._Ordered)
+            phase(skips, 1 if bad else 2).add(reason, self.where)  # where one batch counts it (Ordered)
             return iter(())
         return self._parts(segments, edges, n_spans, tokens)
 
     def _parts(self, segments, edges, n_spans: int, tokens: int):
-        from packer.encode.records import Encoded
-
         dtype = self.enc.info.dtype
         for ids, mask, _ in self._chunks(segments, edges, n_spans):
-            yield Encoded(ids.astype(dtype, copy=False), _NO_LENGTHS, mask)
-        yield Encoded(np.zeros(0, dtype), np.array([tokens], np.int64), np.zeros(0, np.uint8))
+            yield ids.astype(dtype, copy=False), _NO_LENGTHS, mask
+        yield np.zeros(0, dtype), np.array([tokens], np.int64), np.zeros(0, np.uint8)
 
     def _chunks(self, segments, edges, n_spans: int):
         """(ids int64, mask uint8, whether a span edge falls inside one of them) of each piece, in order."""
@@ -199,3 +193,31 @@ def _byte_edges(text: str, spans, at: list[int], widths: list[int], contents) ->
         n += sum(size - len(text[a:a + w].encode("utf-8")) for a, w, size in zip(at, widths, sizes) if a + w <= edge)
         out.append(n)
     return np.array(out, np.int64)
+
+
+class Ordered:
+    """A chat batch's skips, handed to the unit's SkipLog (flush) in the order one batch counts them:
+    the records' own problems (phase 0: fields, messages, template, UTF-8), then span edges inside a
+    token (1), then what _keep drops (2), each phase in record order. So a batch holding a long chat
+    (parts of its own, this module) lists the same first examples as the whole batch would."""
+
+    def __init__(self, skips, wheres: list[str]):
+        self.skips, self.rank, self.events, self.phase = skips, {w: i for i, w in enumerate(wheres)}, [], 0
+
+    def add(self, reason: str, where: str):
+        rank = self.rank.get(where)
+        if rank is None:  # "WHERE: detail" (a template error)
+            rank = next((i for w, i in self.rank.items() if where.startswith(w + ":")), len(self.rank))
+        self.events.append((self.phase, rank, len(self.events), reason, where))
+
+    def flush(self):
+        for _, _, _, reason, where in sorted(self.events):
+            self.skips.add(reason, where)
+        self.events = []
+
+
+def phase(skips, n: int):
+    """`skips`, an Ordered one set to count in phase `n`."""
+    if isinstance(skips, Ordered):
+        skips.phase = n
+    return skips

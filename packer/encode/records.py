@@ -137,11 +137,11 @@ class RecordEncoder:
     def _chat_parts(self, batch, skips):
         """encode_parts for chats: a conversation with a long content (chat_long.py) as parts of its own
         where exact, else whole with its contents made str; the others in batches. The skips are counted
-        as one batch counts them (_Ordered)."""
+        as one batch counts them (chat_long.Ordered)."""
         if not any(type(r) is HugeRecord for _, r in batch):  # the common case: one type check a record
             yield self._keep(*self._chat(batch, skips), skips)
             return
-        ordered = _Ordered(skips, [w for w, _ in batch])
+        ordered = chat_long.Ordered(skips, [w for w, _ in batch])
         yield from self._long_chat_parts(batch, ordered)
         ordered.flush()
 
@@ -156,10 +156,11 @@ class RecordEncoder:
                 run, given = [], given + 1
             parts = None
             if self.long_chats and chat_long.has_long(record.get(self.config.messages_field)):
-                messages = self._messages(record, where, _phase(skips, 0))
+                messages = self._messages(record, where, chat_long.phase(skips, 0))
                 if messages is None:
                     continue
                 parts = chat_long.LongChat(self, where, messages).parts(skips)
+                parts = None if parts is None else (Encoded(*part) for part in parts)
             if parts is None:
                 parts = [self._keep(*self._chat([(where, chat_long.as_str(record))], skips), skips)]
             for part in parts:
@@ -219,7 +220,7 @@ class RecordEncoder:
         else:
             too_long = np.zeros(len(keep), bool)
         for i in np.flatnonzero(~keep | too_long).tolist():
-            _phase(skips, 2).add("no_trained_tokens" if not keep[i] else "prompt_too_long", wheres[i])
+            chat_long.phase(skips, 2).add("no_trained_tokens" if not keep[i] else "prompt_too_long", wheres[i])
         keep &= ~too_long
         if keep.all():
             return e
@@ -265,7 +266,7 @@ class RecordEncoder:
 
     def _chat(self, batch, skips):
         rendered, turns = [], []
-        _phase(skips, 0)
+        chat_long.phase(skips, 0)
         for where, record in batch:
             messages = self._messages(record, where, skips)
             if messages is None:
@@ -300,7 +301,7 @@ class RecordEncoder:
                 roles = token_roles(encodings, [len(t) for t in texts], turns, self.role_table)
         ids, lengths, mask, bad = got
         for i in np.flatnonzero(bad).tolist():
-            _phase(skips, 1).add("span_inside_token", rendered[i][0])
+            chat_long.phase(skips, 1).add("span_inside_token", rendered[i][0])
         wheres = [w for (w, _, _, _), b in zip(rendered, bad.tolist()) if not b]
         if bad.any():
             tokens = np.repeat(~bad, lengths)
@@ -416,34 +417,6 @@ class RecordEncoder:
             return mask.astype(np.uint8)
         skips.add("missing_field", where)
         return None
-
-
-class _Ordered:
-    """A chat batch's skips, handed to the unit's SkipLog (flush) in the order one batch counts them:
-    the records' own problems (phase 0: fields, messages, template, UTF-8), then span edges inside a
-    token (1), then what _keep drops (2), each phase in record order. So a batch holding a long chat
-    (parts of its own, chat_long.py) lists the same first examples as the whole batch would."""
-
-    def __init__(self, skips, wheres: list[str]):
-        self.skips, self.rank, self.events, self.phase = skips, {w: i for i, w in enumerate(wheres)}, [], 0
-
-    def add(self, reason: str, where: str):
-        rank = self.rank.get(where)
-        if rank is None:  # "WHERE: detail" (a template error)
-            rank = next((i for w, i in self.rank.items() if where.startswith(w + ":")), len(self.rank))
-        self.events.append((self.phase, rank, len(self.events), reason, where))
-
-    def flush(self):
-        for _, _, _, reason, where in sorted(self.events):
-            self.skips.add(reason, where)
-        self.events = []
-
-
-def _phase(skips, phase: int):
-    """`skips`, an _Ordered one set to count in `phase`."""
-    if isinstance(skips, _Ordered):
-        skips.phase = phase
-    return skips
 
 
 def _int_array(value) -> np.ndarray | None:
