@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from packer.encode.chat_long import as_str
 from packer.io import lines
 from packer.io.utf8 import Utf8Text
 from packer.preprocess.readers import huge_json, jsonl, plan_units, read_unit
@@ -32,17 +33,6 @@ def _body(rng, n, pieces=PIECES) -> str:
     return "".join(rng.choice(pieces) for _ in range(n))
 
 
-def _plain(value):
-    """`value` with every Utf8Text in it, at any depth, a str."""
-    if isinstance(value, Utf8Text):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _marks(value) -> list[str]:
     """Placeholders left in `value` (none may be)."""
     if isinstance(value, str):
@@ -62,7 +52,7 @@ def _check(line: bytes, keys=None):
     assert set(got) == set(expected)
     for k, v in got.items():
         if keys is None or k in keys:
-            assert repr(_plain(v)) == repr(expected[k]), (line, k)  # repr: NaN
+            assert repr(as_str(v)) == repr(expected[k]), (line, k)  # repr: NaN
             assert not _marks(v)
     return True
 
@@ -163,7 +153,7 @@ def test_a_huge_line_reads_as_the_ordinary_path_reads_it(tmp_path, monkeypatch):
         skips = SkipLog.empty()
         texts = [str(t) for t in read_unit(unit, skips)]
         rskips = SkipLog.empty()
-        records = [(w, _plain(r)) for w, r in jsonl.records(unit, path, rskips, fields=("prompt",), max_doc_bytes=1 << 30,
+        records = [(w, as_str(r)) for w, r in jsonl.records(unit, path, rskips, fields=("prompt",), max_doc_bytes=1 << 30,
                                                           fix="")]
         return texts, skips.counts, skips.examples, records, rskips.counts
 
