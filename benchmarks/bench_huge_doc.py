@@ -11,6 +11,7 @@ Cases, each one huge document between two small ones:
     chat            one chat JSONL record, the document its assistant message's content (--input-kind chat)
     parquet         a Parquet file whose text column holds the document (pyarrow's default: dictionary-encoded)
     parquet-plain   the same written with use_dictionary=False
+    arrow           an Arrow IPC file whose text column holds the document
 
 The document is sample_data text (prose and code), repeated with a varying number until it is
 --mb MB. Each case runs `packer build --workers 1 --max-doc-bytes <above it>` in a fresh
@@ -32,12 +33,14 @@ this code; baseline builds 138-160 MB):
     chat             193.4           3469 ->  329             17.94 -> 1.70   (before: main 859e46e)
     parquet          192.3            993 ->  317              5.16 -> 1.65
     parquet-plain    192.3            799 ->  318              4.16 -> 1.65
+    arrow            192.3            527 ->  345              2.74 -> 1.80   (before: main 859e46e)
 
 Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt,
 records and chat in the line's or file's own buffer (a chat rendered with a stand-in for the long
 content, packer/encode/chat_long.py; it rendered and encoded the whole conversation as a str before); Parquet in its page, decompressed by packer's own page
 reader (packer/preprocess/readers/parquet_pages.py) into one buffer the value is handed on over.
-pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
+An Arrow IPC file is memory-mapped and its value handed on as a slice of the column's data buffer
+(a pyarrow scalar of it copied the 200 MB out of the map). pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
 dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot
 decompression alone would hold the 87 MiB compressed page beside the output (405 MB, 2.1x, with a
 20 MB higher baseline then), so a huge Snappy page is decompressed a piece at a time (snappy_pieces:
@@ -63,7 +66,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
-CASES = ("jsonl", "txt", "records", "chat", "parquet", "parquet-plain")
+CASES = ("jsonl", "txt", "records", "chat", "parquet", "parquet-plain", "arrow")
 SAMPLE_SECONDS = 0.02
 
 RUN = """
@@ -144,6 +147,15 @@ def write_case(case: str, d: Path, doc_bytes: int) -> tuple[Path, int, list[str]
         pq.write_table(pa.table({"text": ["before", doc, "after"]}), d / "in.parquet",
                        use_dictionary=case == "parquet")
         return d / "in.parquet", n, []
+    if case == "arrow":
+        import pyarrow as pa
+
+        doc = b"".join(_chunks(doc_bytes, escaped=False)).decode("utf-8")
+        n = len(doc.encode("utf-8"))
+        table = pa.table({"text": ["before", doc, "after"]})
+        with pa.OSFile(str(d / "in.arrow"), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        return d / "in.arrow", n, []
     raise SystemExit(f"unknown case {case!r} (cases: {', '.join(CASES)})")
 
 

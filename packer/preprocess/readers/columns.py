@@ -117,19 +117,36 @@ def _huge_texts(column, first_row: int, path: str, skips: SkipLog, max_bytes: in
     """column_texts of a chunk holding a value over HUGE_TEXT_BYTES, row by row: such a value is
     handed on as a Utf8Text over its Arrow buffer (a dictionary's value where the column is one),
     never a str, nor a decoded copy of the dictionary; the others as column_texts gives them."""
-    import pyarrow.types as t
 
     memory.return_large_buffers()
     is_binary = text_is_binary(column.type)
-    if not t.is_dictionary(column.type):
-        column = _plain(column)  # views cast; a plain column is left as it is
-    for i in range(len(column)):
-        scalar = column[i]
-        if t.is_dictionary(column.type) and scalar.is_valid:
-            scalar = scalar.value
-        data = scalar.as_buffer() if scalar.is_valid else None  # a view of the value's bytes: no copy
+    for i, data in enumerate(_value_buffers(column)):
         if (text := value_text(data, is_binary, f"{path} row {first_row + i}", skips, max_bytes)) is not None:
             yield text
+
+
+def _value_buffers(column):
+    """Each row's value as a slice of the column's data buffer (no copy; None for a null), a dictionary's
+    from its dictionary. Never a scalar: pyarrow copies a string scalar's bytes out of a memory-mapped
+    Arrow file (a 200 MB value read twice, 2026-12-04)."""
+    import numpy as np
+    import pyarrow.types as t
+
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    if t.is_dictionary(column.type):
+        rows, values = column.indices.fill_null(0).to_numpy(zero_copy_only=False), _plain(column.dictionary)
+    else:
+        rows, values = np.arange(len(column)), _plain(column)  # views cast; a plain column is left as it is
+    _, offsets, data = values.buffers()[:3]
+    large = t.is_large_string(values.type) or t.is_large_binary(values.type)
+    ends = np.frombuffer(offsets, np.int64 if large else np.int32)[values.offset:values.offset + len(values) + 1]
+    for i in range(len(column)):
+        if not valid[i]:
+            yield None
+            continue
+        k = int(rows[i])
+        start, end = int(ends[k]), int(ends[k + 1])
+        yield data[start:end] if data is not None else memoryview(b"")
 
 
 def value_text(data, is_binary: bool, at: str, skips: SkipLog, max_bytes: int):
