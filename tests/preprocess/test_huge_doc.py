@@ -321,3 +321,41 @@ def test_a_huge_parquet_value_gives_the_tokens_of_its_text(tmp_path, tok, monkey
         (tmp_path / str(dictionary)).mkdir()
         ids, _, _ = _unit_tokens(path, tmp_path / str(dictionary))
         assert ids == ref
+
+
+@pytest.mark.parametrize("layout", ["string", "large"])
+def test_huge_nested_values_read_as_the_old_path_reads_them(monkeypatch, layout):
+    """column_records of batches whose nested strings (a chat's contents) pass HUGE_TEXT_BYTES: each such
+    string a Utf8Text over the Arrow buffer, the record a HugeRecord, and otherwise what to_pylist gives
+    (nulls dropped as before), sliced batches and large types included."""
+    import pyarrow as pa
+
+    from packer.encode.chat_long import as_str
+    from packer.io.utf8 import HugeRecord
+    from packer.preprocess.readers import columns
+
+    monkeypatch.setattr(columns, "HUGE_TEXT_BYTES", 50)
+    rng = random.Random(0)
+
+    def text():
+        return "".join(rng.choice(["a", "\u00e9", " ", "\u4e2d", "x"]) for _ in range(rng.randrange(0, 80)))
+
+    rows = [{"messages": None if i % 17 == 0 else [
+        {"role": rng.choice(["user", "assistant", None]), "content": text() if i % 5 else None, "w": rng.choice([1, None])}
+        for _ in range(rng.randrange(0, 4))], "prompt": text() if i % 3 else None, "n": i} for i in range(300)]
+    table = pa.Table.from_pylist(rows)
+    if layout == "large":
+        message = pa.struct([("role", pa.large_string()), ("content", pa.large_string()), ("w", pa.int64())])
+        table = table.cast(pa.schema([("messages", pa.large_list(message)), ("prompt", pa.large_string()),
+                                      ("n", pa.int64())]))
+    huge = 0
+    for part in (table, table.slice(37, 200)):
+        for batch in part.to_batches(max_chunksize=64):
+            got = list(columns.column_records(batch, ("messages", "prompt", "n"), 5, "p"))
+            with monkeypatch.context() as m:
+                m.setattr(columns, "_longest_leaf", lambda array: 0)  # the old path: to_pylist
+                want = list(columns.column_records(batch, ("messages", "prompt", "n"), 5, "p"))
+            assert [(w, as_str(r)) for w, r in got] == want
+            assert all(type(r) is HugeRecord for _, r in got)
+            huge += sum(isinstance(m["content"], Utf8Text) for _, r in got for m in r.get("messages", []) if "content" in m)
+    assert huge > 50

@@ -14,6 +14,7 @@ read with their Arrow schema), each chunk with its own dictionary:
 from __future__ import annotations
 
 from packer.io import memory
+from packer.io.utf8 import HugeRecord
 from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError, SkipLog, Utf8Text, decode, is_blank, valid_utf8
 
 
@@ -206,9 +207,65 @@ def column_records(batch, fields: tuple[str, ...], first_row: int, path: str):
         row 0  [{"role": "user", "content": "Hi", "tool_calls": None}]  ->  ("a.parquet row 0", {"messages": [{"role": "user", "content": "Hi"}]})
     """
     names = [f for f in fields if f in batch.schema.names]
+    if any(_longest_leaf(batch.column(name)) > HUGE_TEXT_BYTES for name in names):
+        yield from _huge_records(batch, names, first_row, path)
+        return
     columns = [batch.column(name).to_pylist() for name in names]
     for i, values in enumerate(zip(*columns)):
         yield f"{path} row {first_row + i}", {k: _without_nulls(v) for k, v in zip(names, values) if v is not None}
+
+
+def _huge_records(batch, names: list[str], first_row: int, path: str):
+    """column_records of a batch holding a string over HUGE_TEXT_BYTES at any depth (a chat message's
+    content): row by row, such a string a Utf8Text over its Arrow buffer, never a str; the record a
+    HugeRecord, so the record kinds look for it (packer/encode/records.py)."""
+    memory.return_large_buffers()
+    columns = [batch.column(name) for name in names]
+    for i in range(batch.num_rows):
+        values = [_py(column, i) for column in columns]
+        yield f"{path} row {first_row + i}", HugeRecord({k: _without_nulls(v) for k, v in zip(names, values)
+                                                          if v is not None})
+
+
+def _py(array, i: int):
+    """array[i].as_py(), but a string over HUGE_TEXT_BYTES, at any depth, a Utf8Text over the array's buffer."""
+    import numpy as np
+    import pyarrow.types as t
+
+    bitmap, j = array.buffers()[0], array.offset + i
+    if bitmap is not None and not memoryview(bitmap)[j >> 3] >> (j & 7) & 1:
+        return None
+    kind = array.type
+    if t.is_struct(kind):
+        return {kind.field(j).name: _py(array.field(j), i) for j in range(kind.num_fields)}
+    if t.is_list(kind) or t.is_large_list(kind):
+        offsets = array.offsets.to_numpy()
+        return [_py(array.values, k) for k in range(int(offsets[i]), int(offsets[i + 1]))]
+    if _is_string(kind) and not t.is_string_view(kind):
+        _, ends, data = array.buffers()[:3]
+        ends = np.frombuffer(ends, np.int64 if t.is_large_string(kind) else np.int32)[array.offset + i:array.offset + i + 2]
+        value = data[int(ends[0]):int(ends[1])] if data is not None else memoryview(b"")
+        if len(value) > HUGE_TEXT_BYTES:
+            if not valid_utf8(value):
+                str(value, "utf-8")  # the UnicodeDecodeError to_pylist raises
+            return Utf8Text(value)
+        return str(value, "utf-8")
+    return array[i].as_py()
+
+
+def _longest_leaf(array) -> int:
+    """The longest string or binary value's bytes at any depth of `array` (lists flattened, struct fields)."""
+    import pyarrow.compute as pc
+    import pyarrow.types as t
+
+    kind = array.type
+    if t.is_struct(kind):
+        return max((_longest_leaf(array.field(j)) for j in range(kind.num_fields)), default=0)
+    if t.is_list(kind) or t.is_large_list(kind):
+        return _longest_leaf(pc.list_flatten(array))
+    if t.is_dictionary(kind) or _is_string(kind) or _is_binary(kind):
+        return _longest(array)
+    return 0
 
 
 def _without_nulls(value):
