@@ -64,6 +64,11 @@ check, orjson for the tokenizer.json), and before them (the first run of the day
     --cl100k, 1 worker (before the cuts): tiktoken stage 2.58, build 1.20 (the rule's check on
     100,000 tokens: ~1.5 s of fixed work), fastokens stage 4.86, build 1.74
 
+2026-12-04, a quiet machine (the CPU host of a GPU box, 2 cores by taskset, load 0.07), the same 45 MB
+corpus carried there (--corpus), --repeat 1, whole build: tiktoken 1.53 / 1.70 (GPT-2 style, 1 / 2
+workers), 1.55 / 2.29 (Qwen NFC); fastokens 4.35 / 2.60, 4.01 / 3.17; hf 0.75 / 0.84, 0.72 / 0.87.
+tiktoken's stage alone was 2.0x there: tokenizers ran 1.9 Mchar/s a thread on that CPU.
+
 With 2 usable cores, "1 worker" runs 2 tokenizer threads, so every row uses both cores; the
 previous table's 1-worker rows (a loaded machine) had about one.
 """
