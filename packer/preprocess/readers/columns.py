@@ -138,16 +138,33 @@ def _value_buffers(column):
         rows, values = column.indices.fill_null(0).to_numpy(zero_copy_only=False), _plain(column.dictionary)
     else:
         rows, values = np.arange(len(column)), _plain(column)  # views cast; a plain column is left as it is
+    ends, data = _offsets(values)
+    for i in range(len(column)):
+        yield _slice(data, ends, int(rows[i])) if valid[i] else None
+
+
+def _offsets(values):
+    """(the value ends of a string or binary array with offsets, from its own offset on; its data buffer)."""
+    import numpy as np
+    import pyarrow.types as t
+
     _, offsets, data = values.buffers()[:3]
     large = t.is_large_string(values.type) or t.is_large_binary(values.type)
-    ends = np.frombuffer(offsets, np.int64 if large else np.int32)[values.offset:values.offset + len(values) + 1]
-    for i in range(len(column)):
-        if not valid[i]:
-            yield None
-            continue
-        k = int(rows[i])
-        start, end = int(ends[k]), int(ends[k + 1])
-        yield data[start:end] if data is not None else memoryview(b"")
+    return np.frombuffer(offsets, np.int64 if large else np.int32)[values.offset:values.offset + len(values) + 1], data
+
+
+def _slice(data, ends, k: int):
+    """Value k's bytes: a slice of the data buffer, no copy (an array of empty values has no data)."""
+    return data[int(ends[k]):int(ends[k + 1])] if data is not None else memoryview(b"")
+
+
+def string_value(data):
+    """A string value given as its bytes (a buffer) as Python reads it: a str, or over HUGE_TEXT_BYTES a
+    Utf8Text over the buffer (bad UTF-8 raises UnicodeDecodeError either way, as pyarrow's to_pylist
+    raises on it)."""
+    if len(data) > HUGE_TEXT_BYTES and valid_utf8(data):
+        return Utf8Text(data)
+    return str(data, "utf-8")
 
 
 def value_text(data, is_binary: bool, at: str, skips: SkipLog, max_bytes: int):
@@ -229,7 +246,6 @@ def _huge_records(batch, names: list[str], first_row: int, path: str):
 
 def _py(array, i: int):
     """array[i].as_py(), but a string over HUGE_TEXT_BYTES, at any depth, a Utf8Text over the array's buffer."""
-    import numpy as np
     import pyarrow.types as t
 
     bitmap, j = array.buffers()[0], array.offset + i
@@ -242,14 +258,8 @@ def _py(array, i: int):
         offsets = array.offsets.to_numpy()
         return [_py(array.values, k) for k in range(int(offsets[i]), int(offsets[i + 1]))]
     if _is_string(kind) and not t.is_string_view(kind):
-        _, ends, data = array.buffers()[:3]
-        ends = np.frombuffer(ends, np.int64 if t.is_large_string(kind) else np.int32)[array.offset + i:array.offset + i + 2]
-        value = data[int(ends[0]):int(ends[1])] if data is not None else memoryview(b"")
-        if len(value) > HUGE_TEXT_BYTES:
-            if not valid_utf8(value):
-                str(value, "utf-8")  # the UnicodeDecodeError to_pylist raises
-            return Utf8Text(value)
-        return str(value, "utf-8")
+        ends, data = _offsets(array)
+        return string_value(_slice(data, ends, i))
     return array[i].as_py()
 
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from packer.io import memory
 from packer.preprocess.readers import page_headers, page_streams, snappy_pieces
-from packer.preprocess.readers.columns import value_text
-from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError, Utf8Text, valid_utf8
+from packer.preprocess.readers.columns import string_value, value_text
+from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError
 
 CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "LZ4_RAW": "lz4_raw",
           "BROTLI": "brotli"}  # the footer's name -> pyarrow's
@@ -150,13 +150,7 @@ def chunk_records(f, chunks: dict, first_row: int, path: str):
     names = list(chunks)
     rows = zip(*(chunk_values(f, chunk, path) for chunk in chunks.values()))
     for row, values in enumerate(rows, first_row):
-        yield f"{path} row {row}", {k: _string(v) for k, v in zip(names, values) if v is not None}
-
-
-def _string(data):
-    if len(data) > HUGE_TEXT_BYTES and valid_utf8(data):
-        return Utf8Text(data)
-    return str(data, "utf-8")
+        yield f"{path} row {row}", {k: string_value(v) for k, v in zip(names, values) if v is not None}
 
 
 def chunk_values(f, chunk: Chunk, path: str):
