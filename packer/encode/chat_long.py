@@ -94,10 +94,11 @@ class LongChat:
         except RecordError as e:
             phase(skips, 0).add(e.reason, f"{self.where}: {e.detail}"[:300])
             return iter(())
-        at = [text.find(_STAND_IN.format(i)) for i in range(len(contents))]
-        if any(a < 0 or text.count(_STAND_IN.format(i)) != 1 for i, a in enumerate(at)) or at != sorted(at):
+        marks = [_STAND_IN.format(i) for i in range(len(contents))]
+        at = [text.find(mark) for mark in marks]
+        if any(a < 0 or text.count(mark) != 1 for mark, a in zip(marks, at)) or at != sorted(at):
             return None
-        widths = [len(_STAND_IN.format(i)) for i in range(len(contents))]
+        widths = list(map(len, marks))
         if any(a < e < a + w for a, w in zip(at, widths) for s in spans for e in s):
             return None  # a span edge inside a stand-in: inside a content
         if not all(map(encodable, [text, *contents])):
@@ -138,23 +139,16 @@ class LongChat:
         """(ids int64, mask uint8, whether a span edge falls inside one of them) of each piece, in order."""
         offsets, pos, first = self.enc.offsets, 0, True
         for piece, added_id in self._pieces(segments):
-            if added_id is not None:
-                ids = np.array([added_id], np.int64)
-            else:
-                ids = _encode_ids(self.enc.tok, [piece], np.int64)[0].astype(np.int64, copy=False)
+            ids = np.array([added_id], np.int64) if added_id is not None else \
+                _encode_ids(self.enc.tok, [piece], np.int64)[0]
             if not len(ids):
                 continue
-            n_bytes = offsets.byte_len[ids]
             size = len(piece.encode("utf-8"))
-            if np.any(n_bytes < 0) or int(n_bytes.sum()) != size:
+            got = offsets.piece_offsets(ids, pos, size, first)
+            if got is None:
                 raise ValueError(f"{self.where}: the tokenizer's ids do not lay out this conversation's bytes; "
                                  "this is a bug in packer: report it with the tokenizer")
-            starts = pos + np.cumsum(n_bytes) - n_bytes
-            ends = starts + n_bytes
-            if offsets.trim:
-                starts, ends = offsets._trimmed(ids, starts, ends, np.zeros(len(ids), np.int64),
-                                                np.zeros(1 if first else 0, np.int64))
-            mask, bad = _edge_masks(starts, ends, edges, np.array([n_spans], np.int64))
+            mask, bad = _edge_masks(*got, edges, np.array([n_spans], np.int64))
             yield ids, mask, bool(bad[0])
             pos, first = pos + size, False
 

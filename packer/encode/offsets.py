@@ -263,6 +263,20 @@ class ByteOffsets:
             starts, ends = self._trimmed(ids, starts, ends, np.repeat(byte_bases, lengths), first)
         return ids, lengths, starts, ends, byte_bases, bases, owner
 
+    def piece_offsets(self, ids: np.ndarray, start: int, n_bytes: int, first: bool):
+        """(token starts, ends) in bytes of one piece of a text that starts at byte `start` of it (the
+        text's first piece: `first`), trimmed as _layout trims them; None when the ids do not lay out
+        the piece's n_bytes exactly (packer/encode/chat_long.py: a text encoded a piece at a time)."""
+        sizes = self.byte_len[ids]
+        if np.any(sizes < 0) or int(sizes.sum()) != n_bytes:
+            return None
+        starts = start + np.cumsum(sizes) - sizes
+        ends = starts + sizes
+        if self.trim:
+            starts, ends = self._trimmed(ids, starts, ends, np.zeros(len(ids), np.int64),
+                                         np.zeros(1 if first else 0, np.int64))
+        return starts, ends
+
     def _trimmed(self, ids, starts, ends, base, first):
         """tokenizers' ByteLevel process_offsets: start past the leading spaces (not the one space of a
         text's first token when add_prefix_space), end before the trailing ones, never crossing."""
