@@ -90,10 +90,10 @@ class RecordEncoder:
             self.chat_tok, self.specials_re, self.offsets = _chat_encoding(info.path)
             self.specials_longest = max((len(t.content) for t in self.chat_tok.get_added_tokens_decoder().values()
                                          if t.special), default=0)
-            # a fast engine encodes the text between the special tokens (the ids give the offsets)
-            self.added = _added_splitter(info.path) if info.engine != "hf" and self.offsets is not None else None
-            # a chat with a long content, in bounded memory where exact (packer/encode/chat_long.py)
             self.splitter = _added_splitter(info.path)
+            # a fast engine encodes the text between the special tokens (the ids give the offsets)
+            self.added = self.splitter if info.engine != "hf" and self.offsets is not None else None
+            # a chat with a long content, in bounded memory where exact (packer/encode/chat_long.py)
             self.long_chats = (self.template.content_verbatim and self.offsets is not None and self.splitter is not None
                                and self.role_table is None)
 
@@ -372,14 +372,13 @@ class RecordEncoder:
 
     def _message_problem(self, messages: list) -> str | None:
         """The skip reason of the first bad message, in order, or None."""
-        special = self.specials_re.search if self.specials_re is not None else None
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 return "missing_role"
             content = m.get("content")
             if not isinstance(content, (str, Utf8Text)):
                 return "non_string_content"
-            if special is not None and chat_long.contains(self.specials_re, self.specials_longest, content):
+            if self.specials_re is not None and chat_long.contains(self.specials_re, self.specials_longest, content):
                 return "special_token_in_content"
         return None
 
