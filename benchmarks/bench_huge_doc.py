@@ -12,6 +12,8 @@ Cases, each one huge document between two small ones:
     parquet         a Parquet file whose text column holds the document (pyarrow's default: dictionary-encoded)
     parquet-plain   the same written with use_dictionary=False
     arrow           an Arrow IPC file whose text column holds the document
+    chat-parquet    a Parquet file of chats (a nested messages column), the document one assistant content
+    chat-arrow      the same as an Arrow IPC file
 
 The document is sample_data text (prose and code), repeated with a varying number until it is
 --mb MB. Each case runs `packer build --workers 1 --max-doc-bytes <above it>` in a fresh
@@ -34,13 +36,17 @@ this code; baseline builds 138-160 MB):
     parquet          192.3            993 ->  317              5.16 -> 1.65
     parquet-plain    192.3            799 ->  318              4.16 -> 1.65
     arrow            192.3            527 ->  345              2.74 -> 1.80   (before: main 859e46e)
+    chat-parquet     192.3           3954 ->  744             20.56 -> 3.87   (before: main 38e3642)
+    chat-arrow       192.3           3552 ->  366             18.47 -> 1.90   (before: main 38e3642)
 
 Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt,
 records and chat in the line's or file's own buffer (a chat rendered with a stand-in for the long
 content, packer/encode/chat_long.py; it rendered and encoded the whole conversation as a str before); Parquet in its page, decompressed by packer's own page
 reader (packer/preprocess/readers/parquet_pages.py) into one buffer the value is handed on over.
 An Arrow IPC file is memory-mapped and its value handed on as a slice of the column's data buffer
-(a pyarrow scalar of it copied the 200 MB out of the map). pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
+(a pyarrow scalar of it copied the 200 MB out of the map); a nested value (a chat's content) too,
+the chat then streamed as from JSONL. chat-parquet stays above 2: pyarrow still reads the nested
+column chunk (the page reader takes flat columns only). pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
 dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot
 decompression alone would hold the 87 MiB compressed page beside the output (405 MB, 2.1x, with a
 20 MB higher baseline then), so a huge Snappy page is decompressed a piece at a time (snappy_pieces:
@@ -66,7 +72,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
-CASES = ("jsonl", "txt", "records", "chat", "parquet", "parquet-plain", "arrow")
+CASES = ("jsonl", "txt", "records", "chat", "parquet", "parquet-plain", "arrow", "chat-parquet", "chat-arrow")
 SAMPLE_SECONDS = 0.02
 
 RUN = """
@@ -138,25 +144,32 @@ def write_case(case: str, d: Path, doc_bytes: int) -> tuple[Path, int, list[str]
                 f.write(chunk)
                 n += len(chunk)
         return d / "in.txt", n, []
-    if case in ("parquet", "parquet-plain"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+    if case in ("parquet", "parquet-plain", "arrow", "chat-parquet", "chat-arrow"):
         doc = b"".join(_chunks(doc_bytes, escaped=False)).decode("utf-8")
-        n = len(doc.encode("utf-8"))
-        pq.write_table(pa.table({"text": ["before", doc, "after"]}), d / "in.parquet",
-                       use_dictionary=case == "parquet")
-        return d / "in.parquet", n, []
-    if case == "arrow":
-        import pyarrow as pa
+        if case.startswith("chat"):
+            def chat(content):
+                return [{"role": "user", "content": "Write it out."}, {"role": "assistant", "content": content}]
 
-        doc = b"".join(_chunks(doc_bytes, escaped=False)).decode("utf-8")
-        n = len(doc.encode("utf-8"))
-        table = pa.table({"text": ["before", doc, "after"]})
-        with pa.OSFile(str(d / "in.arrow"), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table)
-        return d / "in.arrow", n, []
+            columns, extra = {"messages": [chat("before"), chat(doc), chat("after")]}, ["--input-kind", "chat"]
+        else:
+            columns, extra = {"text": ["before", doc, "after"]}, []
+        path = d / ("in.arrow" if case.endswith("arrow") else "in.parquet")
+        _write_table(path, columns, use_dictionary=case == "parquet")
+        return path, len(doc.encode("utf-8")), extra
     raise SystemExit(f"unknown case {case!r} (cases: {', '.join(CASES)})")
+
+
+def _write_table(path: Path, columns: dict, use_dictionary: bool):
+    """A Parquet file (pyarrow's defaults: Snappy; dictionary-encoded or not) or an Arrow IPC file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(columns)
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, use_dictionary=use_dictionary)
+        return
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
 
 
 def write_case_apart(case: str, d: Path, doc_bytes: int) -> tuple[Path, int, list[str]]:

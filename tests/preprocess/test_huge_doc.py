@@ -243,7 +243,7 @@ def _peak_rss_mb(path, out, max_doc_bytes: int, extra=()) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["jsonl", "records", "chat", "parquet", "parquet-plain", "arrow"])
+@pytest.mark.parametrize("case", ["jsonl", "records", "chat", "parquet", "parquet-plain", "arrow", "chat-arrow"])
 def test_one_20_mb_document_grows_rss_by_at_most_its_size(tmp_path, case):
     """Measured 2026-12-04 (bench_huge_doc.py, --mb 200): peak/doc 1.79 (jsonl) and 1.73 (records), the
     growth over a small build about 1.0x the document at 200 MB (at 20 MB: 17 and 59 MB, the tokenizer's
