@@ -90,8 +90,10 @@ def main(argv=None):
 
 def end_process_group():
     """Close the process group torchrun opened: left to interpreter exit, gloo's threads can abort a rank
-    ("terminate called without an active exception") after training finished."""
+    ("terminate called without an active exception") after training finished. The barrier first: a rank
+    that shuts its group down while another is still in a collective can leave both waiting (pytorch #75097)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 

@@ -7,11 +7,15 @@ step's loss equals the per-document loss of the rows it trained.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -39,9 +43,44 @@ def _run(script: str, n_proc: int, args: list[str], cwd):
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     launcher = [sys.executable] if n_proc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={n_proc}"]
-    done = subprocess.run(launcher + [str(EXAMPLES / script)] + args, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    returncode, stderr = run_torchrun(launcher + [str(EXAMPLES / script)] + args, cwd=cwd, env=env)
+    assert returncode == 0, stderr[-4000:]
+
+
+def run_torchrun(command: list[str], timeout: float = 240, **kwargs) -> tuple[int, str]:
+    """(returncode, stderr) of a launcher run. Past `timeout` the launcher and its ranks (each in a session of
+    its own) get SIGABRT, so faulthandler prints their Python stacks: a hang fails with where it hung, and no
+    rank is left running."""
+    env = {**kwargs.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               **kwargs)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = [process.pid, *_descendants(process.pid)]
+        for sig in (signal.SIGABRT, signal.SIGKILL):
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            time.sleep(5)
+        _, stderr = process.communicate()
+        pytest.fail(f"hung past {timeout} s; the stacks of the launcher and its ranks:\n{stderr[-12000:]}")
+    return process.returncode, stderr
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = [c for c, p in parents.items() if p == parent]
+        out += children
+        todo += children
+    return out
 
 
 def _example_module():
@@ -117,7 +156,7 @@ def test_trainer_refuses_ranks_that_would_train_separately(small_dataset, tmp_pa
     runs each rank as a run of its own (world_size 1). PackedTrainer stops instead of training 2 models."""
     (tmp_path / "mismatch.py").write_text(MISMATCH)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(tmp_path / "mismatch.py"), str(small_dataset), str(EXAMPLES), str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    returncode, stderr = run_torchrun([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                       "--nproc_per_node=2", str(tmp_path / "mismatch.py"), str(small_dataset),
+                                       str(EXAMPLES), str(tmp_path / "out")], env=env)
+    assert returncode == 0, stderr[-4000:]
