@@ -36,7 +36,7 @@ this code; baseline builds 138-160 MB):
     parquet          192.3            993 ->  317              5.16 -> 1.65
     parquet-plain    192.3            799 ->  318              4.16 -> 1.65
     arrow            192.3            527 ->  345              2.74 -> 1.80   (before: main 859e46e)
-    chat-parquet     192.3           3954 ->  744             20.56 -> 3.87   (before: main 38e3642)
+    chat-parquet     192.3           3954 ->  337             20.56 -> 1.75   (before: main 38e3642; 744, 3.87 on e7bf6cd)
     chat-arrow       192.3           3552 ->  366             18.47 -> 1.90   (before: main 38e3642)
 
 Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt,
@@ -45,9 +45,12 @@ content, packer/encode/chat_long.py; it rendered and encoded the whole conversat
 reader (packer/preprocess/readers/parquet_pages.py) into one buffer the value is handed on over.
 An Arrow IPC file is memory-mapped and its value handed on as a slice of the column's data buffer
 (a pyarrow scalar of it copied the 200 MB out of the map); a nested value (a chat's content) too,
-the chat then streamed as from JSONL. chat-parquet stays above 2: pyarrow still reads the nested
-column chunk (the page reader takes flat columns only). pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side by side (a
-dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot
+the chat then streamed as from JSONL. A Parquet chat's messages column (list<struct<role, content>>)
+is read by the page reader too, its rows put together from the leaves' levels
+(packer/preprocess/readers/page_levels.py): 744 MB (3.87) while pyarrow read the nested chunk,
+337 (1.75) now, the build 58.7 s against 44.7 s (snappy_pieces, as below; both run back to back,
+2026-12-04). pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side
+by side (a dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot
 decompression alone would hold the 87 MiB compressed page beside the output (405 MB, 2.1x, with a
 20 MB higher baseline then), so a huge Snappy page is decompressed a piece at a time (snappy_pieces:
 reading Snappy's tags in Python, the build 29.7 s against 23.5 s before), gzip, zstd and brotli
@@ -204,8 +207,10 @@ def run_build(corpus: Path, out: Path, max_doc_bytes: int, extra: list[str]) -> 
     args = ["build", str(corpus), "--tokenizer", TOKENIZER, "--output", str(out), "--workers", "1",
             "--max-doc-bytes", str(max_doc_bytes), "--quiet", *extra]
     t = time.perf_counter()
+    # cwd ROOT: `python -c` puts the working directory first on sys.path, so run from another
+    # checkout it would measure that checkout's packer, PYTHONPATH notwithstanding
     proc = subprocess.Popen([sys.executable, "-c", RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     sampled = [0]
 
     def sample():
@@ -242,7 +247,7 @@ def main():
     for case in cases:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            outs = (args.keep / case) if args.keep else tmp
+            outs = (args.keep.resolve() / case) if args.keep else tmp
             (tmp / "small").mkdir()
             (tmp / "huge").mkdir()
             small, _, extra = write_case_apart(case, tmp / "small", 1000)

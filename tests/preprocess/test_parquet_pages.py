@@ -19,6 +19,7 @@ from packer.preprocess.readers import (
     SkipLog,
     columns,
     page_headers,
+    page_levels,
     page_streams,
     parquet,
     parquet_pages,
@@ -218,11 +219,13 @@ def test_page_header_fields_and_skipped_ones():
     got, n = page_headers.read_page_header(header + b"rest of the page")
     assert n == len(header)
     assert got == {"type": 0, "uncompressed_page_size": 123, "compressed_page_size": 45,
-                   "data_page_header": {"num_values": 7, "encoding": 0, "definition_level_encoding": 3}}
+                   "data_page_header": {"num_values": 7, "encoding": 0, "definition_level_encoding": 3,
+                                        "repetition_level_encoding": 3}}
     pyarrows = bytes.fromhex("15 00 15 a8 1f 15 e8 01 2c 15 04 15 00 15 06 15 06 1c 00 00 00")  # 2 PLAIN values, snappy
     assert page_headers.read_page_header(pyarrows) == ({
         "type": 0, "uncompressed_page_size": 2004, "compressed_page_size": 116,
-        "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3}}, 21)
+        "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3,
+                              "repetition_level_encoding": 3}}, 21)
     for cut in range(len(header)):
         with pytest.raises(page_headers.Truncated):
             page_headers.read_page_header(header[:cut])
@@ -287,7 +290,8 @@ def _records(path) -> list:
 
 def test_records_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge):
     """Prompt/completion string columns with a huge value: the same records, huge values a Utf8Text
-    where pyarrow gives a str; a binary column or a chat column leaves the row group to pyarrow."""
+    where pyarrow gives a str; a binary column leaves the row group to pyarrow (list columns:
+    test_parquet_lists.py)."""
     rng = random.Random(11)
     prompts = [_text(rng, n) for n in (30, 2500, 10)] + [None, "", "p"] * 2
     completions = [_text(rng, n) for n in (3000, 20, 40_000)] + ["c", None, " "] * 2
@@ -315,11 +319,9 @@ def test_records_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge):
     assert list(_records(path)[0][1]) == ["prompt", "completion"]  # the fields' order, not the file's
     binary = tmp_path / "binary.parquet"
     pq.write_table(pa.table({"prompt": [p.encode() if p else p for p in prompts], "completion": completions}), binary)
-    chat = tmp_path / "chat.parquet"
-    pq.write_table(pa.table({"prompt": prompts, "completion": [[c] for c in completions]}), chat)
     with monkeypatch.context() as m:
-        m.setattr(parquet_pages, "chunk_records", lambda *a: pytest.fail("read by pages"))
-        assert len(_records(binary)) == len(_records(chat)) == 9
+        m.setattr(page_levels, "chunk_records", lambda *a: pytest.fail("read by pages"))
+        assert len(_records(binary)) == 9
 
 
 def test_a_prompt_completion_build_gives_the_bytes_of_pyarrows_path(tmp_path, monkeypatch, small_huge):

@@ -340,9 +340,10 @@ def test_every_reader_module_is_in_the_table():
     import inspect
     import pkgutil
 
-    # huge_json: the JSONL reader's in-place decoding of a huge line; parquet_pages, page_headers,
+    # huge_json: the JSONL reader's in-place decoding of a huge line; parquet_pages, page_headers, page_levels,
     # snappy_pieces, page_streams: the Parquet reader's own page reader, for a chunk that may hold a huge value
-    shared = {"common", "columns", "huge_json", "parquet_pages", "page_headers", "snappy_pieces", "page_streams"}
+    shared = {"common", "columns", "huge_json", "parquet_pages", "page_headers", "page_levels", "snappy_pieces",
+              "page_streams"}
     modules = {m.name for m in pkgutil.iter_modules(readers.__path__)} - shared
     assert modules == {r.__name__.rsplit(".", 1)[1] for r in readers.READERS.values()} == {
         "jsonl", "text", "parquet", "arrow"}

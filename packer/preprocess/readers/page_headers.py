@@ -2,7 +2,8 @@
 
     15 00 15 a8 1f 15 e8 01 2c 15 04 15 00 15 06 15 06 1c 00 00 00     (pyarrow's, for 2 PLAIN values, snappy)
         -> ({"type": 0, "uncompressed_page_size": 2004, "compressed_page_size": 116,
-             "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3}}, 21)
+             "data_page_header": {"num_values": 2, "encoding": 0, "definition_level_encoding": 3,
+                                  "repetition_level_encoding": 3}}, 21)
 
 A compact-protocol struct is a run of fields, each a byte (high nibble: the field id's step from
 the last one, or 0 and a zigzag varint id; low nibble: the type) and its value, up to a 0 byte.
@@ -15,7 +16,7 @@ from __future__ import annotations
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 MAX_DEPTH = 32  # nesting beyond this is not a page header
 
-DATA_PAGE_HEADER = {1: "num_values", 2: "encoding", 3: "definition_level_encoding"}
+DATA_PAGE_HEADER = {1: "num_values", 2: "encoding", 3: "definition_level_encoding", 4: "repetition_level_encoding"}
 DICTIONARY_PAGE_HEADER = {1: "num_values", 2: "encoding"}
 DATA_PAGE_HEADER_V2 = {1: "num_values", 2: "num_nulls", 3: "num_rows", 4: "encoding",
                        5: "definition_levels_byte_length", 6: "repetition_levels_byte_length", 7: "is_compressed"}

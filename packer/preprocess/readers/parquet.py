@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 
 from packer.io import fs
-from packer.preprocess.readers import parquet_pages
+from packer.preprocess.readers import page_levels, parquet_pages
 from packer.preprocess.readers.columns import (
     check_record_columns,
     check_text_column,
@@ -105,7 +105,8 @@ def _runs(unit: Unit, chunks: dict) -> list[tuple[int, int]]:
 def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_doc_bytes: int, fix: str):
     """(where, record) of each row of the unit's row groups: the present `fields` (the first one
     required: FileError naming `fix` without it), nulls left out (columns.column_records); a row
-    group with a page over HUGE_TEXT_BYTES among string columns is read by parquet_pages."""
+    group with a page over HUGE_TEXT_BYTES among string or list-of-string columns is read by
+    parquet_pages (page_levels)."""
     import pyarrow.parquet as pq
 
     with fs.open_arrow(place) as f:
@@ -117,7 +118,7 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
         with fs.open_arrow(place, mapped=False) if chunks else contextlib.nullcontext(f) as raw:
             for start, end in _runs(unit, chunks):
                 if start in chunks:
-                    yield from parquet_pages.chunk_records(raw, chunks[start], row, unit.path)
+                    yield from page_levels.chunk_records(raw, chunks[start], row, unit.path)
                     row += pf.metadata.row_group(start).num_rows
                     continue
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=range(start, end), columns=present):
@@ -126,20 +127,32 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
 
 
 def huge_record_chunks(f, pf, unit: Unit, present: list[str]) -> dict:
-    """Row group -> {field: parquet_pages.Chunk} of the unit's groups whose record columns packer reads:
-    every present field a flat string column it can read, one of them with a page over HUGE_TEXT_BYTES."""
+    """Row group -> {field: parquet_pages.Chunk, or page_levels.ListChunks} of the unit's groups whose
+    record columns packer reads: every present field a flat string column or a list of strings or of
+    structs of strings (page_levels.list_column) it can read, one of their leaves with a page over
+    HUGE_TEXT_BYTES."""
     meta = pf.metadata
-    columns = [parquet_pages.column_index(meta, name) for name in present]
-    if not present or None in columns or not all(is_string_column(pf.schema_arrow.field(n).type) for n in present):
+    fields = {name: _record_column(meta, pf.schema_arrow.field(name)) for name in present}
+    if not present or None in fields.values():
         return {}
+    leaves = [j for c in fields.values() for j in (c.columns if isinstance(c, page_levels.ListColumn) else [c])]
     out = {}
     for i in range(unit.start, unit.end):
-        huge = [parquet_pages.page_chunk(f, meta, i, j) for j in columns]
-        if any(huge):
-            chunks = [h or parquet_pages.page_chunk(f, meta, i, j, huge=False) for h, j in zip(huge, columns)]
-            if all(chunks):
-                out[i] = dict(zip(present, chunks))
+        huge = {j: parquet_pages.page_chunk(f, meta, i, j) for j in leaves}
+        if not any(huge.values()):
+            continue
+        chunks = {j: h or parquet_pages.page_chunk(f, meta, i, j, huge=False) for j, h in huge.items()}
+        if all(chunks.values()):
+            out[i] = {name: page_levels.ListChunks(c, tuple(chunks[j] for j in c.columns))
+                      if isinstance(c, page_levels.ListColumn) else chunks[c] for name, c in fields.items()}
     return out
+
+
+def _record_column(meta, field):
+    """The leaf column index of a flat string field, the page_levels.ListColumn of a list one, or None."""
+    if is_string_column(field.type):
+        return parquet_pages.column_index(meta, field.name)
+    return page_levels.list_column(meta, field)
 
 
 def field_names(unit: Unit, place, *, max_doc_bytes: int) -> set[str]:

@@ -10,11 +10,13 @@ taken where they lie; a value over HUGE_TEXT_BYTES goes on as a Utf8Text over th
         data page        def levels [1, 1, 1], indices [0, 1, 2]
         -> "before", Utf8Text(<200 MB>), "after"   rows numbered, skips counted as columns.value_text says
 
-Only a flat BYTE_ARRAY column (required or optional), PLAIN or dictionary-encoded, in data pages v1
-or v2, with a codec pyarrow.decompress knows, whose footer and page headers agree (pages end
-where the chunk ends, their values add up to its rows) and one page is over HUGE_TEXT_BYTES, is read
-here; any other chunk (nested, DELTA_* encodings, LZ4 with Hadoop framing, encrypted: its headers do
-not parse) is left to pyarrow (`page_chunk` gives None), before anything of it is read.
+Only a BYTE_ARRAY column, flat (required or optional) or a leaf of a list (repetition level 1:
+its levels are read here, its rows put together by page_levels.py), PLAIN or dictionary-encoded,
+in data pages v1 or v2, with a codec pyarrow.decompress knows, whose footer and page headers agree
+(pages end where the chunk ends, their values add up to its rows or levels) and one page is over
+HUGE_TEXT_BYTES, is read here; any other chunk (deeper nesting, DELTA_* encodings, LZ4 with
+Hadoop framing, encrypted: its headers do not parse) is left to pyarrow (`page_chunk` gives None),
+before anything of it is read.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 from packer.io import memory
 from packer.preprocess.readers import page_headers, page_streams, snappy_pieces
-from packer.preprocess.readers.columns import string_value, value_text
+from packer.preprocess.readers.columns import value_text
 from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError
 
 CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "LZ4_RAW": "lz4_raw",
@@ -35,16 +37,18 @@ DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
 PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY = 0, 2, 3, 8
 HEADER_BYTES = 1 << 12  # first read of a page header; doubled while it is cut short
 MAX_HEADER_BYTES = 1 << 24  # (statistics can make one long; pyarrow's reader stops at 16 MiB too)
+MAX_LIST_DEF = 4  # list<struct<string>>, each optional: list, element, struct, field (page_levels.py)
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """A column chunk packer reads itself: its codec (pyarrow's name; None: stored as is), whether
-    it is optional (definition levels, bit width 1), its rows, and each page as (where its body
-    starts in the file, its header)."""
+    """A column chunk packer reads itself: its codec (pyarrow's name; None: stored as is), its
+    largest definition and repetition levels (0: none stored; a flat optional column: 1 and 0), its
+    rows, and each page as (where its body starts in the file, its header)."""
 
     codec: str | None
-    optional: bool
+    max_def: int
+    max_rep: int
     n_rows: int
     pages: tuple
 
@@ -62,9 +66,10 @@ def page_chunk(f, meta, group: int, column: int, huge: bool = True) -> Chunk | N
     does); huge=False: whether or not a page is over HUGE_TEXT_BYTES (a record's other columns)."""
     info = meta.row_group(group).column(column)
     schema = meta.schema.column(column)
+    max_def, max_rep = schema.max_definition_level, schema.max_repetition_level
     if ((huge and info.total_uncompressed_size <= HUGE_TEXT_BYTES) or schema.physical_type != "BYTE_ARRAY"
-            or schema.max_repetition_level != 0 or schema.max_definition_level > 1 or info.file_path
-            or info.compression not in CODECS):
+            or not (max_rep == 0 and max_def <= 1 or max_rep == 1 and 1 <= max_def <= MAX_LIST_DEF)
+            or info.file_path or info.compression not in CODECS):
         return None
     start = info.data_page_offset
     if info.has_dictionary_page:
@@ -74,20 +79,21 @@ def page_chunk(f, meta, group: int, column: int, huge: bool = True) -> Chunk | N
     end = start + info.total_compressed_size
     if start < 4 or end > f.size():
         return None
-    pages = _scan_pages(f, start, end, schema.max_definition_level == 1)
+    pages = _scan_pages(f, start, end, max_def, max_rep)
     n_rows = meta.row_group(group).num_rows
-    if (pages is None or sum(_n_values(h) for _, h in pages) != n_rows or info.num_values != n_rows
+    n_values = n_rows if max_rep == 0 else info.num_values  # a list's leaf: one value (level) per element
+    if (pages is None or sum(_n_values(h) for _, h in pages) != n_values or info.num_values != n_values
             or (huge and not any(h["uncompressed_page_size"] > HUGE_TEXT_BYTES for _, h in pages))):
         return None
-    return Chunk(CODECS[info.compression], schema.max_definition_level == 1, n_rows, tuple(pages))
+    return Chunk(CODECS[info.compression], max_def, max_rep, n_rows, tuple(pages))
 
 
-def _scan_pages(f, start: int, end: int, optional: bool) -> list | None:
+def _scan_pages(f, start: int, end: int, max_def: int, max_rep: int) -> list | None:
     """[(body offset, header)] of the pages in [start, end), or None at anything this module does not read."""
     pages, at = [], start
     while at < end:
         header = _read_header(f, at, end)
-        if header is None or not _readable(header[0], optional, first=not pages):
+        if header is None or not _readable(header[0], max_def, max_rep, first=not pages):
             return None
         header, n = header
         pages.append((at + n, header))
@@ -109,7 +115,7 @@ def _read_header(f, at: int, end: int) -> tuple[dict, int] | None:
             return None
 
 
-def _readable(header: dict, optional: bool, first: bool) -> bool:
+def _readable(header: dict, max_def: int, max_rep: int, first: bool) -> bool:
     """A header whose page this module reads: sizes that make sense, known page type and encodings."""
     kind = header.get("type")
     size, stored = header.get("uncompressed_page_size", -1), header.get("compressed_page_size", -1)
@@ -120,12 +126,13 @@ def _readable(header: dict, optional: bool, first: bool) -> bool:
         return first and page.get("encoding") in (PLAIN, PLAIN_DICTIONARY) and page.get("num_values", -1) >= 0
     if kind == DATA_PAGE:
         page = header.get("data_page_header", {})
-        levels_ok = not optional or page.get("definition_level_encoding") == RLE
+        levels_ok = ((not max_def or page.get("definition_level_encoding") == RLE)
+                     and (not max_rep or page.get("repetition_level_encoding") == RLE))
     elif kind == DATA_PAGE_V2:
         page = header.get("data_page_header_v2", {})
-        n_levels = page.get("definition_levels_byte_length", -1)
-        levels_ok = page.get("repetition_levels_byte_length", -1) == 0 and 0 <= n_levels <= min(size, stored)
-        levels_ok = levels_ok and (optional or n_levels == 0)
+        n_def, n_rep = page.get("definition_levels_byte_length", -1), page.get("repetition_levels_byte_length", -1)
+        levels_ok = n_def >= 0 and n_rep >= 0 and n_def + n_rep <= min(size, stored)
+        levels_ok = levels_ok and (max_def or n_def == 0) and (max_rep or n_rep == 0)
     else:
         return False
     return levels_ok and page.get("encoding") in (PLAIN, PLAIN_DICTIONARY, RLE_DICTIONARY) and page.get("num_values", -1) >= 0
@@ -143,18 +150,20 @@ def chunk_texts(f, chunk: Chunk, first_row: int, path: str, skips, max_bytes: in
             yield text
 
 
-def chunk_records(f, chunks: dict, first_row: int, path: str):
-    """column_records of a row group whose `chunks` (field -> Chunk of a string column, in the
-    fields' order) packer reads: (where, record) per row, nulls left out, a value over
-    HUGE_TEXT_BYTES a Utf8Text over its page (bad UTF-8 raises, as pyarrow's to_pylist does)."""
-    names = list(chunks)
-    rows = zip(*(chunk_values(f, chunk, path) for chunk in chunks.values()))
-    for row, values in enumerate(rows, first_row):
-        yield f"{path} row {row}", {k: string_value(v) for k, v in zip(names, values) if v is not None}
-
-
 def chunk_values(f, chunk: Chunk, path: str):
-    """Each row's value of the chunk: a memoryview into its page's buffer, or None (null)."""
+    """Each row's value of a flat chunk: a memoryview into its page's buffer, or None (null)."""
+    for _, defs, values in chunk_pages(f, chunk, path):
+        values = iter(values)
+        if defs is None:
+            yield from values
+            continue
+        for present in defs.tolist():
+            yield next(values) if present else None
+
+
+def chunk_pages(f, chunk: Chunk, path: str):
+    """Each data page of the chunk as (its repetition levels, its definition levels (None where the
+    chunk has none), the values present (definition level max_def), memoryviews into the page's buffer)."""
     memory.return_large_buffers()
     dictionary = None
     for at, header in chunk.pages:
@@ -162,22 +171,35 @@ def chunk_values(f, chunk: Chunk, path: str):
             _, data = _page_data(f, at, header, chunk.codec, 0, path)
             dictionary = _plain_values(data, header["dictionary_page_header"]["num_values"], 0, path)
             continue
-        yield from _data_page_values(f, at, header, chunk, dictionary, path)
+        yield _data_page(f, at, header, chunk, dictionary, path)
 
 
-def _data_page_values(f, at: int, header: dict, chunk: Chunk, dictionary, path: str):
-    """Each row's value of one data page: a memoryview into the page's buffer, or None (null)."""
+def _data_page(f, at: int, header: dict, chunk: Chunk, dictionary, path: str):
+    """chunk_pages of one data page: v1 holds [4-byte length, repetition levels] [4-byte length,
+    definition levels] values, each part there only if its largest level is over 0, all compressed;
+    v2 the repetition levels, the definition levels (their lengths in the header), stored as they
+    are, then the values, compressed."""
     v2 = header["type"] == DATA_PAGE_V2
     page = header["data_page_header_v2"] if v2 else header["data_page_header"]
     n = page["num_values"]
     codec = chunk.codec if not v2 or page.get("is_compressed", True) else None
-    levels, data = _page_data(f, at, header, codec, page["definition_levels_byte_length"] if v2 else 0, path)
-    pos = 0
-    if chunk.optional and not v2:  # v1: the levels' byte length, the levels, then the values
-        (n_levels,) = _unpack("<I", data, 0, path)
-        levels, pos = data[4:4 + n_levels], 4 + n_levels
-    levels = _rle_hybrid(levels, 1, n, path) if chunk.optional else None
-    n_present = n if levels is None else int(np.count_nonzero(levels))
+    n_rep = page["repetition_levels_byte_length"] if v2 else 0
+    n_def = page["definition_levels_byte_length"] if v2 else 0
+    levels, data = _page_data(f, at, header, codec, n_rep + n_def, path)
+    reps, defs, pos = levels[:n_rep], levels[n_rep:], 0
+    if not v2:
+        if chunk.max_rep:
+            (n_rep,) = _unpack("<I", data, pos, path)
+            reps, pos = data[pos + 4:pos + 4 + n_rep], pos + 4 + n_rep
+        if chunk.max_def:
+            (n_def,) = _unpack("<I", data, pos, path)
+            defs, pos = data[pos + 4:pos + 4 + n_def], pos + 4 + n_def
+    reps = _rle_hybrid(reps, chunk.max_rep.bit_length(), n, path) if chunk.max_rep else None
+    defs = _rle_hybrid(defs, chunk.max_def.bit_length(), n, path) if chunk.max_def else None
+    for levels, top in ((reps, chunk.max_rep), (defs, chunk.max_def)):
+        if levels is not None and n and int(levels.max()) > top:
+            raise FileError(path, "a Parquet level past the column's largest")
+    n_present = n if defs is None else int(np.count_nonzero(defs == chunk.max_def))
     if page["encoding"] == PLAIN:
         values = _plain_values(data, n_present, pos, path)
     else:
@@ -188,9 +210,7 @@ def _data_page_values(f, at: int, header: dict, chunk: Chunk, dictionary, path: 
             raise FileError(path, "a Parquet dictionary index past the dictionary's end")
         values = [dictionary[i] for i in indices.tolist()]
     del data  # the values hold the page's buffer as long as they are used, no longer
-    values = iter(values)
-    for i in range(n):
-        yield next(values) if levels is None or levels[i] else None
+    return reps, defs, values
 
 
 def _page_data(f, at: int, header: dict, codec: str | None, n_levels: int, path: str):
