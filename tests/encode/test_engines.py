@@ -14,6 +14,7 @@ from conftest import TOKENIZER, build_sample, run_packer, sample_heads, sample_t
 from packer import config
 from packer.encode import engines
 from packer.encode.engines import byte_level, choose_engine, fastokens_bpe, tiktoken_bpe
+from packer.encode.engines.tiktoken_bpe import NEVER_ALLOWED as NEVER
 from packer.encode.text import encode_texts
 from packer.encode.tokenizer import load_encoder
 
@@ -77,6 +78,7 @@ def _adversarial() -> list[str]:
         "e\u0301 a\u0308\u0304 A\u030a \u212b \u2126 \ufb01 \u1100\u1161\u11a8 \u0344 o\u0328\u0304 "
         "\u0958 \u1e0b\u0323 q\u0307\u0323 \u00c5\u0301 >\u0338 =\u0338 <\u0338",
         "<|endoftext|>x<|endoftext|><|endoftext|> <|endoftext|> <|im_start|>user\n<|endoftext",
+        f"{NEVER}x{NEVER}{NEVER} {NEVER[:-1]} é{NEVER}",  # the special token the tiktoken engine never allows
         "\x00\x01\x7f\x80\x9f \ufeff\u200b\u200c\u200d\u2028\u2029 \U0010fffd \ue000",
         "مرحبا بالعالم עברית Ελληνικά Русский текст हिन्दी தமிழ் ไทย",
         "def f(x):\n\treturn {'a': [1, 2.5e-3]}  # comment\n\n\n    \n",
