@@ -10,7 +10,7 @@ Rows, timed in this process, one core (inline executor, RAYON_NUM_THREADS=1), ro
     tokenize, hashing on    the same stage, each unit hashing what it reads (the default)
     re-check                changed.refuse_changed over the finished units (what a build does before
                             resuming and before its manifest): every input read again and hashed
-    hash alone              blake2b-128 over the corpus bytes in memory (the floor of both)
+    hash alone              the records' hash (changed.HASH) over the corpus bytes in memory (the floor of both)
 
 "ratio" is the row's CPU seconds over the "hashing off" row's. Target: hashing on within ~2%.
 
@@ -38,7 +38,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
 import gzip  # noqa: E402
-import hashlib  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
@@ -50,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
+
+from packer.preprocess import changed  # noqa: E402
 
 
 def _stage(files, enabled: bool, keep: Path | None = None) -> dict:
@@ -93,7 +94,7 @@ def _hash_alone(files) -> dict:
     data = [Path(f).read_bytes() for f in files]
     t, c = time.perf_counter(), time.process_time()
     for d in data:
-        h = hashlib.blake2b(digest_size=16)
+        h = changed.HASHERS[changed.HASH]()
         view = memoryview(d)
         for i in range(0, len(view), 4 << 20):
             h.update(view[i:i + (4 << 20)])
@@ -137,7 +138,7 @@ def main():
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, numpy {numpy.__version__}, "
-          f"hash blake2b-128, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
+          f"hash {changed.HASH}, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "jsonl").mkdir()

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 from click.testing import CliRunner
 from conftest import TOKENIZER, sample_texts
 
@@ -75,7 +76,7 @@ def _edit_same_size(path: Path, at: int, keep_mtime: bool = True):
 
 def _reference_digest(path: Path, ranges) -> str:
     """The record's digest, recomputed here from the file and the ranges alone."""
-    data, h = path.read_bytes(), hashlib.blake2b(digest_size=16)
+    data, h = path.read_bytes(), xxhash.xxh3_128()
     for offset, length in ranges:
         h.update(data[offset:offset + length])
     return h.hexdigest()
@@ -90,7 +91,7 @@ def test_each_unit_records_a_hash_of_what_it_read(tmp_path, fmt):
     size = path.stat().st_size
     for c in units:
         record = c["input"]
-        assert record["hash"] == "blake2b-128" and record["file_bytes"] == size
+        assert record["hash"] == "xxh3-128" and record["file_bytes"] == size
         assert record["digest"] == _reference_digest(path, record["ranges"])
     covered = sorted((o, o + n) for c in units for o, n in c["input"]["ranges"])
     if fmt in ("jsonl.gz", "arrow"):
@@ -230,6 +231,28 @@ def test_units_without_a_record_still_resume(tmp_path):
         p.write_text(json.dumps(counters))
     (out / "manifest.json").unlink()
     assert build(_job([path], out))["totals"]["docs_accepted"] == len(TEXTS)
+
+
+def test_records_of_the_earlier_hash_are_still_checked(tmp_path):
+    """A _work/ whose units hashed with blake2b-128 (packer before 2026-12-04): a resume checks them with it."""
+    path = _inputs(tmp_path, "jsonl")
+    out = tmp_path / "out"
+    build(_job([path], out, unit_bytes=60_000), keep_work=True)
+    for p in (out / "_work" / "units").glob("unit-*.json"):
+        counters = json.loads(p.read_text())
+        record = counters["input"]
+        data, h = path.read_bytes(), hashlib.blake2b(digest_size=16)
+        for offset, length in record["ranges"]:
+            h.update(data[offset:offset + length])
+        record.update(hash="blake2b-128", digest=h.hexdigest())
+        p.write_text(json.dumps(counters))
+    (out / "manifest.json").unlink()
+    resumed = build(_job([path], out, unit_bytes=60_000), keep_work=True)
+    assert resumed["totals"]["docs_accepted"] == len(TEXTS)  # the file as read: resumes
+    (out / "manifest.json").unlink()
+    _edit_same_size(path, 70_000)
+    with pytest.raises(InputChanged, match="changed after packer read it"):
+        build(_job([path], out, unit_bytes=60_000))
 
 
 def test_hashing_can_be_turned_off_for_the_benchmark(tmp_path, monkeypatch):
