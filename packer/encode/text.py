@@ -114,23 +114,48 @@ def encode_parts(tok, texts: Iterable[str], *, dtype, eos_id: int | None = None,
             -> ([ids of "a b", 0], [3]), (ids of piece 0, []), (ids of piece 1, []), (ids of piece 2, []),
                ([0], [n]), ([ids of "c", 0], [2])
 
-    Concatenated, the parts' ids and lengths are encode_texts' (flat, lengths)."""
-    batch, batch_chars = [], 0
+    Concatenated, the parts' ids and lengths are encode_texts' (flat, lengths).
+
+    An engine that encodes on threads of its own without the GIL (`submit_ids`: tiktoken) gets each
+    batch as soon as it is read and is waited on only once the next batch is read: reading (JSON
+    parsing, under the GIL) overlaps encoding, and no core idles at a batch's end."""
+    batch, batch_chars, pending = [], 0, None  # pending: the batch being encoded, to be waited on
     for text in texts:
         if isinstance(text, Utf8Text) or len(text) > piece_chars:  # a Utf8Text is never made a str whole
             if batch:  # the documents before it first: order kept
-                yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
-                batch, batch_chars = [], 0
+                started = _start(tok, batch, dtype, eos_id, bos_id)
+                yield from _waited(pending)
+                pending, batch, batch_chars = started, [], 0
+            yield from _waited(pending)
+            pending = None
             yield from _long_parts(tok, text, dtype, eos_id, bos_id, piece_chars)
             del text  # not held while the reader reads the next document
             continue
         batch.append(text)
         batch_chars += len(text)
         if len(batch) >= ENCODE_BATCH_DOCS or batch_chars >= ENCODE_BATCH_CHARS:
-            yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
-            batch, batch_chars = [], 0
-    if batch:
-        yield encode_texts(tok, batch, dtype=dtype, eos_id=eos_id, bos_id=bos_id, piece_chars=piece_chars)
+            started = _start(tok, batch, dtype, eos_id, bos_id)  # started before the one before is waited on
+            yield from _waited(pending)
+            pending, batch, batch_chars = started, [], 0
+    started = _start(tok, batch, dtype, eos_id, bos_id) if batch else None
+    yield from _waited(pending)
+    yield from _waited(started)
+
+
+def _start(tok, texts: list[str], dtype, eos_id: int | None, bos_id: int | None):
+    """A batch of short documents, encoding: a callable that gives its (ids, lengths); encoded here
+    and now unless the engine submits it to threads of its own."""
+    submit = getattr(tok, "submit_ids", None)
+    if submit is None:
+        done = _add_specials(*_encode_ids(tok, texts, dtype), eos_id, bos_id)
+        return lambda: done
+    wait = submit(texts, dtype)
+    return lambda: _add_specials(*wait(), eos_id, bos_id)
+
+
+def _waited(pending):
+    if pending is not None:
+        yield pending()
 
 
 _NO_LENGTHS = np.zeros(0, dtype=np.int64)

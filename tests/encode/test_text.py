@@ -64,3 +64,43 @@ def test_stream_batches_give_the_one_batch_result(tok):
     assert np.array_equal(np.concatenate([ids for ids, _ in batches]), flat)
     assert np.array_equal(np.concatenate([n for _, n in batches]), lengths)
     assert list(encode_stream(tok, iter([]), dtype=np.uint16)) == []
+
+
+class _Submitting:
+    """An engine with submit_ids over the tokenizer (as tiktoken's): it logs each batch's start and wait."""
+
+    def __init__(self, tok):
+        self.tok, self.log = tok, []
+
+    def encode_ids(self, texts, dtype):  # a long document's pieces, one at a time
+        return text_path.hf.encode_batch(self.tok, texts, dtype)
+
+    def submit_ids(self, texts, dtype):
+        k = sum(1 for event, _ in self.log if event == "start")
+        self.log.append(("start", k))
+        result = text_path.hf.encode_batch(self.tok, texts, dtype)
+
+        def wait():
+            self.log.append(("wait", k))
+            return result
+        return wait
+
+
+def test_a_submitting_engine_is_waited_on_one_batch_later_with_the_same_parts(tok, monkeypatch):
+    """encode_parts starts batch k+1 before it waits on batch k; the parts, long documents between
+    batches included, are those of the engine waited on at once."""
+    monkeypatch.setattr(text_path, "ENCODE_BATCH_DOCS", 7)
+    texts = sample_texts()[:40]
+    texts[17] = " ".join(sample_texts()[:200])  # a long document (in pieces) between two batches
+    engine = _Submitting(tok)
+    got = list(text_path.encode_parts(engine, texts, dtype=np.uint16, eos_id=0, bos_id=1, piece_chars=20_000))
+    want = list(text_path.encode_parts(tok, texts, dtype=np.uint16, eos_id=0, bos_id=1, piece_chars=20_000))
+    assert len(got) == len(want) > 8
+    for (a, n), (b, m) in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(n, m)
+    starts = [k for event, k in engine.log if event == "start"]
+    waits = [k for event, k in engine.log if event == "wait"]
+    assert starts == waits == list(range(len(starts))) and len(starts) >= 5  # each batch once, in order
+    ahead = [engine.log.index(("start", k + 1)) < engine.log.index(("wait", k)) for k in range(len(starts) - 1)]
+    assert ahead.count(False) == 1  # one ahead, but across the long document

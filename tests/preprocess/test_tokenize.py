@@ -110,13 +110,13 @@ def test_interrupted_unit_leaves_no_files(tmp_path, monkeypatch):
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts()[:3000]))
     calls = []
 
-    def stop_on_second(*args, real=text.encode_texts, **kwargs):
+    def stop_on_second(*args, real=text._start, **kwargs):  # the second batch's encode
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(text, "encode_texts", stop_on_second)
+    monkeypatch.setattr(text, "_start", stop_on_second)
     work = tmp_path / "w"
     work.mkdir()
     (unit,) = plan_units([str(path)], 10**9)

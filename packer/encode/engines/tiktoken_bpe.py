@@ -107,17 +107,25 @@ class Encoder:
         return np.frombuffer(self._core.encode_to_tiktoken_buffer(text, set()), np.uint32)
 
     def encode_ids(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+        return self.submit_ids(texts, dtype)()
+
+    def submit_ids(self, texts: list[str], dtype):
+        """encode_ids started on this engine's threads (tiktoken lets go of the GIL while it encodes):
+        a callable that waits for it and gives (flat ids, lengths). One thread: encoded here and now."""
         threads = min(self._threads(), len(texts))
+        if threads > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads())
+            futures = [self._pool.submit(self._encode_one, text) for text in texts]
+            return lambda: self._joined(lambda: [f.result() for f in futures], dtype)
+        done = self._joined(lambda: list(map(self._encode_one, texts)), dtype)
+        return lambda: done
+
+    def _joined(self, ranks, dtype) -> tuple[np.ndarray, np.ndarray]:
         try:
-            if threads > 1:  # tiktoken lets go of the GIL while it encodes
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(threads)
-                encoded = list(self._pool.map(self._encode_one, texts))
-            else:
-                encoded = list(map(self._encode_one, texts))
+            return _joined(ranks(), self._ids, dtype)
         except UnicodeEncodeError as e:  # tokenizers refuses a lone surrogate too (a TypeError there)
             raise TypeError(f"a text holds a lone surrogate ({e.reason}), which no tokenizer encodes") from None
-        return _joined(encoded, self._ids, dtype)
 
 
 def _joined(ranks: list[np.ndarray], ids: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
