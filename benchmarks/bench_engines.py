@@ -69,6 +69,18 @@ corpus carried there (--corpus), --repeat 1, whole build: tiktoken 1.53 / 1.70 (
 workers), 1.55 / 2.29 (Qwen NFC); fastokens 4.35 / 2.60, 4.01 / 3.17; hf 0.75 / 0.84, 0.72 / 0.87.
 tiktoken's stage alone was 2.0x there: tokenizers ran 1.9 Mchar/s a thread on that CPU.
 
+2026-12-04 evening, this machine (load 0.6-1.5; the baseline itself moved 12.3-18.3 s between runs),
+62 MB, --repeat 2, --corpus; before / after three cuts to the tiktoken path (its ids as tiktoken's u32
+buffer instead of a list of ints, xxh3 for the input records, a batch encoded while the next is read):
+
+    whole build, ratio to encode_batch_fast    wall (cpu)
+                                   1 worker                 2 workers
+    gpt2-style      tiktoken       2.59 (3.11) -> 2.92 (3.36)   2.25 -> 3.52
+                    hf             0.87 (0.93) -> 0.88 (0.94)   0.74 -> 0.93
+    qwen-style NFC  tiktoken       2.36 (2.93) -> 2.70 (3.17)   2.73 -> 3.35
+                    hf             0.92 (1.00) -> 0.89 (0.94)   0.81 -> 0.91
+    tokenize stage alone, tiktoken: 3.22 / 2.74 / 2.91 / 3.51 -> 3.75 / 4.45 / 3.58 / 4.41
+
 With 2 usable cores, "1 worker" runs 2 tokenizer threads, so every row uses both cores; the
 previous table's 1-worker rows (a loaded machine) had about one.
 """
