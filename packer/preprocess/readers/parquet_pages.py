@@ -189,11 +189,9 @@ def _data_page(f, at: int, header: dict, chunk: Chunk, dictionary, path: str):
     reps, defs, pos = levels[:n_rep], levels[n_rep:], 0
     if not v2:
         if chunk.max_rep:
-            (n_rep,) = _unpack("<I", data, pos, path)
-            reps, pos = data[pos + 4:pos + 4 + n_rep], pos + 4 + n_rep
+            reps, pos = _v1_levels(data, pos, path)
         if chunk.max_def:
-            (n_def,) = _unpack("<I", data, pos, path)
-            defs, pos = data[pos + 4:pos + 4 + n_def], pos + 4 + n_def
+            defs, pos = _v1_levels(data, pos, path)
     reps = _rle_hybrid(reps, chunk.max_rep.bit_length(), n, path) if chunk.max_rep else None
     defs = _rle_hybrid(defs, chunk.max_def.bit_length(), n, path) if chunk.max_def else None
     for levels, top in ((reps, chunk.max_rep), (defs, chunk.max_def)):
@@ -238,6 +236,12 @@ def _page_data(f, at: int, header: dict, codec: str | None, n_levels: int, path:
     except (OSError, ValueError) as e:
         raise FileError(path, f"a Parquet page does not decompress ({codec}: {e})") from None
     return memoryview(levels), memoryview(data)
+
+
+def _v1_levels(data, pos: int, path: str):
+    """(a v1 page's levels at data[pos:]: a 4-byte length, then that many bytes; where what follows starts)."""
+    (n,) = _unpack("<I", data, pos, path)
+    return data[pos + 4:pos + 4 + n], pos + 4 + n
 
 
 def _unpack(fmt: str, data, pos: int, path: str) -> tuple:
