@@ -117,11 +117,12 @@ class Encoder:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads())
             futures = [self._pool.submit(self._encode_one, text) for text in texts]
-            return lambda: self._joined(lambda: [f.result() for f in futures], dtype)
-        done = self._joined(lambda: list(map(self._encode_one, texts)), dtype)
+            return lambda: self._gathered(lambda: [f.result() for f in futures], dtype)
+        done = self._gathered(lambda: list(map(self._encode_one, texts)), dtype)
         return lambda: done
 
-    def _joined(self, ranks, dtype) -> tuple[np.ndarray, np.ndarray]:
+    def _gathered(self, ranks, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """_joined of the ranks `ranks()` gives, a lone surrogate refused as tokenizers refuses it."""
         try:
             return _joined(ranks(), self._ids, dtype)
         except UnicodeEncodeError as e:  # tokenizers refuses a lone surrogate too (a TypeError there)
