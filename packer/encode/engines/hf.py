@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -34,6 +35,15 @@ class Encoder:
 
     def __init__(self, path: str, tok, check_reach: bool = True):
         self.tok = tok
+        self._pool = None
 
     def encode_ids(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         return encode_batch(self.tok, texts, dtype)
+
+    def submit_ids(self, texts: list[str], dtype):
+        """encode_ids started on a thread of this engine's (tokenizers lets go of the GIL while its own
+        threads encode): a callable that waits for it. One batch at a time runs there, in order, so
+        the caller reads the next batch meanwhile and tokenizers' threads do not idle between batches."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="packer-hf")
+        return self._pool.submit(encode_batch, self.tok, texts, dtype).result
