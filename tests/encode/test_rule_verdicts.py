@@ -1,6 +1,7 @@
 """The rule's verdicts kept on disk (packer/encode/engines/rule_verdicts.py): a tokenizer checked once is not
-checked again, under the file's sha256; a changed file, another rule or a lost verdict is checked afresh,
-and the directory never changes a choice."""
+checked again, under the file's sha256, nor its merges replayed (a passed file's ranks are kept); a
+changed file, another rule or a lost or damaged verdict is checked afresh, and the directory never
+changes a choice."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def verdicts(tmp_path, monkeypatch):
     return d, checked
 
 
+def _verdicts(d):
+    return [json.loads(f.read_text()) for f in sorted(d.glob("*.json"))]
+
+
+def _same(a, b):
+    return a.ranks == b.ranks and np.array_equal(a.ids, b.ids) and a.pattern == b.pattern and a.nfc == b.nfc
+
+
 def _fresh(monkeypatch):
     monkeypatch.setattr(byte_level, "_RANKED", {})
 
@@ -35,11 +44,47 @@ def test_a_verdict_is_kept_and_spares_the_next_build_its_check(tmp_path, verdict
     d, checked = verdicts
     path = _write(tmp_path, _tiny(*PASSES))
     first = byte_level.ranked_vocab_at(path)
-    assert checked == [1] and [json.loads(f.read_text()) for f in d.iterdir()] == [{"refused": ""}]
+    assert checked == [1] and _verdicts(d) == [{"refused": ""}] and len(list(d.glob("*.ranks.npz"))) == 1
     _fresh(monkeypatch)
+    replayed = []
+    real = byte_level.ranked_vocab
+    monkeypatch.setattr(byte_level, "ranked_vocab", lambda *a: replayed.append(1) or real(*a))
     again = byte_level.ranked_vocab_at(path)
-    assert checked == [1]  # (S) not run again
-    assert again.ranks == first.ranks and np.array_equal(again.ids, first.ids) and again.pattern == first.pattern
+    assert checked == [1] and replayed == []  # (S) not run again, nor the merges replayed: the kept ranks
+    assert _same(again, first) and again.ranks is not first.ranks
+    _fresh(monkeypatch)
+    assert _same(byte_level.ranked_vocab_at(path, check_reach=False), first) and replayed == []  # a worker too
+
+
+def test_kept_ranks_equal_the_replayed_ones_for_an_nfc_split_tokenizer(tmp_path, verdicts, monkeypatch):
+    spec = _tiny(*PASSES)
+    spec["normalizer"] = {"type": "NFC"}
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": byte_level.SPLIT_REGEXES["qwen2"]}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    path = _write(tmp_path, spec)
+    first = byte_level.ranked_vocab_at(path)
+    assert first.nfc and first.pattern == byte_level.SPLIT_REGEXES["qwen2"] and len(first.ranks) == 259
+    _fresh(monkeypatch)
+    assert _same(byte_level.ranked_vocab_at(path), first)
+
+
+def test_a_verdict_without_its_ranks_or_with_damaged_ones_is_checked_again(tmp_path, verdicts, monkeypatch):
+    d, checked = verdicts
+    path = _write(tmp_path, _tiny(*PASSES))
+    first = byte_level.ranked_vocab_at(path)
+    (npz,) = d.glob("*.ranks.npz")
+    whole = npz.read_bytes()
+    middle = bytearray(whole)
+    middle[whole.index(b"abc")] ^= 0x01  # a token's bytes ("abc" -> "`bc"): only the archive's CRC sees it
+    for damage in (None, b"", whole[: len(whole) // 2], bytes(middle)):
+        if damage is None:
+            npz.unlink()  # a verdict kept by an earlier packer: no ranks beside it
+        else:
+            npz.write_bytes(damage)
+        _fresh(monkeypatch)
+        assert _same(byte_level.ranked_vocab_at(path), first)
+    assert checked == [1] * 5 and npz.read_bytes() == whole  # each checked again and kept whole again
 
 
 def test_a_refusal_is_kept_with_its_reason(tmp_path, verdicts, monkeypatch):
@@ -60,7 +105,7 @@ def test_a_changed_file_another_rule_or_tokenizers_release_is_checked_again(tmp_
     _fresh(monkeypatch)
     monkeypatch.setattr(rule_verdicts, "RULE", rule_verdicts.RULE + 1)
     byte_level.ranked_vocab_at(path)
-    assert checked == [1, 1, 1] and len(list(d.iterdir())) == 3
+    assert checked == [1, 1, 1] and len(_verdicts(d)) == 3
     _fresh(monkeypatch)
     import tokenizers
 
