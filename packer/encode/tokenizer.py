@@ -170,10 +170,15 @@ def configured_copy(tok):
     return configure(Tokenizer.from_str(tok.to_str()))
 
 
-@functools.lru_cache(maxsize=4)
 def load_tokenizer(path: str):
     """Load a tokenizer (path or cached hub name, see resolve_tokenizer) once per process, configured
     for packing. Shared by every caller in the process: never change the object it returns."""
+    return _loaded(path)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(path: str):
+    """(the configured tokenizer, (truncation max_length or None, padding on) as its file set them)."""
     from tokenizers import Tokenizer
 
     path = resolve_tokenizer(path)
@@ -184,7 +189,9 @@ def load_tokenizer(path: str):
             tok = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON
         raise ValueError(f"{fs.redact(path)}: not a valid tokenizer.json ({fs.redact_text(e)})") from None
-    return configure(tok)
+    truncation = tok.truncation  # read before configure turns both off: no parse of the JSON of our own
+    shipped = (truncation["max_length"] if truncation else None), tok.padding is not None
+    return configure(tok), shipped
 
 
 @functools.lru_cache(maxsize=8)
@@ -208,20 +215,6 @@ def special_id(tok, name: str | None, candidates, what: str, fix: str) -> int:
     if name:
         raise ValueError(f"the tokenizer has no token {name!r}; {fix}")
     raise ValueError(f"cannot find a {what} token in the tokenizer (tried {', '.join(candidates)}); {fix}")
-
-
-def _shipped_settings(data: bytes) -> tuple[int | None, bool]:
-    """(truncation max_length or None, padding on) as the tokenizer.json itself sets them."""
-    from packer.encode.engines.byte_level import loads
-
-    try:
-        shipped = loads(data)
-    except ValueError:
-        return None, False
-    truncation = shipped.get("truncation") if isinstance(shipped, dict) else None
-    padding = shipped.get("padding") if isinstance(shipped, dict) else None
-    max_length = truncation.get("max_length") if isinstance(truncation, dict) else None
-    return (int(max_length) if max_length is not None else None), bool(padding)
 
 
 def read_config_file(loc) -> dict | None:
@@ -325,7 +318,7 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     """The tokenizer at `path` (see resolve_tokenizer) and the eos/bos/pad a build with `config`
     uses (module docstring). config.eos / config.bos may be None: eos on; bos as the tokenizer says."""
     path = resolve_tokenizer(path)
-    tok = load_tokenizer(path)
+    tok, (truncation, padding) = _loaded(path)
     data = fs.location(path).read_bytes()
     declared = declared_specials(path)
     eos = _choose(tok, "eos", config.eos_token, declared, path) if config.eos is not False else None
@@ -334,7 +327,6 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     pad_token, pad_id, pad_source = _pad(tok, declared, eos, path)
     eos_token, eos_id, eos_source = eos or (None, None, None)
     bos_token, bos_id, bos_source = bos or (None, None, None)
-    truncation, padding = _shipped_settings(data)
     from packer.encode.engines import choose_engine
 
     sha256 = hashlib.sha256(data).hexdigest()

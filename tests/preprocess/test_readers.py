@@ -490,6 +490,26 @@ def test_fast_and_per_line_paths_equal_a_reference_reader(tmp_path, monkeypatch)
     assert n_fast > 10  # the fast path really ran, and agreed
 
 
+def test_the_empty_text_check_reads_what_pyarrow_compute_reads():
+    """jsonl._has_empty (offsets compared with numpy) against pyarrow.compute over random string
+    arrays, their slices and chunked columns."""
+    import pyarrow.compute as pc
+
+    from packer.preprocess.readers import jsonl
+
+    rng = random.Random(3)
+    for trial in range(300):
+        texts = [rng.choice(["", "a", "bc", "é", "def"]) if rng.random() < 0.2 else "xyz"[: rng.randint(1, 3)]
+                 for _ in range(rng.randint(1, 40))]
+        array = pa.array(texts, pa.string())
+        start = rng.randint(0, len(texts) - 1)
+        part = array.slice(start, rng.randint(1, len(texts) - start))
+        column = pa.chunked_array([array, part])
+        for strings in (array, part):
+            assert jsonl._has_empty(strings) == (pc.min(pc.binary_length(strings)).as_py() == 0), (trial, texts)
+        assert any(map(jsonl._has_empty, column.chunks)) == (pc.min(pc.binary_length(column)).as_py() == 0)
+
+
 def test_a_bom_at_every_unit_size_yields_every_record_once(tmp_path):
     """A UTF-8 BOM belongs to the first line, whatever the cut: units ending inside it (1, 2, 3
     bytes) or just after it still give every record once, without the BOM."""
