@@ -104,3 +104,26 @@ def test_a_submitting_engine_is_waited_on_one_batch_later_with_the_same_parts(to
     assert starts == waits == list(range(len(starts))) and len(starts) >= 5  # each batch once, in order
     ahead = [engine.log.index(("start", k + 1)) < engine.log.index(("wait", k)) for k in range(len(starts) - 1)]
     assert ahead.count(False) == 1  # one ahead, but across the long document
+
+
+def test_the_hf_engine_encodes_on_its_own_thread_with_the_same_parts(tok, monkeypatch):
+    """hf's submit_ids runs encode_batch_fast on a thread of its own (tokenizers lets go of the GIL), one
+    batch at a time in order: the parts equal those of the tokenizer called in place."""
+    import threading
+
+    monkeypatch.setattr(text_path, "ENCODE_BATCH_DOCS", 7)
+    threads = []
+    real = text_path.hf.encode_batch
+    monkeypatch.setattr(text_path.hf, "encode_batch",
+                        lambda *a: threads.append(threading.current_thread().name) or real(*a))
+    texts = sample_texts()[:60]
+    engine = text_path.hf.Encoder("unused", tok)
+    got = list(text_path.encode_parts(engine, texts, dtype=np.uint16, eos_id=0, bos_id=None))
+    in_place = list(threads)
+    want = list(text_path.encode_parts(tok, texts, dtype=np.uint16, eos_id=0, bos_id=None))
+    assert len(got) == len(want) == 9
+    for (a, n), (b, m) in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(n, m)
+    assert len(in_place) == 9 and all(name.startswith("packer-hf") for name in in_place)
+    assert threads[9:] == [threading.current_thread().name] * 9  # the plain tokenizer: encoded where called
