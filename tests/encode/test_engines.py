@@ -16,7 +16,7 @@ from packer.encode import engines
 from packer.encode.engines import byte_level, choose_engine, fastokens_bpe, tiktoken_bpe
 from packer.encode.engines.tiktoken_bpe import NEVER_ALLOWED as NEVER
 from packer.encode.text import encode_texts
-from packer.encode.tokenizer import load_encoder
+from packer.encode.tokenizer import load_encoder, load_tokenizer
 
 QWEN2 = byte_level.SPLIT_REGEXES["qwen2"]
 LLAMA3 = byte_level.SPLIT_REGEXES["llama3"]
@@ -150,6 +150,30 @@ def test_every_code_point_splits_the_same(tokenizers_, name, engine):
     np.testing.assert_array_equal(_ids(path, engine, texts)[0], _ids(path, "hf", texts)[0], err_msg=name)
 
 
+@pytest.mark.parametrize("pattern", sorted(set(byte_level.FAST_FORMS)))
+def test_the_fast_forms_of_the_split_regexes_split_alike(pattern):
+    """byte_level.FAST_FORMS (the split regexes as the tiktoken engine runs them, argued there) cut every
+    text where the tokenizer's regex cuts it: pieces compared in `regex` (a third leftmost-first engine,
+    tiktoken's own dependency) over the adversarial texts, odd contractions and every code point after
+    an apostrophe, a space and a letter. (Ids alone would miss a wrong cut where the vocabulary has no
+    token across it.)"""
+    import regex
+
+    fast = byte_level.FAST_FORMS[pattern]
+    assert fast != pattern
+    contexts = "".join(f"'{c}'{c}{c} {c}a{c}'" for c in map(chr, range(0x30000)) if not 0xD800 <= ord(c) < 0xE000)
+    texts = [*_adversarial(), "'s's 'S'T'RE '\u017f ''ll 'Ll 'lL 'llama 're're 'k 'K x's 'dd", "'" * 50 + "s", contexts]
+    as_written, rewritten = regex.compile(pattern), regex.compile(fast)
+    for text in texts:
+        assert rewritten.findall(text) == as_written.findall(text), text[:80]
+
+
+def test_the_tiktoken_engine_splits_with_the_fast_form(tokenizers_):
+    vocab = byte_level.ranked_vocab_at(tokenizers_["gpt2"])
+    engine = load_encoder(tokenizers_["gpt2"], "tiktoken")
+    assert vocab.pattern == byte_level.GPT2_REGEX and engine._pattern == byte_level.FAST_FORMS[byte_level.GPT2_REGEX]
+
+
 def test_lone_surrogates_are_refused_by_both(tokenizers_):
     for engine in ("hf", *FAST):
         with pytest.raises(TypeError):
@@ -242,8 +266,6 @@ def test_other_structures_run_on_hf(tmp_path, change, why):
     choice = choose_engine(path)
     assert choice.name == "hf" and why in choice.reason, choice.reason
     texts = ["Hello world, it's 2024!", "  spaced\n\n"]
-    from packer.encode.tokenizer import load_tokenizer
-
     assert load_tokenizer(path).encode_batch_fast(texts, add_special_tokens=False)  # a valid tokenizer.json
 
 

@@ -67,6 +67,26 @@ SPLIT_REGEXES = {  # Split patterns the engines reproduce exactly, by their toke
 }
 
 
+# Each split regex as the engine runs it: the same matches, written so tiktoken's regex engine
+# (fancy-regex, a backtracking VM for these patterns) tries fewer alternatives at each place. On 6.4 M
+# characters of the benchmark corpus, one thread: 0.74 (GPT-2) and 0.88 (Qwen 2) of the time (2026-12-04,
+# /tmp experiment; benchmarks/bench_engines.py measures the build). Why they match alike, in any
+# leftmost-first engine (the first alternative that matches at a place wins):
+#   1. 's|'t|'re|'ve|'m|'ll|'d  ->  '(?:[stmd]|re|ve|ll): all begin with "'", and what follows it is
+#      prefix-free (no rest is the start of another, under case folding too: (?i) gives each letter
+#      its own variants, s also long s, none shared), so at a place at most one alternative matches
+#      in either form, and it is the same one.
+#   2. (GPT-2) " ?\p{L}+" moved before the contractions: its matches begin with a space or a letter,
+#      theirs with "'": never both at one place, so their order decides nothing. (Not in Llama 3 /
+#      Qwen 2, whose [^\r\n\p{L}\p{N}]?\p{L}+ also matches "'s".)
+# tests/encode/test_engines.py runs the engine with these forms against tokenizers on every code point.
+FAST_FORMS = {
+    GPT2_REGEX: r""" ?\p{L}+|'(?:[stmd]|re|ve|ll)| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+    SPLIT_REGEXES["llama3"]: r"""'(?i:[stmd]|re|ve|ll)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    SPLIT_REGEXES["qwen2"]: r"""'(?i:[stmd]|re|ve|ll)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+}
+
+
 @dataclass(frozen=True)
 class RankedVocab:
     """What a rank-merging engine needs: bytes -> rank (bytes 0-255, then tokens in merge order),

@@ -56,7 +56,8 @@ class Encoder:
         # encode_ordinary does (a disallowed special's text stays text), but hands back a u32 buffer,
         # not a list of ints made under the GIL: 0.79 of the time on one thread (21 Mchar, 2026-12-04).
         # With no special token at all, its special-token search matches the empty string at every place.
-        self._core = tiktoken.Encoding("packer", pat_str=vocab.pattern, mergeable_ranks=vocab.ranks,
+        self._pattern = byte_level.FAST_FORMS[vocab.pattern]  # the same cuts, fewer steps (byte_level.py)
+        self._core = tiktoken.Encoding("packer", pat_str=self._pattern, mergeable_ranks=vocab.ranks,
                                        special_tokens={NEVER_ALLOWED: len(vocab.ranks)})._core_bpe
         self._normalize = tok.normalizer.normalize_str if vocab.nfc else None
         self._pool = None
@@ -75,7 +76,7 @@ class Encoder:
             return None
         if self._added is None or self._added[0] != texts:
             base = len(self._ids)
-            core = tiktoken.Encoding("packer-added", pat_str=self._vocab.pattern, mergeable_ranks=self._vocab.ranks,
+            core = tiktoken.Encoding("packer-added", pat_str=self._pattern, mergeable_ranks=self._vocab.ranks,
                                      special_tokens={t: base + i for i, t in enumerate(texts)})._core_bpe
             ids = np.concatenate([self._ids, np.array([added[t] for t in texts], self._ids.dtype)])
             self._added = texts, core, ids
