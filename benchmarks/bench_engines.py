@@ -25,8 +25,11 @@ Rows, per tokenizer and worker count, each timed in this run:
 "ratio" is the baseline's seconds / the row's (the issue's targets, whole build: >= 3 GPT-2
 style, >= 2.5 Qwen style, >= 0.95 where hf runs); "cpu ratio" the same in CPU seconds (the
 process and its children; with one worker only: a pool's workers are not counted), steadier on a
-shared machine. With --repeat N every row runs N times,
-rounds interleaved, and each keeps its best.
+shared machine. With --repeat N every row runs N times, in rounds (the baseline, then every row):
+"seconds" is a row's best, and each ratio the median over the rounds of the row against its own
+round's baseline, with the rounds' range after it ("paired": a machine whose speed drifts, as this
+shared one does by a quarter from one hour to the next, moves both sides of a round alike, while
+the best of each row may come from different hours).
 
 2026-12-03, x86_64, 2 cores shared with other jobs (load average 9-15: wall seconds swing 2-3x
 row to row, so the CPU ratio is the figure to read), 62 MB, --repeat 1:
@@ -95,6 +98,7 @@ import os
 import platform
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -324,18 +328,21 @@ def main():
         print(f"corpus: {size / 1e6:.1f} MB JSONL in {len(files)} files, units of {unit_bytes / 1e6:.1f} MB; "
               f"tokenizers trained in {time.perf_counter() - t:.0f} s ({VOCAB:,} tokens)")
         print(f"{'tokenizer':<16}{'workers':>8}{'cores':>6}  {'row':<22}{'seconds':>9}{'Mchar/s':>9}{'ratio':>7}"
-              f"{'cpu s':>8}{'cpu ratio':>10}")
+              f"{'rounds':>11}{'cpu s':>8}{'cpu ratio':>10}")
         for name, path in toks.items():
             for workers in map(int, args.workers.split(",")):
                 cores = min(workers * tokenizer_threads(workers), usable_cores())
                 rows: dict[str, dict] = {}
+                paired: dict[str, list] = {}  # label -> [(baseline seconds / row's, the same in CPU)] per round
 
                 def keep(label, r):
                     best = rows.setdefault(label, r)
                     rows[label] = {**r, "seconds": min(best["seconds"], r["seconds"]), "cpu": min(best["cpu"], r["cpu"])}
+                    paired.setdefault(label, []).append((base_now["seconds"] / r["seconds"], base_now["cpu"] / r["cpu"]))
 
                 for _ in range(args.repeat):
-                    keep("encode_batch_fast", _python(BASELINE, [json.dumps(files), path], threads=cores))
+                    base_now = _python(BASELINE, [json.dumps(files), path], threads=cores)
+                    keep("encode_batch_fast", base_now)
                     for engine in ("hf", "auto", *filter(None, args.engines.split(","))):
                         stage = _python(STAGE, [json.dumps(files), path, str(workers), engine, str(unit_bytes)])
                         keep(f"stage {stage['engine']}", stage)
@@ -345,12 +352,14 @@ def main():
                         keep("build hf, before", _build(files, path, d / "out-before", workers, None, unit_bytes, args.before))
                 base = rows["encode_batch_fast"]
                 for label, r in rows.items():
+                    walls, cpus = zip(*paired[label])
+                    spread = f"{min(walls):.2f}-{max(walls):.2f}" if len(walls) > 1 else ""
                     # pool workers are the forkserver's children, which no one here waits for: their CPU
                     # is not counted, so with --workers > 1 only the baseline's is shown
-                    cpu = f"{r['cpu']:>8.1f}{base['cpu'] / r['cpu']:>10.2f}" if workers == 1 or r is base else \
+                    cpu = f"{r['cpu']:>8.1f}{statistics.median(cpus):>10.2f}" if workers == 1 or r is base else \
                         f"{'-':>8}{'-':>10}"
                     print(f"{name:<16}{workers:>8}{cores:>6}  {label:<22}{r['seconds']:>9.2f}"
-                          f"{base['chars'] / r['seconds'] / 1e6:>9.2f}{base['seconds'] / r['seconds']:>7.2f}{cpu}",
+                          f"{base['chars'] / r['seconds'] / 1e6:>9.2f}{statistics.median(walls):>7.2f}{spread:>11}{cpu}",
                           flush=True)
                 counts = {r["tokens"] for label, r in rows.items() if label != "encode_batch_fast"}
                 assert len(counts) == 1, f"the engines' token counts differ: {counts}"
