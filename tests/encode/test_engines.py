@@ -15,7 +15,7 @@ from packer import config
 from packer.encode import engines
 from packer.encode.engines import byte_level, choose_engine, fastokens_bpe, tiktoken_bpe
 from packer.encode.engines.tiktoken_bpe import NEVER_ALLOWED as NEVER
-from packer.encode.text import encode_texts
+from packer.encode.text import encode_parts, encode_texts
 from packer.encode.tokenizer import load_encoder, load_tokenizer
 
 QWEN2 = byte_level.SPLIT_REGEXES["qwen2"]
@@ -172,6 +172,33 @@ def test_the_tiktoken_engine_splits_with_the_fast_form(tokenizers_):
     vocab = byte_level.ranked_vocab_at(tokenizers_["gpt2"])
     engine = load_encoder(tokenizers_["gpt2"], "tiktoken")
     assert vocab.pattern == byte_level.GPT2_REGEX and engine._pattern == byte_level.FAST_FORMS[byte_level.GPT2_REGEX]
+
+
+@pytest.mark.parametrize("engine", ["hf", "tiktoken"])
+def test_a_forked_child_encodes_with_the_parents_encoder(tokenizers_, engine, monkeypatch):
+    """A DataLoader worker is a fork of a process that may have encoded already: the engine's threads
+    are not in the child, and it must make its own (before: the child waited forever)."""
+    import os
+    import signal
+    import time
+
+    monkeypatch.setenv("RAYON_NUM_THREADS", "2")  # tiktoken: threads of its own
+    encoder = load_encoder(tokenizers_["gpt2"], engine)
+    texts = _adversarial()[:8]
+    want = encode_texts(encoder, texts, dtype=np.uint32)[0]
+    list(encode_parts(encoder, texts, dtype=np.uint32))  # the pool made and idle in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when its ids equal the parent's, killed by the alarm if it hangs
+        signal.alarm(20)
+        got = np.concatenate([ids for ids, _ in encode_parts(encoder, texts, dtype=np.uint32)])
+        os._exit(0 if np.array_equal(got, want) else 3)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, done
 
 
 def test_lone_surrogates_are_refused_by_both(tokenizers_):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from packer.encode.engines.threads import OwnThreads
 
 NAME = "hf"
 
@@ -35,7 +36,7 @@ class Encoder:
 
     def __init__(self, path: str, tok, check_reach: bool = True):
         self.tok = tok
-        self._pool = None
+        self._thread = OwnThreads(1, "packer-hf")
 
     def encode_ids(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         return encode_batch(self.tok, texts, dtype)
@@ -44,6 +45,4 @@ class Encoder:
         """encode_ids started on a thread of this engine's (tokenizers lets go of the GIL while its own
         threads encode): a callable that waits for it. One batch at a time runs there, in order, so
         the caller reads the next batch meanwhile and tokenizers' threads do not idle between batches."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="packer-hf")
-        return self._pool.submit(encode_batch, self.tok, texts, dtype).result
+        return self._thread.submit(encode_batch, self.tok, texts, dtype).result

@@ -15,11 +15,11 @@ ids equal.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from packer.encode.engines import byte_level
+from packer.encode.engines.threads import OwnThreads
 
 NAME = "tiktoken"
 NEVER_ALLOWED = "<|packer: text, never a token|>"
@@ -113,10 +113,9 @@ class Encoder:
     def submit_ids(self, texts: list[str], dtype):
         """encode_ids started on this engine's threads (tiktoken lets go of the GIL while it encodes):
         a callable that waits for it and gives (flat ids, lengths). One thread: encoded here and now."""
-        threads = min(self._threads(), len(texts))
-        if threads > 1:
+        if min(self._threads(), len(texts)) > 1:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads())
+                self._pool = OwnThreads(self._threads(), "packer-tiktoken")
             futures = [self._pool.submit(self._encode_one, text) for text in texts]
             return lambda: self._gathered(lambda: [f.result() for f in futures], dtype)
         done = self._gathered(lambda: list(map(self._encode_one, texts)), dtype)
