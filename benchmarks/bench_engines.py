@@ -86,6 +86,24 @@ buffer instead of a list of ints, xxh3 for the input records, a batch encoded wh
 
 With 2 usable cores, "1 worker" runs 2 tokenizer threads, so every row uses both cores; the
 previous table's 1-worker rows (a loaded machine) had about one.
+
+2026-12-04 night, this machine (load 0.6-2.2; the baseline moved 9.6-14.4 s between runs), 62 MB,
+--corpus, --repeat 5, ratios now paired (the median over rounds); two runs, after: the split
+regexes' fast forms (byte_level.FAST_FORMS: tiktoken 0.74 / 0.88 of its time, GPT-2 / Qwen 2), the
+rule's kept ranks (no JSON parse, no merge replay: 0.16 s a build and each worker), no second parse
+for the shipped truncation, no pyarrow.compute import, and hf encoding on a thread of its own:
+
+    whole build, ratio to encode_batch_fast    wall (cpu)
+                                   1 worker                   2 workers
+    gpt2-style      tiktoken       3.08 (3.50) / 3.04 (3.44)  3.90 / 3.41
+                    hf             0.86 (0.94) / 0.93 (0.99)  1.00 / 0.91
+    qwen-style NFC  tiktoken       3.17 (3.64) / 2.66 (3.04)  3.43 / 2.98
+                    hf             0.92 (0.98) / 0.85 (0.91)  0.99 / 1.00
+    tokenize stage alone, tiktoken: 3.59 / 4.95 / 3.32 / 3.89 and 3.92 / 4.33 / 3.03 / 3.85
+
+Rounds spread widely (GPT-2, 1 worker, tiktoken: 2.53-3.97, then 2.55-3.95). hf's whole build against
+the build before engines existed (a worktree of 5f5d168^, GPT-2 style, 1 worker, 6 paired whole-process
+runs): 0.85 of its wall time (0.75-0.92).
 """
 
 from __future__ import annotations

@@ -52,6 +52,15 @@ reads the chat's added tokens itself, one call per conversation), the same rows:
 Short turns stay under 2x: the corpus is the sample's conversations reshuffled, which tokenizers'
 word cache serves nearly whole (encode alone, tiktoken is 2.6-3x encode_batch_fast here), and the
 per-conversation work (render, spans, mask) weighs more against a short turn's encode.
+
+2026-12-04 night, the same box (load ~1), --clock cpu, after the split regexes' fast forms
+(packer/encode/engines/byte_level.py FAST_FORMS; the sample tokenizer splits with GPT-2's regex):
+
+    rows                 --long-turns           short turns
+                         (2,000, --repeat 5)    (3,000, --repeat 7; two runs)
+    stage                   2.93 (2.18-3.21)       2.17 (1.70-2.37), 2.13 (1.45-2.26)
+    stage, generation       2.60                   1.71, 1.80
+    stage, rendered         2.38                   1.57, 1.43
 """
 
 from __future__ import annotations
