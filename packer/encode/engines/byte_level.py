@@ -68,9 +68,9 @@ SPLIT_REGEXES = {  # Split patterns the engines reproduce exactly, by their toke
 
 
 # Each split regex as the engine runs it: the same matches, written so tiktoken's regex engine
-# (fancy-regex, a backtracking VM for these patterns) tries fewer alternatives at each place. On 6.4 M
-# characters of the benchmark corpus, one thread: 0.74 (GPT-2) and 0.88 (Qwen 2) of the time (2026-12-04,
-# /tmp experiment; benchmarks/bench_engines.py measures the build). Why they match alike, in any
+# (fancy-regex, a backtracking VM for these patterns) tries fewer alternatives at each place: 0.74
+# (GPT-2) and 0.88 (Qwen 2) of tiktoken's time, one thread, on 6.4-14 M characters of
+# benchmarks/bench_engines.py's corpus (2026-12-04; that benchmark times the build). Why they match alike, in any
 # leftmost-first engine (the first alternative that matches at a place wins):
 #   1. 's|'t|'re|'ve|'m|'ll|'d  ->  '(?:[stmd]|re|ve|ll): all begin with "'", and what follows it is
 #      prefix-free (no rest is the start of another, under case folding too: (?i) gives each letter

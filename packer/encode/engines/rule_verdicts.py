@@ -12,7 +12,8 @@ file's bytes, the rule and the tokenizers release that (S) runs, so it is named 
 
 PACKER_RULE_CACHE=DIR keeps them in DIR instead ($XDG_CACHE_HOME is honoured), PACKER_RULE_CACHE=off
 keeps none. A verdict (or a passed file's ranks: the archive's CRCs) that cannot be read back whole
-is checked again, and one that cannot be written is not kept: the directory only ever saves time, it never changes a choice.
+is checked again, and one that cannot be written is not kept: the directory only ever saves time,
+it never changes a choice.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-RULE = 1  # raise it when byte_level's rule changes: verdicts of the old rule are then not read
+RULE = 1  # raise it when byte_level's rule or its ranks change: what the old one kept is then not read
 
 
 def get(data: bytes) -> str | dict | None:
