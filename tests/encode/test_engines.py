@@ -172,6 +172,7 @@ def test_the_tiktoken_engine_splits_with_the_fast_form(tokenizers_):
     vocab = byte_level.ranked_vocab_at(tokenizers_["gpt2"])
     engine = load_encoder(tokenizers_["gpt2"], "tiktoken")
     assert vocab.pattern == byte_level.GPT2_REGEX and engine._pattern == byte_level.FAST_FORMS[byte_level.GPT2_REGEX]
+    assert set(byte_level.FAST_FORMS) == {byte_level.GPT2_REGEX, *byte_level.SPLIT_REGEXES.values()}  # one for each
 
 
 @pytest.mark.parametrize("engine", ["hf", "tiktoken"])
