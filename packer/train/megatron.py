@@ -1,0 +1,224 @@
+"""Megatron-Core's side of a packer build: each stored row as the THD sample Megatron-LM's packed path takes.
+
+`PackedGPTDataset` is a `MegatronDataset` over any packer build directory (any format, through
+open_dataset), built where a Megatron-LM script builds GPTDataset:
+
+    config = GPTDatasetConfig(random_seed=1234, sequence_length=4096, tokenizer=tokenizer,
+                              blend=(["out/web", "out/chat"], [0.7, 0.3]), split="98,2,0",
+                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                              create_attention_mask=False)
+    train, valid, test = BlendedMegatronDatasetBuilder(PackedGPTDataset, [n_train, n_valid, 0],
+                                                       lambda: True, config).build()
+
+The split cuts each build's rows ([0, 0.98 N) train, ...); the blend is Megatron's own BlendedDataset.
+A sample is one stored row, never re-chunked: each epoch of a split is a permutation of its rows
+(numpy RandomState(random_seed)), as many epochs as num_samples needs. Megatron's labels are
+already shifted (tokens[i] predicts labels[i]; packer's and HF's labels[i] are predicted from
+position i - 1). A row [a a a | b b] (offsets [0, 3, 5]) at sequence_length 6, pad p:
+
+    tokens        int64   [L]    [a a a b b p]        the row, then padding (its own segment)
+    labels        int64   [L]    [a a - b - -]        the next token of the same document; - = -100
+    loss_mask     float32 [L]    [1 1 0 1 0 0]        labels != -100: 0 at each document's last token
+                                                      (its next token is another document), on
+                                                      padding and where packer's loss mask untrains
+    position_ids  int64   [L]    [0 1 2 0 1 0]        restart per document (padding too)
+    cu_seqlens    int32   [n+1]  [0, 3, 5, 6]         packer's: the row's offsets, then the padding's end
+    max_seqlen    int32   []     3                    a 0-d tensor, as Megatron-LM's SFTDataset gives
+    attention_mask bool [1, L, L]                     only with create_attention_mask: True = masked out
+                                                      (Megatron's sense), block-causal per document
+
+So the trained pairs (tokens[start..i], labels[i]) where loss_mask[i] = 1 are exactly packer's
+(input_ids[start..j-1], labels[j]) with j = i + 1, and cu_seqlens / position_ids are the item's.
+GPTDatasetConfig's reset_position_ids, reset_attention_mask and eod_mask_loss are not used (nothing
+is found from EOS tokens; boundaries are stored). `packed_seq_params(batch)` gives Megatron-Core's
+PackedSeqParams(qkv_format="thd") for a sample, a batch of `collate_thd`, or a default-collated
+[B, L] batch (its rows' cu_seqlens merged over the flattened B * L tokens).
+
+megatron-core is imported only when PackedGPTDataset or packed_seq_params is used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from packer import masks
+from packer.store.dataset import open_dataset
+from packer.train.items import make_item
+
+__all__ = ["PackedGPTDataset", "collate_thd", "megatron_sample", "packed_seq_params"]  # noqa: F822 (lazy: below)
+
+SAMPLE_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")  # [L] each; cu_seqlens and max_seqlen beside
+
+
+def megatron_sample(item: dict) -> dict:
+    """A packer item (packer/train/items.py: input_ids, labels, position_ids, cu_seqlens, max_seqlen,
+    optionally attention_mask) as Megatron's THD sample (the module docstring draws it)."""
+    input_ids = item["input_ids"]
+    labels = torch.full_like(item["labels"], masks.IGNORE_INDEX)
+    labels[:-1] = item["labels"][1:]  # packer's target of position i + 1 is Megatron's target of position i
+    sample = {
+        "tokens": input_ids.clone(),
+        "labels": labels,
+        "loss_mask": (labels != masks.IGNORE_INDEX).to(torch.float32),
+        "position_ids": item["position_ids"].clone(),
+        "cu_seqlens": item["cu_seqlens"].to(torch.int32).clone(),
+        "max_seqlen": torch.tensor(int(item["max_seqlen"]), dtype=torch.int32),
+    }
+    if "attention_mask" in item:
+        sample["attention_mask"] = ~item["attention_mask"][None]  # packer: True = may attend; Megatron: True = masked
+    return sample
+
+
+def collate_thd(samples: list[dict]) -> dict:
+    """B samples as one micro-batch of Megatron-LM's packed (THD) shape: tokens, labels, loss_mask and
+    position_ids [1, B * L] (the rows back to back), cu_seqlens int32 [1, n + 1] merged (row k's
+    boundaries + k * L), max_seqlen int32 [1]; what Megatron-LM's get_batch takes with
+    micro-batch-size 1 and seq_length B * L. Samples with attention_mask need the default collate."""
+    if "attention_mask" in samples[0]:
+        raise ValueError("collate_thd: samples carry attention_mask (create_attention_mask=True), which does not "
+                         "flatten; set create_attention_mask=False for THD, or use torch's default collate")
+    batch = {key: torch.cat([s[key] for s in samples])[None] for key in SAMPLE_FIELDS}
+    lengths = [len(s["tokens"]) for s in samples]
+    batch["cu_seqlens"] = _merged([s["cu_seqlens"] for s in samples], lengths)[None]
+    batch["max_seqlen"] = torch.stack([s["max_seqlen"] for s in samples]).max().reshape(1).to(torch.int32)
+    return batch
+
+
+def packed_seq_params(batch: dict):
+    """megatron.core.packed_seq_params.PackedSeqParams(qkv_format="thd") of a sample or a batch:
+
+        sample (cu_seqlens [n + 1])                      its cu_seqlens
+        collate_thd batch (cu_seqlens [1, n + 1])        its cu_seqlens
+        default-collated batch (tokens [B, L],           the rows' cu_seqlens merged over the
+          cu_seqlens [B, n + 1])                         flattened B * L tokens (tokens.reshape(1, -1))
+
+    Trailing -1 entries of a row's cu_seqlens (NeMo's and Megatron-LM's collate padding) are dropped.
+    cu_seqlens_q = cu_seqlens_kv (int32, on the batch's device), max_seqlen_q = max_seqlen_kv (an int)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = batch["cu_seqlens"]
+    rows = [cu] if cu.dim() == 1 else list(cu)
+    rows = [r[r >= 0] if bool((r[1:] < 0).any()) else r for r in rows]
+    if len(rows) == 1:
+        cu_seqlens = rows[0].to(torch.int32)
+    else:
+        tokens = batch["tokens"]
+        if tokens.dim() != 2 or tokens.shape[0] != len(rows):
+            raise ValueError(f"packed_seq_params: {len(rows)} rows of cu_seqlens but tokens of shape "
+                             f"{tuple(tokens.shape)}; give a [B, L] batch or collate with packer.megatron.collate_thd")
+        cu_seqlens = _merged(rows, [tokens.shape[1]] * len(rows)).to(cu.device)
+    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if len(cu_seqlens) > 1 else 0
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+
+
+def _merged(cus: list, lengths: list[int]) -> torch.Tensor:
+    """Rows' cu_seqlens [0, 3, 4], [0, 2] of rows of 4 and 2 tokens -> [0, 3, 4, 6] (int32)."""
+    out, start = [cus[0].new_zeros(1, dtype=torch.int32)], 0
+    for cu, n in zip(cus, lengths):
+        out.append((cu[1:] + start).to(torch.int32))
+        start += n
+    return torch.cat(out)
+
+
+# -- the dataset (megatron-core imported on first use) ----------------------------------------
+
+
+def sample_rows(indices: np.ndarray, num_samples: int | None, seed: int) -> np.ndarray:
+    """The stored row of each sample: whole epochs, each a permutation of `indices` (the split's rows),
+    as many as `num_samples` needs (one when None), from numpy RandomState(seed) like GPTDataset's."""
+    indices = np.asarray(indices, dtype=np.int64)
+    epochs = 1 if not num_samples or not len(indices) else -(-int(num_samples) // len(indices))
+    rng = np.random.RandomState(seed)
+    return np.concatenate([rng.permutation(indices) for _ in range(epochs)]) if epochs else indices
+
+
+def _check_length(dataset, sequence_length: int, where: str):
+    if dataset.context_length > sequence_length:
+        raise ValueError(f"{where}: rows of up to {dataset.context_length} tokens (its context length), longer than "
+                         f"GPTDatasetConfig(sequence_length={sequence_length}); set sequence_length >= "
+                         f"{dataset.context_length} (rows are padded to it, never cut)")
+
+
+@functools.cache
+def _dataset_class():
+    try:
+        from megatron.core.datasets.megatron_dataset import MegatronDataset
+    except ImportError as error:
+        raise ModuleNotFoundError(f"packer.megatron.PackedGPTDataset needs megatron-core, which does not import here "
+                                  f"({error}): pip install megatron-core", name="megatron") from None
+
+    class PackedGPTDataset(MegatronDataset):
+        """A packer build as a MegatronDataset: one sample per stored row (packer/train/megatron.py draws it).
+
+        Built by BlendedMegatronDatasetBuilder(PackedGPTDataset, sizes, is_built_on_rank, GPTDatasetConfig(
+        blend=([packer dataset directory, ...], weights), split=..., sequence_length=L >= each build's
+        context length, ...)). `sample_rows[k]` is the stored row of sample k; sample None (Megatron's
+        padding sample) is row 0 with loss_mask all 0."""
+
+        def __init__(self, dataset, dataset_path, indices, num_samples, index_split, config):
+            super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
+            _check_length(dataset, config.sequence_length, dataset_path)
+            if num_samples and not len(indices):
+                raise ValueError(f"{dataset_path}: the {index_split.name} split of split={config.split!r} holds none of "
+                                 f"its {len(dataset)} rows, and {num_samples} samples were asked of it; give that split a "
+                                 "larger share or a size of 0")
+            self.unique_identifiers["generation"] = dataset.generation  # a rebuilt dataset never hits a stale cache
+            self.unique_description = _describe(self.unique_identifiers)
+            self.unique_description_hash = _md5(self.unique_description)
+            self.sample_rows = sample_rows(indices, num_samples, config.random_seed)
+            self.pad_id = int(dataset.manifest["config"].get("pad_id", 0))
+
+        @staticmethod
+        def numel_low_level_dataset(low_level_dataset) -> int:
+            return len(low_level_dataset)  # splits cut rows
+
+        @staticmethod
+        def build_low_level_dataset(dataset_path: str, config):
+            dataset = open_dataset(dataset_path)
+            _check_length(dataset, config.sequence_length, dataset_path)
+            return dataset
+
+        @staticmethod
+        def _key_config_attributes() -> list[str]:
+            return ["random_seed", "sequence_length", "split", "split_matrix", "create_attention_mask"]
+
+        def __len__(self) -> int:
+            return len(self.sample_rows)
+
+        def __getitem__(self, idx) -> dict:
+            row = int(self.sample_rows[0 if idx is None else idx])
+            (tokens,), (offsets,) = self.dataset.views([row])
+            mask = self.dataset.mask_views([row]) if getattr(self.dataset, "has_loss_mask", False) else None
+            item = make_item(tokens, offsets, loss_mask=None if mask is None else mask[0],
+                             pad_to=self.config.sequence_length, pad_id=self.pad_id,
+                             return_attention_mask=bool(self.config.create_attention_mask))
+            sample = megatron_sample(item)
+            if idx is None:
+                sample["loss_mask"].zero_()
+            return sample
+
+    PackedGPTDataset.__module__ = __name__
+    PackedGPTDataset.__qualname__ = "PackedGPTDataset"  # pickles by name: module __getattr__ finds it
+    return PackedGPTDataset
+
+
+def _describe(identifiers) -> str:
+    import json
+
+    return json.dumps(identifiers, indent=4, default=lambda obj: obj.unique_identifiers)
+
+
+def _md5(text: str) -> str:
+    import hashlib
+
+    return hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+def __getattr__(name):
+    if name == "PackedGPTDataset":
+        return _dataset_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
