@@ -64,7 +64,11 @@ class _Group(click.Group):
         try:
             with warnings.catch_warnings():  # a warning is one line too: "warning: ..."
                 warnings.showwarning = lambda message, *_, **__: click.echo(f"warning: {redact_text(message)}", err=True)
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
+                sys.stdout.flush()  # a reader that left (`| head`) is met here, not by the interpreter's exit
+                return result
+        except BrokenPipeError:  # `packer inspect DS | head`: the reader has what it wanted; click's main
+            raise  # quiets the streams and exits 1, the way it handles EPIPE, with no "Error:" line
         except EXPECTED_ERRORS as e:  # credentials in a URI are never printed (packer/io/fs.py)
             _traceback_if_debug(ctx)
             line = _os_error_line(e, ctx.meta.get("output")) if isinstance(e, OSError) else str(e)
@@ -182,9 +186,43 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool, quiet: bool):
         click.echo(f"config: {json.dumps(job.config.to_dict())}", err=True)
     manifest = build(job, keep_work=keep_work, overwrite=overwrite, progress="off" if quiet else "auto")
     _print_summary(manifest, job.output)
+    if manifest["config"]["format"] == "megatron":
+        from packer.store.formats.megatron import NOTICE
+
+        click.echo(NOTICE)
 
 
 BUILD_FIELDS = tuple(f.name for f in dataclasses.fields(BuildConfig))
+BUILD_HELP = (  # `packer build --help` in sections, by parameter name; a name missing here lands in "Other options"
+    ("Inputs", ("source_paths", "source_fields", "source_splits", "text_field", "text_split", "on_file_error",
+                "strict", "max_doc_bytes", "max_skip_fraction")),
+    ("Records (fine-tuning data)", ("input_kind", "prompt_field", "completion_field", "messages_field", "ids_field",
+                                    "labels_field", "loss_mask_field", "chat_template", "train_roles", "long_prompts",
+                                    "store_roles", "role_names")),
+    ("Tokenizer", ("tokenizer", "encode_engine", "eos", "bos", "eos_token", "bos_token")),
+    ("Packing", ("context_length", "algorithm", "long_docs", "seed", "pack_group", "plan_memory")),
+    ("Output", ("output", "format", "shard_size", "overwrite", "keep_work")),
+    ("Execution", ("workers", "executor", "ray_address", "unit_bytes", "quiet", "debug", "help")),
+)
+
+
+class _Sectioned(click.Command):
+    """A command whose --help lists its options in titled sections (`sections`: (title, parameter names))."""
+
+    def __init__(self, *args, sections=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sections = sections
+
+    def format_options(self, ctx, formatter):
+        help_option = self.get_help_option(ctx)
+        rows = {"help" if p is help_option else p.name: record for p in self.get_params(ctx)
+                if isinstance(p, click.Option) and (record := p.get_help_record(ctx))}
+        placed = {name for _, names in self.sections for name in names}
+        other = ("Other options", tuple(name for name in rows if name not in placed))
+        for title, names in (*self.sections, other):
+            if records := [rows[name] for name in names if name in rows]:
+                with formatter.section(title):
+                    formatter.write_dl(records)
 KEEP_WORK = click.option("--keep-work", is_flag=True, help="Keep OUTPUT/_work (unit files, plan) after the build.")
 OVERWRITE = click.option("--overwrite", is_flag=True, help="Discard what OUTPUT holds (a complete dataset, or "
                          "unfinished work from other settings) and start over.")
@@ -192,7 +230,7 @@ QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on 
                      "in a log); the final summary is still printed. The config JSON is printed only with --debug.")
 
 
-@main.command()
+@main.command(cls=_Sectioned, sections=BUILD_HELP)
 @click.argument("inputs", nargs=-1)
 @click.option("--source", "source_paths", multiple=True, metavar="NAME=PATH", help="Name a source instead of "
               "INPUTS (repeat it; several paths for one name allowed): its segments are tagged, the manifest and "
@@ -378,18 +416,20 @@ def show_mask(dataset, seq, out_path, policy):
 @click.argument("dataset")
 @click.option("--seq", type=int, default=None, help="Show this packed sequence, decoded, with document boundaries marked.")
 @click.option("--raw", is_flag=True, help="With --seq: print token ids instead of text.")
-def inspect(dataset, seq, raw):
-    """Show a dataset's manifest summary, or one packed sequence (DATASET: a directory or a URI).
-    With a loss mask (fine-tuning data) untrained spans print in [brackets], dim on a terminal; with
-    role ids (--store-roles) each run of one role opens with its name, <user>."""
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest.json as JSON instead of the summary.")
+def inspect(dataset, seq, raw, as_json):
+    """Summarize a dataset (counts, fill, config, files), or show one packed sequence (DATASET: a
+    directory or a URI). With a loss mask (fine-tuning data) untrained spans print in [brackets], dim
+    on a terminal; with role ids (--store-roles) each run of one role opens with its name, <user>."""
     from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
     m = ds.manifest
+    if as_json:
+        click.echo(json.dumps(m, indent=2))
+        return
     if seq is None:
-        keys = ("format_version", "tool", "config", "tokenizer", "totals") + (("roles",) if "roles" in m else ())
-        click.echo(json.dumps({k: m[k] for k in keys}, indent=2))
-        click.echo(f"shards: {', '.join(s['file'] for s in m['shards'])}")
+        _print_dataset(m, dataset)
         return
     if not 0 <= seq < len(ds):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
@@ -422,6 +462,52 @@ def inspect(dataset, seq, raw):
             last = role
             shown.append(_show_span(ids, is_trained, tok))
         click.echo(("" if tok else " ").join(shown))
+
+
+SHOWN_SHARDS = 5  # `packer inspect DIR` lists this many shards; --json lists them all
+
+
+def _print_dataset(m: dict, dataset: str):
+    """`packer inspect DIR`: what a person asks of a dataset first, one topic a line.
+
+    dataset:   out/sample: 370 sequences of 2048 tokens, arrow, 1 shard (format 2, packer 0.1.0, 2026-12-05 20:17 UTC)
+    documents: 3,894 accepted of 3,894 read
+    tokens:    756,934 stored, fill rate 0.9989
+    tokenizer: sample_data/tokenizer.json (vocab 16,384, sha256 2efd84ee02aa), engine tiktoken
+    config:    context_length=2048 algorithm=ffd long_docs=split seed=0 ...
+    shards:    shard-00000.arrow  370 sequences  756,934 tokens  3,894 segments
+    """
+    import datetime
+    import textwrap
+
+    t, config, tok = m["totals"], m["config"], m.get("tokenizer", {})
+    when = (datetime.datetime.fromtimestamp(m["created_unix"], datetime.timezone.utc).strftime(", %Y-%m-%d %H:%M UTC")
+            if "created_unix" in m else "")
+    n_shards = len(m["shards"])
+    click.echo(f"dataset:   {redact(dataset)}: {t['sequences']:,} sequences of {config['context_length']:,} tokens, "
+               f"{config.get('format', 'arrow')}, {n_shards} shard{'s' * (n_shards != 1)} (format {m['format_version']}, "
+               f"{m['tool']['name']} {m['tool']['version']}{when})")
+    skipped = sum(t["docs_skipped"].values())
+    click.echo(f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"
+               + (f", {skipped:,} skipped ({', '.join(f'{k} {v:,}' for k, v in t['docs_skipped'].items())})" if skipped else ""))
+    fill = f"{t['fill_rate']:.4f}" if t.get("fill_rate") is not None else "n/a (no sequences)"
+    click.echo(f"tokens:    {t['tokens_out']:,} stored, fill rate {fill}"
+               + (f", {t['trained_tokens']:,} trained" if "trained_tokens" in t else ""))
+    engine = f", engine {tok['encode_engine']['name']}" if "encode_engine" in tok else ""
+    click.echo(f"tokenizer: {tok.get('path', '?')} (vocab {tok.get('vocab_size', 0):,}, sha256 {str(tok.get('sha256', '?'))[:12]})"
+               + engine)
+    if "roles" in m:
+        click.echo("roles:     " + ", ".join(f"{name} {i}" for name, i in m["roles"].items()))
+    for s in m.get("sources") or ():
+        click.echo(f"source:    {s['name']}: {s['documents']:,} documents, {s['tokens']:,} tokens")
+    pairs = " ".join(f"{k}={v}" for k, v in config.items() if v is not None)
+    click.echo(textwrap.fill(pairs, width=110, initial_indent="config:    ", subsequent_indent=" " * 11,
+                             break_on_hyphens=False))
+    for i, s in enumerate(m["shards"][:SHOWN_SHARDS]):
+        click.echo(f"{'shards:' if i == 0 else '':<11}{s['file']}  {s['sequences']:,} sequences  {s['tokens']:,} tokens"
+                   f"  {s['documents']:,} segments")
+    if n_shards > SHOWN_SHARDS:
+        click.echo(f"{'':<11}... and {n_shards - SHOWN_SHARDS:,} more (packer inspect {redact(dataset)} --json lists them)")
 
 
 def _mask_spans(tokens, mask, roles=None) -> list[tuple]:

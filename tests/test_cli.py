@@ -46,8 +46,8 @@ def test_build_prints_summary_then_verify_stats_inspect(tmp_path):
     assert inspect.exit_code == 0 and "document 0: tokens [0," in inspect.output
     raw = runner.invoke(main, ["inspect", str(out), "--seq", "0", "--raw"])
     assert raw.exit_code == 0 and raw.output.split("\n")[2].split()[0].isdigit()
-    summary = runner.invoke(main, ["inspect", str(out)])
-    assert summary.exit_code == 0 and '"format_version": 2' in summary.output
+    raw_manifest = runner.invoke(main, ["inspect", str(out), "--json"])
+    assert raw_manifest.exit_code == 0 and json.loads(raw_manifest.output) == json.loads((out / "manifest.json").read_text())
 
 
 def test_verify_fails_on_a_corrupted_shard(tmp_path):
@@ -212,6 +212,10 @@ def test_sigterm_stops_with_one_line_and_the_same_command_resumes(tmp_path):
     del env["PACKER_FAILPOINTS"]
     resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "3,894 accepted of 3,894 read" in resumed.stdout, resumed.stderr
+    said = [line for line in resumed.stderr.splitlines() if line.startswith("tokenize: resumed: ")]
+    n_units = len(list((out / "_work" / "units").glob("*.json"))) if (out / "_work").exists() else None
+    assert len(said) == 1 and said[0].endswith(" units) done by an earlier run") and "(2 of " in said[0], resumed.stderr
+    assert n_units is None or f"(2 of {n_units} units)" in said[0]
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
 
@@ -294,3 +298,87 @@ def test_format_and_executor_choices_come_from_their_tables():
     assert "[arrow|memmap|megatron|rows]" in text and "[local|ray|in-order]" in text
     plain = CliRunner().invoke(main, ["build", "--help"])
     assert "[arrow|memmap|megatron]" in " ".join(plain.output.split()) and "rows" not in plain.output
+
+
+def test_inspect_without_seq_is_a_readable_summary(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    assert _build(runner, out, "--shard-size", "60000").exit_code == 0
+    m = json.loads((out / "manifest.json").read_text())
+    summary = runner.invoke(main, ["inspect", str(out)])
+    assert summary.exit_code == 0 and not summary.output.lstrip().startswith("{")
+    lines = summary.output.splitlines()
+    topics = [line.split(":", 1)[0] for line in lines if not line.startswith(" ")]
+    assert topics == ["dataset", "documents", "tokens", "tokenizer", "config", "shards"], summary.output
+    t = m["totals"]
+    assert lines[0].startswith(f"dataset:   {out}: {t['sequences']:,} sequences of 512 tokens, arrow, {len(m['shards'])} shards")
+    assert lines[1] == f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"
+    assert lines[2] == f"tokens:    {t['tokens_out']:,} stored, fill rate {t['fill_rate']:.4f}"
+    config = " ".join(line[11:] for line in lines if line.startswith(("config:", "           ")) and "=" in line)
+    assert "context_length=512" in config and "algorithm=ffd" in config
+    shards = [line for line in lines if ".arrow" in line]
+    assert len(m["shards"]) > 5 and len(shards) == 5 and f"... and {len(m['shards']) - 5} more" in lines[-1]
+    first = m["shards"][0]
+    assert shards[0].split() == ["shards:", first["file"], f"{first['sequences']:,}", "sequences", f"{first['tokens']:,}",
+                                 "tokens", f"{first['documents']:,}", "segments"]
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
+    """`packer inspect DS | head`: no "Error: Broken pipe", no "Exception ignored", for a large output
+    (written while the command runs) and a small one (written when it exits)."""
+    out = tmp_path / "ds"
+    assert _build(CliRunner(), out).exit_code == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for args in (["--seq", "0", "--raw"], [], ["--json"]):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first byte: every write meets EPIPE
+        try:
+            done = subprocess.run([sys.executable, "-m", "packer.cli", "inspect", str(out), *args], env=env,
+                                  stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write)
+        assert done.stderr == "" and done.returncode == 1, (args, done.stderr)
+    shell = subprocess.run(f"{sys.executable} -m packer.cli inspect {out} --seq 0 --raw | head -n 1", shell=True,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert shell.stdout.startswith("sequence 0: ") and shell.stderr == ""
+
+
+def test_build_help_lists_every_option_in_its_section():
+    from packer.cli import BUILD_HELP, build
+
+    text = CliRunner().invoke(main, ["build", "--help"]).output
+    titles = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == [title for title, _ in BUILD_HELP], text  # every section, in order, and no "Other options"
+    at = {title: text.index(f"\n{title}:\n") for title, _ in BUILD_HELP}
+    ends = sorted(at.values())[1:] + [len(text)]
+    body = {title: text[start:next(e for e in ends if e > start)] for title, start in at.items()}
+    flags = [opt for p in build.params if p.param_type_name == "option" for opt in p.opts]
+    assert len(flags) > 40
+    for title, names in BUILD_HELP:
+        for p in build.params:
+            if p.name in names and p.param_type_name == "option":
+                assert f"  {p.opts[-1]}" in body[title], (title, p.opts)
+    assert all(text.count(f" {flag} ") + text.count(f" {flag},") + text.count(f" {flag}\n") >= 1 for flag in flags)
+
+
+def test_progress_counts_only_this_runs_work_and_moves_before_the_first_update(monkeypatch, capsys):
+    import time
+
+    from packer.io import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress, "TICK", 3600.0)
+    with progress.Progress("tokenize", 1_000_000, "B", mode="lines", before=600_000, before_note="3 of 5 units") as bar:
+        clock[0] += 2.0
+        bar.update(400_000)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "tokenize: resumed: 600kB of 1.00MB (3 of 5 units) done by an earlier run"
+    assert lines[-1] == "tokenize: 1.00MB of 1.00MB (100%), 200kB/s, 2s"  # 400 kB in 2 s, not 1 MB in 2 s
+    monkeypatch.undo()
+    monkeypatch.setattr(progress, "TICK", 0.05)
+    monkeypatch.setattr(progress, "FIRST", 0.1)
+    with progress.Progress("write", 100, "tok", mode="lines"):
+        time.sleep(0.5)  # no task finished yet
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("write: 0.00 tok of 100 tok (0%), "), lines  # the FIRST-second line

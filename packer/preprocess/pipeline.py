@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
 
 import numpy as np
 
 from packer._version import __version__
 from packer.config import Job
+from packer.encode import engines
 from packer.encode.chat_source import chat_template_manifest
 from packer.encode.tokenizer import TokenizerInfo, resolved_config, specials_manifest, tokenizer_info
 from packer.io import atomic, failpoints, fs, lock
@@ -52,10 +54,17 @@ WORK = "_work"
 def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", unit_configs=None):
     total = sum(max(u.size, 0) for u in units)
     n_done = [0]
-    with Progress("tokenize", total, "B", mode=progress) as bar:
+    earlier = {(fs.redact(u.path), u.start, u.end): max(u.size, 0)  # units an earlier run finished: not in the rates
+               for u in units if unit_paths(units_dir, u.index)["json"].exists()}
+    with Progress("tokenize", total, "B", mode=progress, before=sum(earlier.values()),
+                  before_note=f"{len(earlier)} of {len(units)} units") as bar:
         seen = {"docs": 0, "tokens": 0}
 
         def done(counters):
+            if (counters.get("path"), counters.get("start"), counters.get("end")) in earlier:  # an earlier run's
+                n_done[0] += 1
+                failpoints.hit("tokenize", n_done[0])
+                return
             seen["docs"] += counters["docs_accepted"]
             seen["tokens"] += counters["tokens"]
             seconds = bar.elapsed()
@@ -111,12 +120,17 @@ def _write_stage(plan: PlanIndex, info, config, work, out, executor, progress="a
     role_ids = loss_mask and config.store_roles  # chat with --store-roles (every unit then holds records)
     (work / "shards").mkdir(exist_ok=True)
     n_done = 0
-    with Progress("write", plan.n_tokens, "tok", mode=progress) as bar:
+    shard_done = [work / "shards" / f"shard-{k:05d}.json" for k in range(plan.n_shards)]
+    earlier = [json.loads(p.read_text(encoding="utf-8")) for p in shard_done if p.exists()]  # an earlier run's
+    with Progress("write", plan.n_tokens, "tok", mode=progress, before=sum(e["tokens"] for e in earlier),
+                  before_note=f"{len(earlier)} of {plan.n_shards} shards") as bar:
+        earlier_files = {e["file"] for e in earlier}
 
         def done(entry):
             nonlocal n_done
             n_done += 1
-            bar.update(entry["tokens"])
+            if entry["file"] not in earlier_files:
+                bar.update(entry["tokens"])
             failpoints.hit("write", n_done)
 
         args = [
@@ -275,7 +289,8 @@ def _finalize(run: _Run) -> dict:
         "tokenizer": {"path": fs.redact(info.path), "sha256": info.sha256, "vocab_size": info.vocab_size,
                       **_shipped(info), **specials_manifest(info),
                       # which engine encoded (every engine gives the same ids: packer/encode/engines)
-                      "encode_engine": {"name": info.engine, "reason": info.engine_reason},
+                      "encode_engine": {"name": info.engine, "reason": info.engine_reason,
+                                        "check": engines.CHECKS[info.engine]},
                       **chat_template_manifest(info, config, any(c.get("input_kind") == "chat" for c in counters))},
         "inputs": readers.input_descriptions(files),
         "shards": run.entries,

@@ -227,7 +227,7 @@ def test_cli_build_verify_inspect_stats_on_a_uri(memory_uri):
     result = runner.invoke(main, ["inspect", memory_uri, "--seq", "0"])
     assert result.exit_code == 0 and "──── document 0" in result.output, result.output
     assert "\ufffd" not in result.output  # decoded with the dataset's own tokenizer copy
-    result = runner.invoke(main, ["inspect", memory_uri])
+    result = runner.invoke(main, ["inspect", memory_uri, "--json"])  # the raw manifest
     assert result.exit_code == 0 and '"context_length": 1024' in result.output
     result = runner.invoke(main, ["stats", memory_uri])
     assert result.exit_code == 0 and "packed" in result.output.lower(), result.output

@@ -224,7 +224,7 @@ def test_cli_memmap_build_verify_quick_inspect(tmp_path):
     raw = runner.invoke(main, ["inspect", out, "--seq", "1", "--raw"])
     tokens, offsets = open_dataset(out)[1]
     assert raw.exit_code == 0 and f"{len(tokens)} tokens, {len(offsets) - 1} documents" in raw.output
-    summary = runner.invoke(main, ["inspect", out])
+    summary = runner.invoke(main, ["inspect", out, "--json"])  # the raw manifest
     assert summary.exit_code == 0 and '"format": "memmap"' in summary.output and "shard-00000.bin" in summary.output
 
 

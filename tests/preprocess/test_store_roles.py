@@ -144,7 +144,7 @@ def test_cli_builds_inspects_and_draws_roles(tmp_path):
     refused = runner.invoke(main, args + ["--store-roles"])
     assert refused.exit_code == 1 and "store_roles keeps the roles of chat messages" in refused.output
     assert runner.invoke(main, args + ["--input-kind", "chat", "--store-roles"]).exit_code == 0
-    summary = runner.invoke(main, ["inspect", str(out)])
+    summary = runner.invoke(main, ["inspect", str(out), "--json"])  # the raw manifest
     assert '"roles": {' in summary.output
     shown = runner.invoke(main, ["inspect", str(out), "--seq", "0", "--raw"])
     assert shown.exit_code == 0 and "<system>" in shown.output and "<assistant>" in shown.output
