@@ -50,7 +50,7 @@ def test_every_format_round_trips_masks_and_sources(tmp_path, fmt, n_rows):
                        tmp_path, 2, fmt, loss_mask=True)
     names = [name for name, _ in formats.entry_files(fmt, entry)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
-    if fmt != "arrow":  # sidecars, named in the entry
+    if FORMATS[fmt].EXTRA_FILES:  # sidecars, named in the entry (arrow, nemo: columns)
         assert {"loss_mask_file", "source_ids_file"} <= set(entry)
         assert "shard-00002.loss_mask.bin" in names and "shard-00002.source_ids.npy" in names
     got_mask, got_sources, got_tokens = [], [], []

@@ -134,7 +134,7 @@ def test_a_new_format_is_one_module_and_one_line_in_the_table(tmp_path, monkeypa
     from packer.store.dataset import open_dataset
     from packer.store.verify import verify_dataset
 
-    with pytest.raises(ValueError, match="format must be one of arrow, memmap, megatron; got 'rows'"):
+    with pytest.raises(ValueError, match=f"format must be one of {', '.join(FORMATS)}; got 'rows'"):
         BuildConfig(format="rows")
     rows_format = _rows_format()
     monkeypatch.setitem(FORMATS, "rows", rows_format)

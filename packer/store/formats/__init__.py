@@ -7,9 +7,10 @@ A format is a module with these top-level names (the `ShardFormat` protocol):
              arrow     ("file", "sha256", ".arrow")
              memmap    ("file", "sha256", ".bin"), ("index_file", "index_sha256", ".idx")
              megatron  the memmap two, then ("doc_ids_file", "doc_ids_sha256", ".docids.npy")
+             nemo      ("file", "sha256", ".idx.parquet")
     EXTRA_FILES  {extra: (name key, sha256 key, suffix)}: files of the optional fields
              (packer/store/rows.py EXTRAS: loss_mask, source_ids) a shard has only when its
-             build does, after FILES in EXTRAS order; arrow has none (they are columns)
+             build does, after FILES in EXTRAS order; arrow and nemo have none (they are columns)
     write(layout, tokens_of, sinks, extras) -> row bounds of its blocks
              stream one shard into sinks (FILES, then the EXTRA_FILES of `extras`): `layout` is
              the shard's rows without their tokens (packer/store/rows.py), `tokens_of(r0, r1)`
@@ -50,7 +51,7 @@ from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from packer.store import checksums
-from packer.store.formats import arrow, megatron, memmap
+from packer.store.formats import arrow, megatron, memmap, nemo
 from packer.store.rows import EXTRAS, Layout, Rows
 
 
@@ -73,7 +74,7 @@ class ShardFormat(Protocol):
     def derived_files(self, shards: list[dict]) -> dict[str, bytes]: ...
 
 
-FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron}
+FORMATS: dict[str, ShardFormat] = {"arrow": arrow, "memmap": memmap, "megatron": megatron, "nemo": nemo}
 # files every dataset has beside its shards (packer/store/manifest.py, packer/preprocess/pipeline.py)
 DATASET_FILES = frozenset({"manifest.json", "tokenizer.json", "stats.json", "report.html"})
 DEFAULT = "arrow"  # BuildConfig's default: what a manifest (or a write_shard call) that names no format means
