@@ -1,5 +1,11 @@
 """Megatron shards: Megatron-Core's indexed dataset (`.bin` + `MMIDIDX` `.idx`), plus packer's doc_ids.
 
+Megatron's stock GPTDataset re-packs these files: it shuffles the stored pieces and re-chunks them
+into sequence_length windows, so attention, positions and loss cross documents (a split document's
+piece, which ends in no EOS, is glued to another) and loss masks are not read. Train on a packer
+build with packer.megatron.PackedGPTDataset (packer/train/megatron.py), which yields each row as
+it is stored; IndexedDataset reads these files exactly (below).
+
 One Megatron *document* per packed sequence (row), one Megatron *sequence* per document piece
 (segment) of that row, so Megatron-LM, NeMo and datatrove readers open a shard as is
 (`IndexedDataset("out/shard-00000")`), and a row's sequence lengths are its segment lengths.
@@ -45,6 +51,9 @@ FILES = (
     ("doc_ids_file", "doc_ids_sha256", ".docids.npy"),
 )
 EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids, role_ids: packer/store/formats/sidecars.py (Megatron ignores them)
+NOTICE = ("megatron: Megatron's stock GPTDataset re-packs these shards (shuffled, re-chunked: attention, positions "
+          "and loss cross documents; loss masks unread); train with packer.megatron.PackedGPTDataset, one stored row "
+          "per sample (docs/format.md)")
 DERIVED_FILES = memmap.DERIVED_FILES  # nothing beside the shards
 derived_files = memmap.derived_files
 MAGIC = b"MMIDIDX\x00\x00"

@@ -1,0 +1,250 @@
+"""packer.megatron with megatron-core's own code on CPU: BlendedMegatronDatasetBuilder builds PackedGPTDataset over
+a text build (--format megatron) and a chat build with loss masks (Arrow), blended and split; every sample is its
+stored row as packer's own item (tokens, trained (context, target) pairs, positions, boundaries, the stored loss
+mask); packed_seq_params gives Megatron-Core's PackedSeqParams with packer's cu_seqlens; the stock GPTDataset
+re-packs the same files (what docs/format.md and `packer build --format megatron` warn of)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():  # megatron-core warns on import that Transformer Engine and Apex are absent
+    warnings.simplefilter("ignore")
+    builder = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
+    gpt_dataset = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+from click.testing import CliRunner  # noqa: E402
+from conftest import ROOT, SAMPLE, TOKENIZER, build_sample  # noqa: E402
+from torch.utils.data import default_collate  # noqa: E402
+
+from packer.cli import main  # noqa: E402
+from packer.data import ItemFields, PackedDataset, collate_padded, collate_varlen  # noqa: E402
+from packer.megatron import PackedGPTDataset, collate_thd, packed_seq_params  # noqa: E402
+from packer.store.dataset import open_dataset  # noqa: E402
+
+IGNORE = -100
+L = 256  # Megatron's sequence_length: both builds' rows padded to it
+VOCAB = 16384  # the sample tokenizer's
+
+
+@pytest.fixture(scope="module")
+def text_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("megatron-adapter") / "text"
+    build_sample(out, context_length=L, format="megatron")
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat_build(tmp_path_factory):
+    """Chat with loss masks (system and user turns untrained) at context 200: long conversations split."""
+    from packer.config import BuildConfig, Job
+    from packer.preprocess.pipeline import build
+
+    out = tmp_path_factory.mktemp("megatron-adapter") / "chat"
+    build(Job(inputs=(str(SAMPLE / "chat.jsonl"),), tokenizer=TOKENIZER, output=str(out), workers=1,
+              config=BuildConfig(context_length=200, input_kind="chat")), progress="off")
+    return out
+
+
+def config(paths, weights, split, **overrides):
+    settings = dict(random_seed=7, sequence_length=L, blend=(list(map(str, paths)), weights), split=split,
+                    tokenizer=NullTokenizer(VOCAB), reset_position_ids=False, reset_attention_mask=False,
+                    eod_mask_loss=False, create_attention_mask=False)
+    return gpt_dataset.GPTDatasetConfig(**{**settings, **overrides})
+
+
+def build_splits(paths, weights, split, sizes, **overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return builder.BlendedMegatronDatasetBuilder(PackedGPTDataset, sizes, lambda: True,
+                                                     config(paths, weights, split, **overrides)).build()
+
+
+def packer_items(path) -> list[dict]:
+    """Packer's own item of every stored row, in stored order, padded to L as the samples are."""
+    return list(PackedDataset(str(path), shuffle=False, fields=ItemFields(pad_to=L)))
+
+
+def trained_pairs_packer(item) -> list[tuple[int, int, int]]:
+    """(document start, end of the context, target) of every trained target of a packer item: labels[j] is
+    predicted from input_ids[start:j]."""
+    starts = item["cu_seqlens"].tolist()
+    labels = item["labels"].tolist()
+    out = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        out += [(a, j, labels[j]) for j in range(a, b) if labels[j] != IGNORE]
+    return out
+
+
+def trained_pairs_megatron(sample) -> list[tuple[int, int, int]]:
+    """The same from a Megatron sample: where loss_mask is 1, labels[i] is predicted from tokens[start:i + 1]."""
+    starts = sample["cu_seqlens"].tolist()
+    labels, mask = sample["labels"].tolist(), sample["loss_mask"].tolist()
+    out = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        out += [(a, i + 1, labels[i]) for i in range(a, b) if mask[i] == 1.0]
+    return out
+
+
+def assert_sample_is_row(sample, item, n_tokens, stored_mask):
+    """One Megatron sample against packer's item of its row (n_tokens stored tokens) and the row's stored loss
+    mask (None: all trained)."""
+    assert sample["tokens"].dtype == torch.int64 and sample["tokens"].shape == (L,)
+    assert torch.equal(sample["tokens"], item["input_ids"])
+    assert torch.equal(sample["position_ids"], item["position_ids"])
+    assert sample["cu_seqlens"].dtype == torch.int32 and torch.equal(sample["cu_seqlens"], item["cu_seqlens"])
+    assert sample["max_seqlen"].dim() == 0 and int(sample["max_seqlen"]) == int(item["max_seqlen"])
+    assert sample["loss_mask"].dtype == torch.float32
+    assert trained_pairs_megatron(sample) == trained_pairs_packer(item)
+    # The loss mask from the stored bytes, token by token: position i trains token i + 1 when that token is
+    # stored (not padding), starts no document and the stored mask trains it.
+    starts = set(item["cu_seqlens"].tolist()[:-1])
+    for i in range(L):
+        j = i + 1
+        trains = j < n_tokens and j not in starts and (stored_mask is None or stored_mask[j] == 1)
+        assert sample["loss_mask"][i].item() == float(trains), i
+        assert sample["labels"][i].item() == (sample["tokens"][j].item() if trains else IGNORE), i
+
+
+def rows_of(blended, k):
+    """(which dataset, its PackedGPTDataset, the stored row) of sample k of a BlendedDataset."""
+    d = int(blended.dataset_index[k])
+    mid = blended.datasets[d]
+    return d, mid, int(mid.sample_rows[blended.dataset_sample_index[k]])
+
+
+def test_builder_blends_and_splits_rows_and_each_sample_is_packers_item(text_build, chat_build):
+    paths, weights = [text_build, chat_build], [0.4, 0.6]
+    n = [len(open_dataset(p)) for p in paths]
+    items = [packer_items(p) for p in paths]
+    ds = [open_dataset(p) for p in paths]
+    stored = [None, ds[1].mask_views(np.arange(n[1]))]
+    assert ds[0].format == "megatron" and ds[1].format == "arrow" and stored[1] is not None
+    sizes = [int(1.5 * n[1]), 60, 0]  # the chat build's train split is drawn over twice: two epochs of it
+    train, valid, test = build_splits(paths, weights, "80,20,0", sizes)
+    assert test is None and 0 <= len(train) - sizes[0] <= 2 and 0 <= len(valid) - sizes[1] <= 2  # Megatron rounds up
+    for blended, lo, hi in ((train, 0.0, 0.8), (valid, 0.8, 1.0)):
+        assert type(blended).__name__ == "BlendedDataset"
+        for d, mid in enumerate(blended.datasets):
+            assert isinstance(mid, PackedGPTDataset)
+            split_rows = np.arange(int(round(lo * n[d])), int(round(hi * n[d])))
+            epochs = len(mid.sample_rows) // len(split_rows)
+            assert epochs >= 1 and len(mid.sample_rows) == epochs * len(split_rows) and len(mid) >= mid.num_samples
+            for e in range(epochs):  # every row of the split once per epoch, none from another split
+                assert sorted(mid.sample_rows[e * len(split_rows):(e + 1) * len(split_rows)]) == split_rows.tolist()
+        shares = np.bincount(blended.dataset_index, minlength=2) / len(blended)
+        assert np.abs(shares - weights).max() < 0.02, shares  # Megatron's blend
+    assert len(train.datasets[1].sample_rows) > len(np.arange(0, int(round(0.8 * n[1]))))  # two epochs exercised
+    seen = {0: set(), 1: set()}
+    multi = masked_inside = 0
+    for blended in (train, valid):
+        for k in range(len(blended)):
+            sample = blended[k]
+            d, _, row = rows_of(blended, k)
+            assert int(sample["dataset_id"]) == d
+            assert_sample_is_row(sample, items[d][row], len(ds[d][row][0]), stored[d][row] if stored[d] is not None else None)
+            seen[d].add(row)
+            multi += len(sample["cu_seqlens"]) > 3  # two documents or more, then padding
+            cu = sample["cu_seqlens"].tolist()
+            masked_inside += d == 1 and any(sample["loss_mask"][a:b - 1].min() == 0 for a, b in zip(cu[:-2], cu[1:-1]))
+    assert multi > 10 and masked_inside > 10 and len(seen[0]) > 20 and len(seen[1]) > 20  # the checks were exercised
+
+
+def test_packed_seq_params_carry_packers_cu_seqlens(text_build, chat_build):
+    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0])
+    assert type(train).__name__ == "PackedGPTDataset"
+    items = packer_items(chat_build)
+    rows = [int(r) for r in train.sample_rows[:6]]
+    samples = [train[k] for k in range(6)]
+    for sample, row in zip(samples, rows):
+        params = packed_seq_params(sample)
+        assert isinstance(params, PackedSeqParams) and params.qkv_format == "thd"
+        assert params.cu_seqlens_q.dtype == torch.int32 and torch.equal(params.cu_seqlens_q, items[row]["cu_seqlens"])
+        assert params.cu_seqlens_kv is params.cu_seqlens_q
+        assert params.max_seqlen_q == params.max_seqlen_kv == int(items[row]["max_seqlen"])
+    # Megatron-LM's get_batch with micro-batch-size 1: cu_seqlens [1, n], max_seqlen [1] (it asserts both shapes)
+    one = default_collate(samples[:1])
+    assert one["cu_seqlens"].shape[0] == 1 and one["max_seqlen"].dim() == 1
+    assert torch.equal(packed_seq_params(one).cu_seqlens_q, items[rows[0]]["cu_seqlens"])
+    # several rows: collate_thd flattens them, merged boundaries as packer's collate_varlen of the same items
+    thd = collate_thd(samples[:3])
+    assert thd["tokens"].shape == (1, 3 * L) and thd["cu_seqlens"].shape[0] == 1 and thd["max_seqlen"].shape == (1,)
+    packer_batch = collate_varlen([items[r] for r in rows[:3]])
+    assert torch.equal(thd["tokens"], packer_batch["input_ids"])
+    assert torch.equal(packed_seq_params(thd).cu_seqlens_q, packer_batch["cu_seqlens"])
+    assert packed_seq_params(thd).max_seqlen_q == int(packer_batch["max_seqlen"])
+    # a default-collated [B, L] batch (rows of equal segment counts stack): merged as packer's collate_padded
+    by_count = {}
+    for sample, row in zip([train[k] for k in range(len(train))], train.sample_rows.tolist()):
+        by_count.setdefault(len(sample["cu_seqlens"]), []).append((sample, row))
+    group = max(by_count.values(), key=len)[:3]
+    assert len(group) == 3
+    stacked = default_collate([s for s, _ in group])
+    assert stacked["tokens"].shape == (3, L)
+    padded = collate_padded([items[r] for _, r in group])
+    assert torch.equal(packed_seq_params(stacked).cu_seqlens_q, padded["cu_seqlens"])
+    # cu_seqlens padded with -1 (NeMo's and Megatron-LM's packed collate): the -1s are dropped
+    tail = torch.cat([samples[0]["cu_seqlens"], torch.full((4,), -1, dtype=torch.int32)])[None]
+    assert torch.equal(packed_seq_params({"cu_seqlens": tail}).cu_seqlens_q, items[rows[0]]["cu_seqlens"])
+
+
+def test_dense_attention_mask_and_the_padding_sample(chat_build):
+    """create_attention_mask=True: [1, L, L], True where Megatron masks (a later token or another document);
+    sample None (Megatron's padding sample) trains nothing."""
+    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0])
+    dense, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], create_attention_mask=True)
+    sample = dense[0]
+    doc = np.searchsorted(sample["cu_seqlens"].numpy()[1:], np.arange(L), side="right")
+    q, k = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
+    expected = (k > q) | (doc[q] != doc[k])
+    assert sample["attention_mask"].shape == (1, L, L) and sample["attention_mask"].dtype == torch.bool
+    assert np.array_equal(sample["attention_mask"][0].numpy(), expected) and len(set(doc.tolist())) > 1
+    blank = train[None]
+    assert torch.equal(blank["tokens"], train[0]["tokens"]) and blank["loss_mask"].sum() == 0
+
+
+def test_sequence_length_shorter_than_the_rows_is_one_line(chat_build):
+    with pytest.raises(ValueError, match=r"chat: rows of up to 200 tokens .* set sequence_length >= 200"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            builder.BlendedMegatronDatasetBuilder(PackedGPTDataset, [None, 0, 0], lambda: True, gpt_dataset.GPTDatasetConfig(
+                random_seed=1, sequence_length=128, blend=([str(chat_build)], None), split="100,0,0",
+                tokenizer=NullTokenizer(VOCAB), reset_position_ids=False, reset_attention_mask=False,
+                eod_mask_loss=False)).build()
+
+
+def test_importing_the_face_does_not_import_megatron():
+    code = "import sys, packer.megatron; assert 'megatron' not in sys.modules, sorted(sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_stock_gpt_dataset_repacks_and_the_build_says_so(text_build, tmp_path):
+    """What docs/format.md's first lines and the build's notice say, measured with Megatron's own GPTDataset on
+    the text build (its recommended settings for documents ending in EOS): its samples are not packer's rows."""
+    shard = str(text_build / "shard-00000")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = gpt_dataset.GPTDatasetConfig(random_seed=1, sequence_length=L, blend=([shard], None), split="100,0,0",
+                                           tokenizer=NullTokenizer(VOCAB), reset_position_ids=True,
+                                           reset_attention_mask=True, eod_mask_loss=True, create_attention_mask=False)
+        stock, _, _ = builder.BlendedMegatronDatasetBuilder(gpt_dataset.GPTDataset, [None, 0, 0], lambda: True,
+                                                            cfg).build()
+    rows = {tuple(t.tolist()) for t, _ in open_dataset(text_build)}
+    n = min(len(stock), 200)
+    equal = sum(tuple(stock[k]["tokens"].tolist()) in rows for k in range(n))
+    assert n > 100 and equal < n // 10  # re-chunked windows, not rows
+    result = CliRunner().invoke(main, ["build", str(SAMPLE / "prose.jsonl"), "--tokenizer", TOKENIZER, "--output",
+                                       str(tmp_path / "m"), "--format", "megatron", "--context-length", "512", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "GPTDataset re-packs" in result.output and "packer.megatron.PackedGPTDataset" in result.output
+    head = (ROOT / "docs" / "format.md").read_text(encoding="utf-8").split("\n## ")[0]
+    assert "GPTDataset" in head and "PackedGPTDataset" in head
