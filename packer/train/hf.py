@@ -30,12 +30,15 @@ docs/hf.md is the user's page.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import itertools
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from packer import masks
 from packer.train.data import PackedDataset
 from packer.train.items import collate_varlen
 
@@ -53,11 +56,25 @@ def collate_hf(items: list[dict]) -> dict:
 
 
 def hf_batch(batch: dict) -> dict:
-    """A collate_varlen batch (input_ids [1, N], cu_seqlens, max_seqlen, ...) as the HF batch."""
+    """A collate_varlen batch (input_ids [1, N], cu_seqlens, max_seqlen, ...) as the HF batch.
+
+    ItemFields(seq_idx=True): the batch carries `seq_idx` (int32 [1, N], the document index of each token, as
+    DataCollatorWithFlattening(return_seq_idx=True) gives it; Mamba-style layers read it). ItemFields(pad_multiple=K)
+    (documents padded apart): cu_seq_lens_q/k are the layout's segments, each document's padding one of its own
+    (masks.padded_segments), and the batch also carries Transformer Engine's pair `cu_seqlens` (real tokens) and
+    `cu_seqlens_padded`, and `n_tokens` (N, a python int)."""
     cu_seqlens, max_seqlen = batch["cu_seqlens"], int(batch["max_seqlen"])
+    segments = cu_seqlens
+    if "cu_seqlens_padded" in batch:
+        segments = masks.padded_segments(cu_seqlens, batch["cu_seqlens_padded"])
+        max_seqlen = int(segments.diff().max())  # host tensors: the longest segment, a real document or padding
     out = {"input_ids": batch["input_ids"], "labels": batch["labels"], "position_ids": batch["position_ids"],
-           "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
+           "cu_seq_lens_q": segments, "cu_seq_lens_k": segments, "max_length_q": max_seqlen,
            "max_length_k": max_seqlen, "use_cache": False}
+    if "cu_seqlens_padded" in batch:
+        out.update(cu_seqlens=cu_seqlens, cu_seqlens_padded=batch["cu_seqlens_padded"], n_tokens=batch["n_tokens"])
+    if "seq_idx" in batch:
+        out["seq_idx"] = batch["seq_idx"]
     if "source_ids" in batch:  # ItemFields(source_ids=True): pop it before model(**batch)
         out["source_ids"] = batch["source_ids"]
     return out
@@ -177,7 +194,41 @@ class PackedTrainerMixin:
     """For a transformers.Trainer (or a subclass: `class MyTrainer(PackedTrainerMixin, SFTTrainer)`): a
     PackedDataset train_dataset trains through `hf_dataloader` with per_device_train_batch_size rows a
     batch. No TrainingArguments to set: the collator, remove_unused_columns and accelerate's dispatch and
-    split settings are not used for it."""
+    split settings are not used for it.
+
+    TRL's SFTTrainer (trl 1.16) accepts only a `datasets` Dataset / IterableDataset, reads one sample of it,
+    then tokenizes and packs it in `_prepare_dataset`. Before a PackedDataset would reach it, the mixin hands
+    it a one-row `datasets.Dataset` stand-in (the first packed row's input_ids and labels), makes
+    `_prepare_dataset` return that as it is, and puts the PackedDataset back as train_dataset once the trainer
+    is built. So SFTTrainer's collator never sees packer's rows (it ignores a `position_ids` column: without
+    `seq_lengths` it numbers each row 0..N-1, one document, attending across packer's boundaries), and its
+    compute_loss (the fused LM head: the labels' next-token loss over num_items_in_batch) runs on the
+    collate_hf batch. SFTConfig settings that reshape data are refused: packer's build did that.
+    """
+
+    def __init__(self, *args, **kwargs):
+        if not hasattr(super(), "_prepare_dataset"):  # transformers.Trainer takes a PackedDataset as it is
+            super().__init__(*args, **kwargs)
+            return
+        bound = inspect.signature(super().__init__).bind_partial(*args, **kwargs)
+        packed = bound.arguments.get("train_dataset")
+        if not isinstance(packed, PackedDataset):
+            super().__init__(*args, **kwargs)
+            return
+        _check_trl_config(bound.arguments.get("args"), type(self).__name__)
+        self._packer_stand_in = bound.arguments["train_dataset"] = _trl_stand_in(packed)
+        super().__init__(*bound.args, **bound.kwargs)
+        self.train_dataset = packed
+
+    def _prepare_dataset(self, dataset, *args, **kwargs):
+        """TRL's dataset preparation, skipped for the PackedDataset's stand-in (packer tokenized and packed it)."""
+        if dataset is getattr(self, "_packer_stand_in", None):
+            return dataset
+        if isinstance(dataset, PackedDataset):
+            raise ValueError(f"{type(self).__name__}: an eval_dataset that is a PackedDataset ({dataset.path!s}) is "
+                             "not taken (only train_dataset is): evaluate with packer.hf.hf_dataloader in your own "
+                             "loop (docs/hf.md), or pass a datasets.Dataset")
+        return super()._prepare_dataset(dataset, *args, **kwargs)
 
     def get_train_dataloader(self):
         dataset = self.train_dataset
@@ -197,6 +248,27 @@ class PackedTrainerMixin:
         inputs.pop("row_ids", None)
         inputs.pop("source_ids", None)
         return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def _check_trl_config(config, trainer: str):
+    """SFTConfig settings that would reshape the data; a PackedDataset was shaped by its build."""
+    asked = [name for name in ("packing", "assistant_only_loss", "completion_only_loss")
+             if getattr(config, name, None)]
+    if asked:
+        raise ValueError(f"{trainer}: SFTConfig({', '.join(f'{n}=True' for n in asked)}) with a PackedDataset: packer's "
+                         "build already packed the rows and stored their loss mask (chat builds train the assistant "
+                         "turns: --train-roles); leave these settings unset")
+
+
+def _trl_stand_in(packed: PackedDataset):
+    """A one-row datasets.Dataset (the PackedDataset's first item: input_ids, labels) for TRL's type check and its
+    look at one sample; never trained on."""
+    import datasets
+
+    item = next(iter(copy.copy(packed)), None)  # a copy: the dataset's own iteration state stays untouched
+    if item is None:
+        raise ValueError(f"{packed.path!s}: the PackedDataset yields no row on this rank; use fewer ranks or more data")
+    return datasets.Dataset.from_dict({"input_ids": [item["input_ids"].tolist()], "labels": [item["labels"].tolist()]})
 
 
 _TRAINER = None
