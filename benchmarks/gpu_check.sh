@@ -34,6 +34,14 @@ step 60 bench_role_mask "$PY" benchmarks/bench_role_mask.py --device cuda --dtyp
 step 90 test_attention "$PY" -m pytest tests/train/test_attention.py -k cuda -q -rs -p no:cacheprovider
 step 90 bench_attention "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16
 step 45 test_hf "$PY" -m pytest tests/train/test_hf.py -k cuda -q -rs -p no:cacheprovider  # HF flash_attention_2 exactness
+# Megatron THD: Transformer Engine's DotProductAttention (qkv_format="thd") given packer's PackedSeqParams, as
+# Megatron's TEDotProductAttention passes them, against packer's varlen_attention and a float64 per-document reference
+if "$PY" -c "import transformer_engine.pytorch, megatron.core" >/dev/null 2>&1; then
+    step 120 test_megatron_te "$PY" -m pytest tests/train/test_megatron_adapter.py -k cuda -q -rs -p no:cacheprovider
+else
+    echo; echo "=== test_megatron_te: skipped: transformer_engine or megatron-core does not import here" \
+        "(pip install megatron-core 'transformer-engine[pytorch]' on the CUDA box to run it)"
+fi
 echo
 if [ ${#failed[@]} -eq 0 ]; then echo "gpu_check: every step passed"; exit 0; fi
 printf 'gpu_check: failed: %s\n' "${failed[@]}"

@@ -248,3 +248,61 @@ def test_stock_gpt_dataset_repacks_and_the_build_says_so(text_build, tmp_path):
     assert "GPTDataset re-packs" in result.output and "packer.megatron.PackedGPTDataset" in result.output
     head = (ROOT / "docs" / "format.md").read_text(encoding="utf-8").split("\n## ")[0]
     assert "GPTDataset" in head and "PackedGPTDataset" in head
+
+
+def thd_case(build, n_rows, device, dtype, heads=4, kv_heads=2, head_dim=32, seed=0):
+    """q [T, H, D], k, v [T, K, D] over n_rows samples of a build collated by collate_thd, their PackedSeqParams, and
+    the same rows' boundaries as packer's own loader gives them (collate_varlen of its items)."""
+    train, _, _ = build_splits([build], None, "100,0,0", [None, 0, 0])
+    batch = collate_thd([train[k] for k in range(n_rows)])
+    params = packed_seq_params(batch)
+    items = packer_items(build)
+    packer_cu = collate_varlen([items[int(r)] for r in train.sample_rows[:n_rows]])["cu_seqlens"]
+    n = batch["tokens"].shape[1]
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(n, h, head_dim, generator=g).to(device, dtype) for h in (heads, kv_heads, kv_heads))
+    return q, k, v, params, packer_cu
+
+
+def per_document_reference(q, k, v, cu_seqlens):
+    """Each document alone: causal softmax attention in float64, grouped-query heads repeated."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    repeat = q.shape[1] // k.shape[1]
+    bounds = cu_seqlens.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        qd, kd, vd = (x[a:b].double().cpu().transpose(0, 1) for x in (q, k, v))
+        kd, vd = kd.repeat_interleave(repeat, 0), vd.repeat_interleave(repeat, 0)
+        out[a:b] = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True).transpose(0, 1)
+    return out
+
+
+def test_packed_seq_params_give_per_document_attention_cpu(chat_build):
+    """The CPU twin of gpu_check's Transformer Engine step: packer's varlen_attention over the flattened micro-batch,
+    bounded by PackedSeqParams' cu_seqlens, equals each of packer's documents (its loader's boundaries) alone."""
+    from packer.attention import varlen_attention
+
+    q, k, v, params, packer_cu = thd_case(chat_build, 3, "cpu", torch.float32)
+    assert len(packer_cu) > 5
+    out = varlen_attention(q, k, v, params.cu_seqlens_q, params.max_seqlen_q)
+    assert (out.double() - per_document_reference(q, k, v, packer_cu)).abs().max() < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs it)")
+def test_transformer_engine_thd_attention_equals_varlen_attention_cuda(chat_build):
+    """Transformer Engine's DotProductAttention in THD, given packer's PackedSeqParams as Megatron's
+    TEDotProductAttention passes them, against packer's varlen_attention and the float64 per-document reference."""
+    te = pytest.importorskip("transformer_engine.pytorch", reason="transformer_engine does not import here")
+    from packer.attention import varlen_attention
+
+    q, k, v, params, packer_cu = thd_case(chat_build, 4, "cuda", torch.bfloat16)
+    heads, head_dim = q.shape[1], q.shape[2]
+    attention = te.DotProductAttention(heads, head_dim, num_gqa_groups=k.shape[1], attn_mask_type="padding_causal",
+                                       qkv_format="thd", attention_dropout=0.0)
+    cu = params.cu_seqlens_q.cuda()
+    theirs = attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=params.max_seqlen_q,
+                       max_seqlen_kv=params.max_seqlen_kv).reshape(q.shape)
+    ours = varlen_attention(q, k, v, cu, params.max_seqlen_q)
+    reference = per_document_reference(q, k, v, packer_cu)
+    assert (theirs.double().cpu() - reference).abs().max() < 2e-2
+    assert (ours.double().cpu() - reference).abs().max() < 2e-2
+    assert (theirs.float() - ours.float()).abs().max() < 2e-2
