@@ -375,20 +375,32 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_
         report.write_html(figures, html_path)
 
 
+PICK_AMONG = 64  # show-mask without --seq looks at this many rows for a typical one
+
+
 @main.command("show-mask")
 @DEBUG
 @click.argument("dataset")
-@click.option("--seq", type=int, default=0, show_default=True, help="Index of the packed sequence.")
+@click.option("--seq", type=int, default=None, help="Index of the packed sequence (default: among the first "
+              f"{PICK_AMONG}, the first nearest the median number of documents, of rows with 2 or more).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
 @click.option("--policy", default=None, metavar="ROLE=global|none|N,...", help="Draw the hybrid mask of a role "
               "policy instead (a build with --store-roles), cells coloured by the key's role, e.g. "
               "system=global,user=64 ('*=N': every other role's window; docs/role_masks.md).")
 def show_mask(dataset, seq, out_path, policy):
-    """Draw the block-causal attention mask of one packed sequence, documents outlined, as a PNG."""
-    from packer.stats.report import write_mask_png, write_role_mask_png
+    """Draw the block-causal attention mask of one packed sequence, documents outlined, as a PNG of
+    800 x 800 pixels at any context length (a pixel covers a block of positions; pale where only some
+    of its pairs attend), with the documents' lengths below."""
+    from packer.stats.mask_image import pick_row, write_mask_png, write_role_mask_png
     from packer.store.dataset import open_dataset
 
     ds = open_dataset(dataset)
+    if seq is None:
+        if not len(ds):
+            raise click.BadParameter(f"{redact(dataset)} has no sequences to draw", param_hint="DATASET")
+        import numpy as np
+
+        seq = pick_row(np.diff(ds.get_many(range(min(len(ds), PICK_AMONG))).offset_starts) - 1)
     if not 0 <= seq < len(ds):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
     _, offsets = ds[seq]
@@ -408,7 +420,7 @@ def show_mask(dataset, seq, out_path, policy):
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--policy") from None
         write_role_mask_png(offsets, ds.role_views([seq])[0], rule, ds.roles, context, out_path, title=title)
-    click.echo(f"wrote {out_path}")
+    click.echo(f"wrote {out_path}: sequence {seq} ({len(offsets) - 1} documents, {int(offsets[-1]):,} tokens)")
 
 
 @main.command()
@@ -490,6 +502,9 @@ def _print_dataset(m: dict, dataset: str):
     skipped = sum(t["docs_skipped"].values())
     click.echo(f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"
                + (f", {skipped:,} skipped ({', '.join(f'{k} {v:,}' for k, v in t['docs_skipped'].items())})" if skipped else ""))
+    if "docs_inner_eos" in t:  # builds since 2026-12: what a trainer finding boundaries from EOS would cut
+        click.echo(f"eos:       {t['docs_inner_eos']:,} documents hold the EOS id {config.get('eos_id')} inside them"
+                   + (" (a trainer taking EOS as a document end cuts them there)" if t["docs_inner_eos"] else ""))
     fill = f"{t['fill_rate']:.4f}" if t.get("fill_rate") is not None else "n/a (no sequences)"
     click.echo(f"tokens:    {t['tokens_out']:,} stored, fill rate {fill}"
                + (f", {t['trained_tokens']:,} trained" if "trained_tokens" in t else ""))

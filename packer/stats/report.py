@@ -1,4 +1,5 @@
-"""The stats figures as a printed table, a PNG of four charts, a self-contained HTML page (the charts as SVG), and a block-causal mask picture.
+"""The stats figures as a printed table, a PNG of four charts, a self-contained HTML page (the charts as SVG).
+The mask picture of `packer show-mask` is packer/stats/mask_image.py.
 
 Everything here reads only the JSON-ready dict of packer.stats.figures (so a stats.json can be
 redrawn later). matplotlib is an optional extra (`pip install 'packer[plot]'`), imported
@@ -18,7 +19,6 @@ import numpy as np
 from packer.stats.svg import charts_svg
 
 REPORT_INCHES, REPORT_DPI = (12.0, 8.0), 100  # report PNG: 1200 x 800 pixels
-MASK_INCHES, MASK_DPI = (8.0, 8.0), 100  # show-mask PNG: 800 x 800 pixels
 LABELS = {
     "pad_to_context": "pad every document to the context",
     "pad_random_batches": "pad to longest, random batches of {B} (expected)",
@@ -244,80 +244,6 @@ def write_html(f: dict, path) -> None:
     """`html_page(f)` as a file."""
     with open(path, "w", encoding="utf-8") as out:
         out.write(html_page(f))
-
-
-def write_mask_png(offsets, context_length: int, path, title: str = "") -> None:
-    """The block-causal mask of one packed row as a MASK_INCHES x MASK_DPI PNG: query i (row) may
-    see key j (column) iff j <= i in the same document; each document's triangle has its own
-    colour and an outline; slots past the row's end, up to the context, are grey padding."""
-    fig = _figure(MASK_INCHES, MASK_DPI)  # first: says how to install matplotlib when it is missing
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Rectangle
-
-    from packer.masks import block_causal_mask, document_ids
-
-    offsets = np.asarray(offsets, dtype=np.int64)
-    n = int(offsets[-1])
-    doc = document_ids(offsets)
-    image = np.where(block_causal_mask(offsets), (doc % 10 + 1)[:, None], 0)
-    ax = fig.add_axes((0.08, 0.06, 0.88, 0.88))
-    colors = ["white"] + [f"C{k}" for k in range(10)]
-    ax.imshow(image, cmap=ListedColormap(colors), vmin=0, vmax=10, interpolation="nearest",
-              extent=(0, n, n, 0))
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        ax.add_patch(Rectangle((a, a), b - a, b - a, fill=False, edgecolor="black", linewidth=0.6))
-    if n < context_length:
-        ax.add_patch(Rectangle((n, 0), context_length - n, context_length, color="#ddd", linewidth=0))
-        ax.add_patch(Rectangle((0, n), n, context_length - n, color="#ddd", linewidth=0))
-        ax.text((n + context_length) / 2, (n + context_length) / 2, "padding", ha="center", va="center", fontsize=8)
-    ax.set_xlim(0, context_length)
-    ax.set_ylim(context_length, 0)
-    ax.set_xlabel("key position")
-    ax.set_ylabel("query position")
-    ax.set_title(title or f"block-causal mask: {len(offsets) - 1} documents, {n} of {context_length} tokens", fontsize=10)
-    fig.savefig(path, format="png")
-
-
-def write_role_mask_png(offsets, role_ids, policy, roles: dict, context_length: int, path, title: str = "") -> None:
-    """The hybrid mask of one packed row under a role policy (packer.masks.hybrid_mask) as a PNG: a
-    visible (query, key) cell is coloured by the key's role (the legend names them), documents
-    outlined, padding grey as in write_mask_png."""
-    fig = _figure(MASK_INCHES, MASK_DPI)
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch, Rectangle
-
-    from packer.masks import hybrid_mask
-
-    offsets = np.asarray(offsets, dtype=np.int64)
-    role_ids = np.asarray(role_ids, dtype=np.int64)
-    n = int(offsets[-1])
-    names = {int(i): name for name, i in roles.items()}
-    shown = sorted(set(role_ids.tolist()))  # colour k + 1 for the k-th role present
-    colour_of = np.zeros(max(shown, default=0) + 1, np.int64)
-    colour_of[shown] = np.arange(1, len(shown) + 1)
-    image = np.where(hybrid_mask(offsets, role_ids, policy, roles), colour_of[role_ids][None, :], 0)
-    ax = fig.add_axes((0.08, 0.06, 0.72, 0.88))
-    colors = ["white"] + [f"C{k % 10}" for k in range(len(shown))]
-    ax.imshow(image, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, interpolation="nearest",
-              extent=(0, n, n, 0))
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        ax.add_patch(Rectangle((a, a), b - a, b - a, fill=False, edgecolor="black", linewidth=0.6))
-    if n < context_length:
-        ax.add_patch(Rectangle((n, 0), context_length - n, context_length, color="#ddd", linewidth=0))
-        ax.add_patch(Rectangle((0, n), n, context_length - n, color="#ddd", linewidth=0))
-    ax.set_xlim(0, context_length)
-    ax.set_ylim(context_length, 0)
-    ax.set_xlabel("key position (coloured by the key's role)")
-    ax.set_ylabel("query position")
-    ax.set_title(title or f"hybrid mask: {len(offsets) - 1} documents, {n} of {context_length} tokens", fontsize=10)
-    handles = []
-    for k, role in enumerate(shown):
-        name = names.get(role, f"id {role}")
-        w = policy.window_of(name) if role in names else policy.window
-        rule = "global" if name in policy.global_roles else ("no window" if w is None else f"window {w}")
-        handles.append(Patch(color=colors[k + 1], label=f"{name}: {rule}"))
-    fig.legend(handles=handles, loc="upper right", fontsize=8, title="key role", title_fontsize=8, frameon=False)
-    fig.savefig(path, format="png")
 
 
 MIXTURE_HEAD = ("source", "rows", "tokens", "weight", "sequence share", "token share", "repetition")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from conftest import TOKENIZER
 
 from packer.cli import main
-from packer.stats import report
+from packer.stats import mask_image, report
 from packer.stats.figures import corpus_stats
 
 pytest.importorskip("matplotlib")  # in the dev extra, so CI runs these
@@ -71,10 +71,11 @@ def test_without_matplotlib_pngs_say_how_to_install_and_pages_keep_their_charts(
 
 
 def _pixel(image, query, key, context_length):
-    """RGB at the centre of mask cell (query, key): the axes span MASK fractions 0.08..0.96 x 0.06..0.94."""
+    """RGB at the centre of mask cell (query, key), the axes at mask_image.MASK_AXES of the picture."""
+    left, bottom, width, height = mask_image.MASK_AXES
     h, w = image.shape[:2]
-    x = int(w * (0.08 + 0.88 * (key + 0.5) / context_length))
-    y = int(h * (1 - 0.94 + 0.88 * (query + 0.5) / context_length))
+    x = int(w * (left + width * (key + 0.5) / context_length))
+    y = int(h * (1 - bottom - height + height * (query + 0.5) / context_length))
     return tuple(round(float(c), 2) for c in image[y, x, :3])
 
 
@@ -82,8 +83,8 @@ def test_mask_picture_shows_the_mask(tmp_path):
     import matplotlib.image
 
     path = tmp_path / "m.png"
-    report.write_mask_png([0, 3, 5, 6], 8, path)
-    w, h = (int(x * report.MASK_DPI) for x in report.MASK_INCHES)
+    mask_image.write_mask_png([0, 3, 5, 6], 8, path)
+    w, h = (int(x * mask_image.MASK_DPI) for x in mask_image.MASK_INCHES)
     assert _png_size(path) == (w, h)
     image = matplotlib.image.imread(path)
     white, grey = (1.0, 1.0, 1.0), _pixel(image, 7, 7, 8)
@@ -102,6 +103,17 @@ def test_show_mask_command(sample_dataset, tmp_path):
     assert _png_size(tmp_path / "m.png") == (800, 800)
     bad = runner.invoke(main, ["show-mask", str(sample_dataset), "--seq", "100000", "--out", str(tmp_path / "x.png")])
     assert bad.exit_code != 0 and "out of range" in bad.output and not (tmp_path / "x.png").exists()
+    from packer.store.dataset import open_dataset
+
+    ds = open_dataset(sample_dataset)
+    counts = [len(ds[i][1]) - 1 for i in range(min(len(ds), 64))]
+    picked = runner.invoke(main, ["show-mask", str(sample_dataset), "--out", str(tmp_path / "p.png")])
+    assert picked.exit_code == 0, picked.output
+    seq = int(picked.output.split(": sequence ")[1].split(" ")[0])
+    several = sorted(c for c in counts if c >= 2)
+    assert len(several) > 4 and counts[0] == 1  # row 0 would show one document
+    quarter = len(several) // 4
+    assert several[quarter] <= counts[seq] <= several[-1 - quarter] and f"({counts[seq]} documents" in picked.output
 
 
 def test_stats_command_writes_plot_and_html(sample_dataset, tmp_path):
