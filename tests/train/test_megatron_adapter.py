@@ -306,3 +306,14 @@ def test_transformer_engine_thd_attention_equals_varlen_attention_cuda(chat_buil
     assert (theirs.double().cpu() - reference).abs().max() < 2e-2
     assert (ours.double().cpu() - reference).abs().max() < 2e-2
     assert (theirs.float() - ours.float()).abs().max() < 2e-2
+
+
+def test_a_dataset_pickles_by_name_for_spawned_workers(chat_build):
+    """A DataLoader worker started by spawn gets the dataset pickled: the lazily made class is found by its name,
+    the build reopened by its path (the same generation), the sample the same."""
+    import pickle
+
+    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0])
+    again = pickle.loads(pickle.dumps(train))
+    assert type(again) is PackedGPTDataset and again.dataset.generation == train.dataset.generation
+    assert all(torch.equal(again[3][key], train[3][key]) for key in train[3])
