@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import signal
 import sys
@@ -355,6 +356,7 @@ def _missed(row: dict, optional: bool) -> bool:
 
 def run(formats) -> list[dict]:
     retry.BASE_SECONDS = 0.001  # a truncated object fails each read 6 times: waits of 3 s per read otherwise
+    os.environ.setdefault("PACKER_REMOTE_ATTEMPTS", "6")  # the policy's default is a 60 s deadline per read
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -91,15 +91,22 @@ def is_uri(loc) -> bool:
 PYARROW_SCHEMES = ("file", "local", "mock", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
 
 
-@functools.lru_cache(maxsize=64)
 def resolve(uri: str):
-    """(filesystem, path) of a URI: pyarrow's own schemes, else an fsspec protocol."""
+    """(filesystem, path) of a URI: pyarrow's own schemes, else an fsspec protocol. An S3 filesystem
+    is made with the retry policy's per-try timeout (packer/io/retry.py), read now from the environment."""
+    from packer.io import retry
+
+    return _resolve(uri, retry.policy().timeout)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve(uri: str, timeout: float):
     from pyarrow import fs as pafs
 
     protocol = uri.split("://", 1)[0].lower()
     try:
         filesystem, path = pafs.FileSystem.from_uri(uri)
-        return _without_own_retries(filesystem), path
+        return _as_policy_says(filesystem, timeout), path
     except Exception as e:  # ArrowInvalid for a scheme pyarrow does not know, OSError for a bad host
         if protocol in PYARROW_SCHEMES:
             raise ValueError(f"cannot open {redact(uri)}: {redact_text(e)}") from None
@@ -116,17 +123,23 @@ def resolve(uri: str):
     return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem)), filesystem._strip_protocol(uri)
 
 
-def _without_own_retries(filesystem):
-    """An S3 filesystem made again with pyarrow's own retries off (one try per request): packer's
-    retry policy is the one that runs (packer/io/retry.py); under it, pyarrow's 3 tries with their
-    own waits made a persistent 503 take 39 s instead of 3. Other filesystems as they are."""
+def _as_policy_says(filesystem, timeout: float):
+    """An S3 filesystem made again with pyarrow's own retries off (one try per request) and the
+    policy's timeout: packer's retry policy is the one that runs (packer/io/retry.py). Under it,
+    pyarrow's 3 tries with their own waits made a persistent 503 take 39 s instead of 3; and the
+    AWS SDK's own request timeout (3 s without a byte, curl's low-speed limit, on Linux too) failed
+    every try of a store that answers in 5 s, whatever PACKER_REMOTE_TIMEOUT said. The connect
+    timeout is the same (the SDK's is 1 s). Other filesystems as they are."""
     from pyarrow import fs as pafs
 
     if not isinstance(filesystem, pafs.S3FileSystem):
         return filesystem
     rebuild, (options,) = filesystem.__reduce__()
-    return pafs.S3FileSystem(**{k: v for k, v in options.items() if v is not None},
-                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    options = {k: v for k, v in options.items() if v is not None}
+    for key in ("request_timeout", "connect_timeout"):  # -1: not given in the URI
+        if options.get(key, -1) < 0:
+            options[key] = timeout
+    return pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
 
 
 def location(loc):
@@ -198,7 +211,7 @@ class RemotePath:
         return Path(self.name).suffix
 
     def _info(self):
-        return self.fs.get_file_info(self.path)
+        return _retried(lambda: self.fs.get_file_info(self.path), self)
 
     def exists(self) -> bool:
         from pyarrow.fs import FileType
@@ -239,8 +252,11 @@ class RemotePath:
         self.fs.delete_file(self.path)
 
     def read_bytes(self) -> bytes:
-        with self.fs.open_input_stream(self.path, compression=None) as f:  # not 'detect': bytes as stored
-            return f.read()
+        def read():
+            with self.fs.open_input_stream(self.path, compression=None) as f:  # not 'detect': bytes as stored
+                return f.read()
+
+        return _retried(read, self)
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
@@ -266,6 +282,14 @@ class RemotePath:
         if mode != "rb":
             raise ValueError(f"RemotePath.open reads only (mode 'rb'), got {mode!r}; write with open_output()")
         return self.open_input()
+
+
+def _retried(call, where):
+    """A remote read under the one retry policy (packer/io/retry.py); a missing object or a refused
+    permission raised as it is."""
+    from packer.io import retry
+
+    return retry.retried(call, where, reword=False)
 
 
 Place = Path | RemotePath  # what `location` gives: inner code takes a Place, never a string to resolve again

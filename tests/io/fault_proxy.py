@@ -4,7 +4,10 @@ or bit-flipped, while every other request (listing, HEAD, PUT) passes through un
 
     proxy = FaultProxy(upstream_host, upstream_port)   # .port: point endpoint_override here
     proxy.fault = "503" | "drop" | "slow" | "short" | "flip" | None
-    proxy.gets                                           # object GETs seen (a failed open's cost)
+    proxy.until = time.monotonic() + 10                  # optional: the fault ends then (a burst)
+    proxy.times = 2                                      # optional: the fault hits this many requests, then ends
+    proxy.every_read = True                              # every GET and HEAD, not only ranged GETs
+    proxy.gets                                           # requests the fault applied to (a failed open's cost)
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.fault: str | None = None
         self.slow_seconds = slow_seconds
+        self.until: float | None = None
+        self.times: int | None = None
+        self.every_read = False
         self.gets = 0
+        self._lock = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,9 +43,7 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 ranged = self.command == "GET" and "Range" in self.headers
-                fault = proxy.fault if ranged else None
-                if ranged:
-                    proxy.gets += 1
+                fault = proxy._take() if ranged or (proxy.every_read and self.command in ("GET", "HEAD")) else None
                 if fault == "drop":
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
@@ -92,6 +97,23 @@ class FaultProxy:
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
+
+    def _take(self) -> str | None:
+        """The fault for one request (counted in .gets), None once its burst or its count is over."""
+        with self._lock:
+            if self.until is not None and time.monotonic() >= self.until:
+                self.fault = self.until = None
+            if self.times is not None:
+                if self.times <= 0:
+                    self.fault = self.times = None
+                else:
+                    self.times -= 1
+            if self.fault is not None:
+                self.gets += 1
+            return self.fault
+
+    def reset(self):
+        self.fault, self.until, self.times, self.every_read, self.gets = None, None, None, False, 0
 
     def close(self):
         self.server.shutdown()

@@ -6,7 +6,10 @@ that many requests (pyarrow's own retries are off underneath); the same reads pa
 
 from __future__ import annotations
 
+import re
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +98,97 @@ def test_a_shrunk_object_is_a_short_read_not_zeros(store, sample_dataset):
             ranged.read_range(shard, size - 100, size)
     finally:
         s3.upload_file(str(Path(sample_dataset) / name), BUCKET, f"ds/{name}")
+
+
+# -- the default policy against slow, throttling and dead stores (issue 35) ---------------------
+
+
+def _default_policy(monkeypatch, **env):
+    for var in ("PACKER_REMOTE_ATTEMPTS", "PACKER_REMOTE_TIMEOUT", "PACKER_REMOTE_DEADLINE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(f"PACKER_REMOTE_{var}", value)
+
+
+def _first_bytes(uri, sample_dataset):
+    ds = open_dataset(uri)
+    shard = ds.path / ds.manifest["shards"][0]["file"]
+    return shard, (Path(sample_dataset) / shard.name).read_bytes()[:4096]
+
+
+def test_a_store_slower_than_the_s3_clients_own_limit_is_read_within_the_timeout(store, sample_dataset, monkeypatch):
+    """Every answer's first byte after 5 s: pyarrow's S3 client gave up at 3 s whatever
+    PACKER_REMOTE_TIMEOUT said (6 failed tries); with the knob passed to it, one try reads it."""
+    proxy, uri, _ = store
+    _default_policy(monkeypatch, TIMEOUT="10")
+    shard, local = _first_bytes(uri, sample_dataset)
+    proxy.reset()
+    proxy.fault, proxy.slow_seconds = "slow", 5.0
+    began = time.monotonic()
+    try:
+        data = bytes(ranged.read_range(shard, 0, 4096))
+    finally:
+        n_slow = proxy.gets
+        proxy.reset()
+    assert data == local and n_slow == 1
+    assert 5.0 <= time.monotonic() - began < 9.0
+
+
+def _burst(store, sample_dataset, monkeypatch, seconds: float):
+    """A throttling storm: every ranged GET answered 503 for `seconds`, then served."""
+    proxy, uri, _ = store
+    _default_policy(monkeypatch)
+    shard, local = _first_bytes(uri, sample_dataset)
+    proxy.reset()
+    proxy.fault, proxy.until = "503", time.monotonic() + seconds
+    began = time.monotonic()
+    try:
+        data = bytes(ranged.read_range(shard, 0, 4096))
+    finally:
+        n_503 = proxy.gets
+        proxy.reset()
+    assert data == local
+    assert time.monotonic() - began >= seconds and n_503 >= 6  # the old policy gave up at the 6th failure (3.1 s)
+
+
+def test_a_10_second_503_burst_is_absorbed_by_the_default_policy(store, sample_dataset, monkeypatch):
+    """About 11 s, spent waiting (the 2-core machine is idle meanwhile)."""
+    _burst(store, sample_dataset, monkeypatch, seconds=10.0)
+
+
+def test_a_dead_store_fails_in_one_line_within_the_deadline(store, monkeypatch):
+    _, uri, _ = store
+    _default_policy(monkeypatch, DEADLINE="3")
+    with socket.socket() as s:  # a port nothing listens on: every connection refused
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    dead = re.sub(r"endpoint_override=127\.0\.0\.1:\d+", f"endpoint_override=127.0.0.1:{dead_port}", uri)
+    began = time.monotonic()
+    with pytest.raises(OSError) as raised:
+        open_dataset(dead)
+    spent = time.monotonic() - began
+    message = str(raised.value)
+    assert spent < 3.0 + 1.0, spent
+    assert "\n" not in message and "read failed" in message and "within 3 s" in message
+    assert "packer-faults/ds" in message and "testing:testing" not in message and "check the store is reachable" in message
+
+
+@pytest.mark.parametrize("opener", ["open_dataset", "PackedDataset"])
+def test_the_reads_at_open_are_retried(store, sample_dataset, monkeypatch, opener):
+    """Two 503s at open, on any request (the manifest, its HEAD, the indexes): the open succeeds."""
+    proxy, uri, _ = store
+    _default_policy(monkeypatch)
+    if opener == "PackedDataset":
+        pytest.importorskip("torch")
+        from packer.data import PackedDataset as opened
+    else:
+        opened = open_dataset
+    proxy.reset()
+    proxy.fault, proxy.times, proxy.every_read = "503", 2, True
+    try:
+        ds = opened(uri)
+    finally:
+        n_503 = proxy.gets
+        proxy.reset()
+    assert n_503 == 2
+    assert len(ds) == len(open_dataset(sample_dataset))
