@@ -11,7 +11,11 @@ block, and two URIs of one dataset (rotated credentials) share entries. Files ap
 and are never changed, so a reader needs no lock: it either opens a complete file or finds none.
 A read touches the file's mtime; eviction removes the least recently read files first. The cache
 trusts nothing it holds: the streaming reader checks each block it gets from here against the
-shard's checksums, as it checks the store's, and `discard`s one that does not match.
+shard's checksums, as it checks the store's, and `discard`s one that does not match. Nor what sits
+at a block's name: anything but a regular file of the block's size (a FIFO, which would block the
+reader forever; a 1 GB sparse file, which would be read whole; a directory; a symlink) is dropped
+unread and the block fetched again. The name is lstat'ed, opened with O_NOFOLLOW | O_NONBLOCK and
+checked again on the open descriptor; temporary files are created with O_EXCL | O_NOFOLLOW.
 
 Bound: after each `max_bytes / 16` bytes it added, a process scans the directory under the lock
 and deletes the oldest files until at most 7/8 of `max_bytes` remain. So the directory holds at
@@ -24,6 +28,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import secrets
+import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -53,26 +60,66 @@ class BlockCache:
         name = key_name(key)
         return self.directory / name[:2] / f"{name}.blk"
 
-    def get(self, key: str):
+    def get(self, key: str, n_bytes: int):
+        """The `n_bytes` bytes kept for `key`, or None: never cached, evicted, or something other than
+        a regular file of that size at its name (dropped, so the caller's put writes it again)."""
         path = self._file(key)
         try:
-            data = np.fromfile(path, dtype=np.uint8)
-            os.utime(path)  # read now: the last to be evicted
+            st = os.lstat(path)
         except FileNotFoundError:  # never cached, or evicted by another process
             return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != n_bytes:
+            self._drop(path)
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError:  # replaced by a link (ELOOP) or something unopenable since the lstat
+            self._drop(path)
+            return None
+        try:
+            st = os.fstat(fd)  # what was opened, whatever the name points at now
+            if not stat.S_ISREG(st.st_mode) or st.st_size != n_bytes:
+                data = None
+            else:
+                data = np.empty(n_bytes, dtype=np.uint8)
+                view, got = memoryview(data), 0
+                while got < n_bytes:
+                    n = os.readv(fd, [view[got:]])
+                    if n == 0:
+                        break
+                    got += n
+                if got != n_bytes:
+                    data = None
+                else:
+                    os.utime(fd)  # read now: the last to be evicted
+        finally:
+            os.close(fd)
+        if data is None:
+            self._drop(path)
         return data
+
+    def _drop(self, path: Path) -> None:
+        """Remove what sits at a block's name (a file, a link itself, a FIFO, a directory of this cache)."""
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path)  # never follows a link inside it
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def discard(self, key: str) -> None:
         """Forget `key`'s bytes (a reader found them damaged); the next put writes them again."""
-        self._file(key).unlink(missing_ok=True)
+        self._drop(self._file(key))
 
     def put(self, key: str, data) -> None:
         path = self._file(key)
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data).cast("B"))
-        os.replace(tmp, path)
+        try:
+            self._write(path, memoryview(data).cast("B"))
+        except OSError:  # the cache is an optimisation: a block it cannot keep is read from the store next time
+            return
         with self._guard:
             self._added += len(memoryview(data).cast("B"))
             due = self._added >= self.max_bytes // SCAN_FRACTION
@@ -81,16 +128,34 @@ class BlockCache:
         if due:
             self.evict()
 
+    def _write(self, path: Path, data: memoryview) -> None:
+        path.parent.mkdir(exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):  # a link in place of a subdirectory: not ours
+            raise NotADirectoryError(path.parent)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            try:
+                os.replace(tmp, path)
+            except OSError:  # a directory (or another non-file) at the name: dropped, then once more
+                self._drop(path)
+                os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
     def files(self) -> list[tuple[int, int, str]]:
         """(mtime_ns, bytes, path) of every cached file, oldest read first."""
         out = []
         for sub in os.scandir(self.directory):
-            if not sub.is_dir():
+            if not sub.is_dir(follow_symlinks=False):
                 continue
             for entry in os.scandir(sub.path):
                 if entry.name.endswith(".blk"):
                     try:
-                        st = entry.stat()
+                        st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
                     out.append((st.st_mtime_ns, st.st_size, entry.path))
@@ -102,7 +167,7 @@ class BlockCache:
     def evict(self) -> int:
         """Delete the least recently read files until at most LOW_WATER x max_bytes remain (under
         the directory's lock, so two processes do not both delete); bytes deleted."""
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             files = self.files()

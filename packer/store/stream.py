@@ -211,8 +211,8 @@ class StreamDataset(HeldBlocks):
             def check(data, cause):
                 checksums.check_range(file_sums, start, stop, data, fs.redact(path), cause)
         key = f"{self._sha[path.uri]}:{start}:{stop}" if self._cache is not None and path.uri in self._sha else None
-        data = self._cache.get(key) if key is not None else None
-        cached = data is not None and len(data) == stop - start
+        data = self._cache.get(key, stop - start) if key is not None else None
+        cached = data is not None
         if cached:
             self.stats["cache hits"] += 1
         else:

@@ -233,9 +233,13 @@ def _flaky(uri, plan):
     return fs.RemotePath(real.uri, pafs.PyFileSystem(FlakyHandler(real.fs, plan)), real.path)
 
 
+QUICK_ATTEMPTS = 6
+
+
 @pytest.fixture
 def quick_retries(monkeypatch):
     monkeypatch.setattr(retry, "BASE_SECONDS", 0.001)
+    monkeypatch.setenv("PACKER_REMOTE_ATTEMPTS", str(QUICK_ATTEMPTS))  # a count, so a persistent error ends at once
 
 
 @pytest.mark.parametrize("fmt", ["arrow", "memmap"])
@@ -274,8 +278,8 @@ def test_a_persistent_read_error_names_the_file_and_range(remote, quick_retries)
     message = str(e.value)
     assert "\n" not in message and "s3://***@packer-test/stream/memmap/shard-00002.bin?" in message
     assert f" bytes {start}-{stop}: " in message
-    assert f"read failed {retry.ATTEMPTS} times" in message and "NETWORK_CONNECTION" in message
-    assert "testing:testing" not in message and len(calls) == retry.ATTEMPTS
+    assert f"read failed {QUICK_ATTEMPTS} times" in message and "NETWORK_CONNECTION" in message
+    assert "testing:testing" not in message and len(calls) == QUICK_ATTEMPTS
 
 
 def test_a_missing_object_is_not_retried(remote, local, s3_uri, quick_retries):
@@ -341,6 +345,40 @@ def test_one_cache_directory_serves_two_processes(remote, local, tmp_path):
     assert c["digest"] == _digest(ref, 5) and d["digest"] == _digest(ref, 6)
     held = sum(f.stat().st_size for f in small.rglob("*.blk"))
     assert 0 < held <= cache_bytes * (1 + 2 / 16), (held, cache_bytes)
+
+
+def test_a_cache_entry_that_is_not_the_blocks_file_is_fetched_again(remote, local, tmp_path):
+    """A warm cache whose every entry is replaced, in turn, by a FIFO, a 1 GiB sparse file, a
+    directory, a symlink to the right bytes elsewhere, or a short file: a reader neither hangs,
+    reads a GiB, raises nor follows a link; it fetches each block again and yields the local rows."""
+    cache = tmp_path / "cache"
+    warm = open_dataset(remote["memmap"], cache_dir=cache, **SMALL)
+    chunks = np.array_split(np.arange(len(warm)), 12)  # reads of a few blocks each
+    for chunk in chunks:
+        warm.views(chunk)
+    entries = sorted(cache.rglob("*.blk"))
+    assert len(entries) > 10
+    for n, path in enumerate(entries):
+        data = path.read_bytes()
+        path.unlink()
+        kind = n % 5
+        if kind == 0:
+            os.mkfifo(path)
+        elif kind == 1:
+            with open(path, "wb") as f:
+                f.truncate(1 << 30)
+        elif kind == 2:
+            path.mkdir()
+        elif kind == 3:
+            (tmp_path / path.name).write_bytes(data)
+            path.symlink_to(tmp_path / path.name)
+        else:
+            path.write_bytes(data[: len(data) // 2])
+    ds, ref = open_dataset(remote["memmap"], cache_dir=cache, **SMALL), open_dataset(local["memmap"])
+    for chunk in chunks:
+        _assert_same_rows(ds.views(chunk), ref.views(chunk), chunk)
+    assert ds.stats["store bytes"] == warm.stats["store bytes"] and ds.stats.get("cache hits", 0) == 0
+    assert all(p.is_file() and not p.is_symlink() for p in cache.rglob("*.blk"))  # kept again, as files
 
 
 def test_packed_dataset_from_s3_yields_the_local_batches_and_resumes(remote, local):
