@@ -203,6 +203,26 @@ def load_encoder(path: str, engine: str):
     return make_encoder(path, engine, load_tokenizer(path))
 
 
+def checked_engine(path: str, choice: str = "auto"):
+    """choose_engine's Choice for the tokenizer at `path`, with a fast engine's encoder made here, which
+    probes it against tokenizers (packer/encode/engines make_encoder): one that gives other ids runs
+    hf under auto, and stops the build in one line when named."""
+    from packer.encode.engines import Choice, ProbeError, choose_engine
+
+    engine = choose_engine(path, choice)
+    if engine.name == "hf":
+        return engine
+    try:
+        load_encoder(path, engine.name)
+    except ProbeError as e:
+        choose_engine.cache_clear()  # the verdict it chose by was dropped: the next choice checks the file
+        if choice != "auto":
+            raise ValueError(f"--encode-engine {choice} cannot encode {fs.redact(path)} exactly: {e.why}; "
+                             "use --encode-engine auto (it falls back to hf) or hf") from None
+        return Choice("hf", f"auto: {engine.name}: {e.why}")
+    return engine
+
+
 def special_id(tok, name: str | None, candidates, what: str, fix: str) -> int:
     """The id of token `name`, or (no name) of the first of `candidates` the tokenizer has.
     `fix` ends the error message: how the caller names the token or turns it off."""
@@ -327,10 +347,8 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     pad_token, pad_id, pad_source = _pad(tok, declared, eos, path)
     eos_token, eos_id, eos_source = eos or (None, None, None)
     bos_token, bos_id, bos_source = bos or (None, None, None)
-    from packer.encode.engines import choose_engine
-
     sha256 = hashlib.sha256(data).hexdigest()
-    engine = choose_engine(path, config.encode_engine)
+    engine = checked_engine(path, config.encode_engine)
     return TokenizerInfo(path, sha256, tok.get_vocab_size(with_added_tokens=True),
                          eos_id, bos_id, truncation, padding, eos_token=eos_token, eos_source=eos_source,
                          bos_token=bos_token, bos_source=bos_source, bos_added_by=bos_added_by,

@@ -123,27 +123,34 @@ def loads(data: bytes):
 def ranked_vocab_at(path: str, check_reach: bool = True) -> RankedVocab | str:
     """ranked_vocab of the file at `path`, once per process: a result with (S) checked serves a
     later call that skips it (the driver decides, a worker in the same process reuses it). The
-    verdict is also kept on disk by the file's sha256, with a passed file's ranks (rule_verdicts),
-    so a later build of the same tokenizer, and each of its workers, neither checks (S) (~0.25 s per
-    50,000 tokens) nor replays the merges (~0.2 s): together a tenth of a 50 MB build."""
+    verdict is also kept on disk by the file's sha256 (rule_verdicts), so a later build of the same
+    tokenizer, and each of its workers, does not check (S) again (~0.25 s per 50,000 tokens, a tenth
+    of a 50 MB build); the ranks themselves are always made from the file (rule_verdicts says why)."""
     found = _RANKED.get(path)
     if found is None or (check_reach and not found[0]):
         if len(_RANKED) >= 4:
             _RANKED.clear()
         data = _read(path)
-        kept = rule_verdicts.get(data)  # why refused, or the ranks it passed with
-        if kept is not None:
-            found = (True, kept if isinstance(kept, str) else RankedVocab(**kept))
+        kept = rule_verdicts.get(data)  # why refused, "" for passed, or None
+        if kept:
+            found = (True, kept)
         else:
-            result = ranked_vocab(loads(data), check_reach)
-            if check_reach:
-                rule_verdicts.put(data, result if isinstance(result, str) else vars(result))
-            found = (check_reach, result)
+            result = ranked_vocab(loads(data), check_reach and kept is None)
+            if check_reach and kept is None:
+                rule_verdicts.put(data, result if isinstance(result, str) else "")
+            found = (check_reach or kept is not None, result)
         _RANKED[path] = found
     return found[1]
 
 
 _RANKED: dict = {}  # path -> ((S) checked, ranked_vocab's result)
+
+
+def forget(path: str):
+    """Drop what this process and the verdict directory hold for the file at `path` (its engine gave
+    other ids than `tokenizers` on the probe): the next ranked_vocab_at checks (S) again."""
+    _RANKED.pop(path, None)
+    rule_verdicts.drop(_read(path))
 
 
 def byte_chars() -> dict[str, int]:

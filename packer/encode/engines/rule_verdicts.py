@@ -4,16 +4,26 @@ tokenizer checked before skips (S) (byte_level.py: tokenizers run over every tok
 file's bytes, the rule and the tokenizers release that (S) runs, so it is named by all three:
 
     ~/.cache/packer/engine-rule/<sha256 of the file>-rule<RULE>-tokenizers<version>.json
-        {"refused": ""}                           the file passed: a fast engine encodes it exactly
+        {"refused": ""}                           the file passed (S): a fast engine encodes it exactly
         {"refused": "3 tokens are not ..."}       why it did not (the file runs on hf)
-    ~/.cache/packer/engine-rule/<the same>.ranks.npz
-        the passed file's ranks (byte_level.RankedVocab): a build then neither parses the file's JSON
-        nor replays its merges (~0.2 s per 50,000 tokens, a twentieth of a 60 MB tiktoken build)
 
 PACKER_RULE_CACHE=DIR keeps them in DIR instead ($XDG_CACHE_HOME is honoured), PACKER_RULE_CACHE=off
-keeps none. A verdict (or a passed file's ranks: the archive's CRCs) that cannot be read back whole
-is checked again, and one that cannot be written is not kept: the directory only ever saves time,
-it never changes a choice.
+keeps none. A verdict that cannot be read back whole is checked again, and one that cannot be
+written is not kept: the directory only ever saves time, it never changes a token.
+
+Only the verdict is kept, never what an engine encodes with. Rule 1 also kept a passed file's ranks
+(`.ranks.npz`, to spare the merges' replay, ~0.2 s per 50,000 tokens); rewritten with valid CRCs (ids
+swapped or shifted, the split regex replaced) they changed every later build's ids. Checking kept
+ranks against the file costs what making them does (the merges must be read either way; 2026-12-05,
+sample tokenizer: 20 ms to make, 21 ms to check), so the ranks are made from the tokenizer.json on
+every build (byte_level.ranked_vocab_at) and a verdict binds to the file by its name, the sha256.
+
+A verdict is read only from a directory and a file of this user's alone: owned by this uid, no group
+or other write bit, not a link (another user's, or one others may write, is absent: neither read nor
+written; `chmod go-w DIR` or remove it). What a verdict of "passed" could still hide (a file that
+breaks (S), said to pass by this user's own hand) the probe sees where it matters: before a build uses
+a fast engine, every process encodes a probe text with it and with `tokenizers`
+(engines/__init__.py probe_difference); unequal, the verdict is dropped and the file checked again.
 """
 
 from __future__ import annotations
@@ -21,75 +31,78 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 
-import numpy as np
-
-RULE = 1  # raise it when byte_level's rule or its ranks change: what the old one kept is then not read
+RULE = 2  # raise it when byte_level's rule changes: what the old one kept is then not read (2: no ranks kept)
 
 
-def get(data: bytes) -> str | dict | None:
-    """The kept verdict for a tokenizer.json's bytes: why it was refused, the ranks it passed with
-    (byte_level.RankedVocab's fields), or None (none kept, or not whole)."""
+def get(data: bytes) -> str | None:
+    """The kept verdict for a tokenizer.json's bytes: why it was refused ("" for passed), or None
+    (none kept, not whole, or not this user's alone)."""
     path = _path(data)
-    if path is None:
+    if path is None or not _trusted(path.parent):
         return None
     try:
-        refused = json.loads(path.read_text(encoding="utf-8"))["refused"]
+        refused = json.loads(_read_own(path).decode("utf-8"))["refused"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not isinstance(refused, str):
-        return None
-    return refused or _ranks(_ranks_path(path))
+    return refused if isinstance(refused, str) else None
 
 
-def put(data: bytes, found: str | dict):
-    """Keep the verdict: why the file was refused, or the fields of the ranks it passed with; a
-    directory that cannot be written keeps nothing."""
+def put(data: bytes, refused: str):
+    """Keep the verdict (why the file was refused, "" for passed); a directory that cannot be written,
+    or that is not this user's alone, keeps nothing."""
     path = _path(data)
     if path is None:
         return
-    from packer.io import atomic
-
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not isinstance(found, str):  # the ranks first: a passed verdict is read only with them
-            atomic.write_bytes(_ranks_path(path), _ranks_npz(**found))
-        atomic.write_bytes(path, json.dumps({"refused": found if isinstance(found, str) else ""}).encode("utf-8"))
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.chmod(0o700)  # this user's alone, whatever the umask
+        if not _trusted(path.parent):
+            return  # another user's, or one others may write: never read, never written
+        from packer.io import atomic
+
+        atomic.write_bytes(path, json.dumps({"refused": refused}).encode("utf-8"))
+        path.chmod(0o600)  # a umask of 002 would leave it group-writable: then never read back
     except OSError:
         pass  # a read-only home: the next build checks again
 
 
-def _ranks_path(path: Path) -> Path:
-    return path.with_name(path.stem + ".ranks.npz")
+def drop(data: bytes):
+    """Forget the verdict kept for these bytes (the probe found other ids): the next look checks the file."""
+    path = _path(data)
+    if path is not None and _trusted(path.parent):
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
-def _ranks_npz(ranks: dict, ids: np.ndarray, pattern: str, nfc: bool) -> bytes:
-    import io
-
-    tokens = sorted(ranks, key=ranks.get)  # ranks are 0..n-1: the tokens in rank order
-    ends = np.cumsum(np.fromiter(map(len, tokens), np.int64, len(tokens)))
-    out = io.BytesIO()
-    np.savez(out, tokens=np.frombuffer(b"".join(tokens), np.uint8), ends=ends, ids=ids, pattern=np.array(pattern),
-             nfc=np.array(nfc))
-    return out.getvalue()
+def _own(st: os.stat_result) -> bool:
+    """Owned by this user, and no one else may write it."""
+    mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    return mine and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _ranks(path: Path) -> dict | None:
-    """The ranks kept at `path`, or None: missing, or failing the archive's CRCs or shape."""
-    import zipfile
-
+def _trusted(directory: Path) -> bool:
     try:
-        with np.load(path, allow_pickle=False) as kept:
-            blob, ends, ids = kept["tokens"].tobytes(), kept["ends"].tolist(), kept["ids"]
-            pattern, nfc = str(kept["pattern"]), bool(kept["nfc"])
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
-        return None
-    if len(ends) != len(ids) or (ends and ends[-1] != len(blob)):
-        return None
-    starts = [0, *ends[:-1]]
-    return {"ranks": {blob[s:e]: rank for rank, (s, e) in enumerate(zip(starts, ends))}, "ids": ids,
-            "pattern": pattern, "nfc": nfc}
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _own(st)
+
+
+def _read_own(path: Path) -> bytes:
+    """The bytes of `path`, a regular file of this user's alone (else OSError): opened without following
+    a link or waiting on a FIFO, then checked on the open file itself."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not (stat.S_ISREG(st.st_mode) and _own(st)) or st.st_size > 1 << 20:
+            raise OSError(f"{path}: not a small file of this user's alone")
+        return f.read()
 
 
 def _path(data: bytes) -> Path | None:
