@@ -178,6 +178,10 @@ def _dataset_class():
 
         @staticmethod
         def build_low_level_dataset(dataset_path: str, config):
+            if dataset_path is None or getattr(config, "fast_cache_load", False):
+                raise ValueError("PackedGPTDataset reads packer builds and makes its sample index in memory: give "
+                                 "GPTDatasetConfig(blend=([packer dataset directory, ...], weights)) or blend_per_split, "
+                                 "without mock data or fast_cache_load")
             dataset = open_dataset(dataset_path)
             _check_length(dataset, config.sequence_length, dataset_path)
             return dataset

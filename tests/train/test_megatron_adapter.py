@@ -317,3 +317,15 @@ def test_a_dataset_pickles_by_name_for_spawned_workers(chat_build):
     again = pickle.loads(pickle.dumps(train))
     assert type(again) is PackedGPTDataset and again.dataset.generation == train.dataset.generation
     assert all(torch.equal(again[3][key], train[3][key]) for key in train[3])
+
+
+def test_mock_data_is_refused_in_one_line():
+    """No blend is Megatron's mock data: PackedGPTDataset has no build to read and says so."""
+    with pytest.raises(Exception) as raised:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            builder.BlendedMegatronDatasetBuilder(PackedGPTDataset, [4, 0, 0], lambda: True, gpt_dataset.GPTDatasetConfig(
+                random_seed=1, sequence_length=L, tokenizer=NullTokenizer(VOCAB), reset_position_ids=False,
+                reset_attention_mask=False, eod_mask_loss=False)).build()
+    cause = raised.value.__cause__ or raised.value  # Megatron wraps a mock dataset's error in its own
+    assert isinstance(cause, ValueError) and "give GPTDatasetConfig(blend=" in str(cause)
