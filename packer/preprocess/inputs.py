@@ -13,6 +13,12 @@ loop would list the same files forever) is listed as itself, not walked. Every o
 planning (readers.plan_units) refuses what cannot be read, before opening it, and that is
 where `on_file_error` decides between failing and skipping. A directory written by HF
 `datasets.save_to_disk` (it holds `state.json`) contributes only its `*.arrow` data files.
+
+A glob is confined the same way, its root being its literal directory (the path before the first
+component with `*?[`: "in" for `in/*.jsonl` and `in/**/x.jsonl`, "." for `*.jsonl`): a match that
+resolves outside the root (a link to /elsewhere/private.jsonl, or reached through a linked
+directory) is an `OutsideLink`, refused or skipped as in a directory; a matched directory is
+walked with the glob's root.
 """
 
 from __future__ import annotations
@@ -90,15 +96,40 @@ def _walk(directory: str, place, ancestors: dict, root_real: str | None = None) 
     return files
 
 
-def _expand_one(item: str) -> list[str]:
-    if not fs.is_uri(item) and any(ch in item for ch in "*?["):
+def _glob_root(pattern: str) -> str:
+    """The literal directory a glob starts from: "in" for in/*.jsonl, "." for *.jsonl, "/" for /*.jsonl."""
+    head, parts = pattern, []
+    while glob.has_magic(head):
+        head, tail = os.path.split(head)
+        parts.append(tail)
+        if not head:
+            return "."
+    return head or os.sep
+
+
+def _inside(real: str, root_real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def _expand_one(item: str, root_real: str | None = None) -> list[str]:
+    """The files `item` names; `root_real`: the real path of the glob it matched (its confinement)."""
+    if root_real is None and not fs.is_uri(item) and glob.has_magic(item):
         matches = sorted(glob.glob(item, recursive=True))
         if not matches:
             raise FileNotFoundError(f"input pattern matched no files: {item}")
-        return [f for m in matches for f in _expand_one(m)]
+        root_real = os.path.realpath(_glob_root(item))
+        files = []
+        for match in matches:
+            target = os.path.realpath(match)
+            if _inside(target, root_real):
+                files.extend(_expand_one(match, root_real))
+            else:  # listed as itself, never followed: planning names it (or skips it), as in a directory
+                files.append(OutsideLink(match, target, root_real))
+        return files
     place = fs.location(item)
     if item and place.is_dir():  # Path("") is the current directory: not an input
-        root_real = None if fs.is_uri(item) else os.path.realpath(item)
+        if root_real is None:
+            root_real = None if fs.is_uri(item) else os.path.realpath(item)
         return sorted(_walk(item, place, {fs.identity(place): item}, root_real))
     if place.is_file() or fs.not_regular(place):  # a FIFO named here is refused when planned, like one in a directory
         return [item]

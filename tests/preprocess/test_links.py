@@ -43,3 +43,45 @@ def test_a_build_refuses_a_link_out_of_its_directory_or_skips_it(tmp_path):
     assert str(corpus / "root") in json.dumps(manifest["totals"]["files_skipped"])
     assert str(corpus / "sub" / "s.jsonl") in json.dumps(manifest["totals"]["files_skipped"])
     assert manifest["totals"]["docs_accepted"] == 80  # a.jsonl twice (once through the inside link), no secret
+
+
+def _globbed(tmp_path):
+    """in/a.jsonl, in/link.jsonl -> elsewhere/private.jsonl, in/sub -> elsewhere (a linked directory),
+    in/inside.jsonl -> a.jsonl (inside: followed)."""
+    corpus, private = tmp_path / "in", tmp_path / "elsewhere"
+    corpus.mkdir()
+    private.mkdir()
+    lines = open(SAMPLE_INPUTS[0], encoding="utf-8").readlines()[:40]
+    (corpus / "a.jsonl").write_text("".join(lines), encoding="utf-8")
+    (private / "private.jsonl").write_text(json.dumps({"text": "PRIVATE " * 50}) + "\n", encoding="utf-8")
+    os.symlink(private / "private.jsonl", corpus / "link.jsonl")
+    os.symlink("a.jsonl", corpus / "inside.jsonl")
+    os.symlink(private, corpus / "sub")
+    return corpus
+
+
+def test_a_glob_never_leaves_its_directory(tmp_path):
+    """Issue 35 item 2: the glob's literal directory is its root, as an input directory is."""
+    corpus = _globbed(tmp_path)
+    files = expand_inputs([str(corpus / "*.jsonl")])
+    assert files == [str(corpus / n) for n in ("a.jsonl", "inside.jsonl", "link.jsonl")]
+    assert [f for f in files if isinstance(f, OutsideLink)] == [str(corpus / "link.jsonl")]
+    assert files[2].root == str(corpus) and files[2].target == str(tmp_path / "elsewhere" / "private.jsonl")
+    through = expand_inputs([str(corpus / "*" / "*.jsonl"), str(corpus / "**")])  # through the linked directory
+    outside = sorted({str(f) for f in through if isinstance(f, OutsideLink)})
+    assert outside == [str(corpus / n) for n in ("link.jsonl", "sub", "sub/private.jsonl")]
+    assert not any("private" in f and not isinstance(f, OutsideLink) for f in through)
+    assert expand_inputs([str(tmp_path / "e*")]) == [str(tmp_path / "elsewhere" / "private.jsonl")]  # its own root
+
+
+def test_a_build_refuses_a_glob_match_out_of_its_directory_or_skips_it(tmp_path):
+    corpus = _globbed(tmp_path)
+    args = ["build", str(corpus / "*.jsonl"), "--tokenizer", TOKENIZER, "--context-length", "256", "--workers", "1"]
+    code, output = run_packer([*args, "--output", str(tmp_path / "refused")], timeout=120)
+    assert code == 1 and f"symbolic link to {tmp_path / 'elsewhere' / 'private.jsonl'}, outside the input directory" in output
+    assert len([line for line in output.splitlines() if line.strip()]) == 1, output
+    code, output = run_packer([*args, "--output", str(tmp_path / "ds"), "--on-file-error", "skip"], timeout=120)
+    assert code == 0, output
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert [f["path"] for f in manifest["totals"]["files_skipped"]] == [str(corpus / "link.jsonl")]
+    assert manifest["totals"]["docs_accepted"] == 80  # a.jsonl twice (once through the inside link), no secret
