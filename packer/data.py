@@ -4,6 +4,7 @@
     loader = DataLoader(PackedDataset("out/sample", batch_size=8), batch_size=None)
 """
 
+from packer.balance import Balance, CostModel
 from packer.online_pack import CarryPolicy
 from packer.train.bucketing import BucketedBatchSampler, collate_documents
 from packer.train.data import PackedDataset
@@ -11,5 +12,5 @@ from packer.train.items import ItemFields, collate_padded, collate_varlen, make_
 from packer.train.online import OnlinePackedDataset
 from packer.train.order import BlockShuffle
 
-__all__ = ["BlockShuffle", "BucketedBatchSampler", "CarryPolicy", "ItemFields", "OnlinePackedDataset", "PackedDataset",
-           "collate_documents", "collate_padded", "collate_varlen", "make_item", "make_items"]
+__all__ = ["Balance", "BlockShuffle", "BucketedBatchSampler", "CarryPolicy", "CostModel", "ItemFields",
+           "OnlinePackedDataset", "PackedDataset", "collate_documents", "collate_padded", "collate_varlen", "make_item", "make_items"]

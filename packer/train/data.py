@@ -30,9 +30,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.balance import Balance
 from packer.io import fs
 from packer.store.dataset import open_dataset, read_rows
 from packer.store.manifest import load_manifest
+from packer.train.balance import BalancedOrder, dataset_tokens_pairs
 from packer.train.blend import Blend, Source
 from packer.train.items import (
     _POOL,
@@ -48,6 +50,7 @@ from packer.train.partition import (
     Progress,
     check_rank,
     current_split,
+    job_consumed,
     job_progress,
     rank_items,
     rank_units,
@@ -136,12 +139,19 @@ class PackedDataset(IterableDataset):
     worker, or a later epoch's reopen, of a dataset another build replaced meanwhile raises
     "the dataset at X was replaced after this loader opened it; restart from a checkpoint" instead
     of mixing rows of two builds (docs/format.md, Block checksums).
+
+    balance=Balance(cost=CostModel(...), rows_per_rank=R, window=32) deals each step's rows (R a rank, W
+    ranks) so that every rank's step costs about the same (tokens and squared document lengths, read from
+    every row's offsets at construction), and a rank's R rows to its micro-batches of batch_size rows
+    (R a multiple of batch_size): each window of `window` steps of the order is dealt again inside
+    itself (packer/balance.py, packer/train/balance.py; docs/loading.md, "Balancing"). Every row is
+    still yielded once per epoch, the same on every rank, resumable at any world size.
     """
 
     def __init__(self, path, *, weights=None, num_samples: int | None = None, mix_by: str = "sequences",
                  shuffle: bool | str | BlockShuffle = True, seed: int = 0, epoch: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, fields: ItemFields = ItemFields(),
-                 batch_size: int | None = None, collate_fn=None):
+                 batch_size: int | None = None, collate_fn=None, balance: Balance | None = None):
         self.path = path
         names, self.paths = self._paths(path)
         # opened (so a damaged dataset fails here), but a URI's manifest alone: opening reads its indexes.
@@ -186,6 +196,38 @@ class PackedDataset(IterableDataset):
         self._block_iter = None  # (iterator over the block's items or batches, their count, items)
         self._resume: dict | None = None  # a loaded state, applied by the next __iter__
         self._iter = None  # (split, progress, order length) of the iteration in progress
+        self.balance, self._costs = balance, self._row_costs(balance)
+
+    def _row_costs(self, balance: Balance | None) -> np.ndarray | None:
+        """Every row's cost (the datasets' rows one after another), or None without balancing."""
+        if balance is None:
+            return None
+        if not isinstance(balance, Balance):
+            raise ValueError(f"balance={balance!r}: give packer.data.Balance(cost=..., rows_per_rank=..., window=...) "
+                             "or None")
+        if balance.rows_per_rank % self.unit:
+            raise ValueError(f"Balance(rows_per_rank={balance.rows_per_rank}) is not a multiple of batch_size="
+                             f"{self.batch_size}: a rank's step is whole batches (micro-batches); use rows_per_rank="
+                             f"{-(-balance.rows_per_rank // self.unit) * self.unit}")
+        parts = [dataset_tokens_pairs(open_dataset(p, generation=g)) for p, g in zip(self.paths, self.generations)]
+        return balance.cost.costs(np.concatenate([t for t, _ in parts]), np.concatenate([q for _, q in parts]))
+
+    def _balanced(self, progress: Progress, n: int, world: int, unit: int) -> BalancedOrder | None:
+        """The balanced order of an iteration of n indices of `progress`'s remaining order, or None."""
+        if self.balance is None:
+            return None
+        return BalancedOrder(self.balance, n, world, unit, lambda idx: self._rows_at(progress.position(idx)),
+                             self._costs, self._row_base)
+
+    def _job_progress(self, states: list[dict]) -> Progress:
+        """job_progress, through the balanced order of the job that saved `states` when balancing."""
+        if self.balance is None:
+            return job_progress(states)
+        base, done, holes = job_consumed(states)
+        first = states[0]
+        order = self._balanced(base, first["order_length"], first["world_size"], first["unit"])
+        prefix, ranges = order.consumed_ranges(done, holes)
+        return base.after(prefix, ranges)
 
     @staticmethod
     def _paths(path) -> tuple[list[str], list]:
@@ -269,7 +311,8 @@ class PackedDataset(IterableDataset):
         units = np.arange(split["worker"], rank_units(n, self.unit, split["world_size"], split["rank"]),
                           split["num_workers"])
         positions, _ = unit_positions(units, n, self.unit, split["world_size"], split["rank"])
-        datasets, rows, _ = self._rows_at(positions)
+        balanced = self._balanced(Progress(self.n_sequences), n, split["world_size"], self.unit)
+        datasets, rows, _ = balanced.rows_at(positions) if balanced else self._rows_at(positions)
         return self._row_base[datasets] + rows
 
     @property
@@ -285,7 +328,8 @@ class PackedDataset(IterableDataset):
 
     def _order_key(self) -> str:
         order = f"{self.order}:{self.shuffle_block}:{self.shuffle_window}" if self.order == "block" else self.order
-        return f"{order}:{self.blend.fingerprint() if self.blend else self.n_sequences}"
+        key = f"{order}:{self.blend.fingerprint() if self.blend else self.n_sequences}"
+        return key if self.balance is None else f"{key}:balance:{self.balance.key()}"
 
     # -- state -------------------------------------------------------------------------------
 
@@ -321,7 +365,7 @@ class PackedDataset(IterableDataset):
             state = state["dataset_state"]
         if isinstance(state, (list, tuple)):
             self._check_order(state[0])
-            progress = job_progress(list(state))
+            progress = self._job_progress(list(state))
             state = {**state[0], "progress": [progress.n, progress.done, [list(h) for h in progress.holes]],
                      "elastic": True}
         self.epoch = state["epoch"]
@@ -354,7 +398,7 @@ class PackedDataset(IterableDataset):
         if all(state[k] == split[k] for k in _SPLIT_KEYS):
             return progress, int(state["units"])
         if state["num_workers"] == 1:  # the whole rank: the job's progress follows
-            return job_progress([state]), 0
+            return self._job_progress([state]), 0
         differ = [k for k in _SPLIT_KEYS if state[k] != split[k]]
         saved = ", ".join(f"{k}={state[k]}" for k in differ)
         here = ", ".join(f"{k}={split[k]}" for k in differ)
@@ -451,9 +495,12 @@ class PackedDataset(IterableDataset):
                           split["num_workers"])
         self._done, self._block_iter = (skip, self._items_in(skip, split, n)), None
         chunks = range(0, len(units), units_per_chunk)
+        balanced = self._balanced(progress, n, world, self.unit)
 
         def chunk_rows(c):
             positions, sizes = unit_positions(units[c:c + units_per_chunk], n, self.unit, world, rank)
+            if balanced is not None:
+                return (*balanced.rows_at(positions), sizes)
             return (*self._rows_at(progress.position(positions)), sizes)
 
         ahead = chunk_rows(0) if len(chunks) else None
@@ -490,7 +537,7 @@ class PackedDataset(IterableDataset):
         batches."""
         tokens, offsets, loss_masks = rows
         block = _make_block(tokens, offsets, self.pad_to, self.pad_id, self.return_document_ids, loss_masks=loss_masks,
-                            role_ids=role_ids)
+                            role_ids=role_ids, pad_multiple=self.fields.pad_multiple, seq_idx=self.fields.seq_idx)
         if self.return_source_ids:
             block.fields["source_ids"] = torch.from_numpy(_source_ids(sources, block.row_start_list))
         n, size = len(block.row_start_list) - 1, self.batch_size

@@ -171,7 +171,15 @@ class Progress:
 
 
 def job_progress(states: list[dict]) -> Progress:
-    """What the whole job consumed, from the states of every worker of one rank (one state without workers).
+    """What the whole job consumed, from the states of every worker of one rank (one state without workers)
+    (`job_consumed` says how)."""
+    base, done, holes = job_consumed(states)
+    return base.after(done, holes)
+
+
+def job_consumed(states: list[dict]) -> tuple[Progress, int, list]:
+    """(the progress the saved iteration began from, the indices [0, done) of its remaining order and the
+    index ranges `holes` it consumed), from the states of every worker of one rank.
 
     Every rank has taken the same units from its worker w (synchronous training), so unit j of the
     epoch was consumed by all ranks exactly when worker j % K of this rank had yielded more than j // K
@@ -191,4 +199,4 @@ def job_progress(states: list[dict]) -> Progress:
     k = min(w + n_workers * u for w, u in by_worker.items())
     holes = [(j * span, min((j + 1) * span, n)) for w, u in by_worker.items()
              for j in range(w + n_workers * max(0, -(-(k - w) // n_workers)), w + n_workers * u, n_workers)]
-    return base.after(min(k * span, n), [h for h in holes if h[0] < h[1]])
+    return base, min(k * span, n), [h for h in holes if h[0] < h[1]]
