@@ -121,6 +121,43 @@ def cu_seqlens(offsets, length: int | None = None):
     return offsets.astype(np.int32)
 
 
+def padded_segments(cu_seqlens, cu_seqlens_padded):
+    """int32: the segments of a layout whose documents are padded apart (Transformer Engine's THD
+    convention: cu_seqlens counts each document's real tokens, cu_seqlens_padded where each one lies),
+    every document's padding a segment of its own, empty ones left out: what flash-attn's varlen
+    `cu_seqlens` (and packer's attention backends) take for that layout, padding attending only to itself.
+
+        cu_seqlens [0, 3, 5]   cu_seqlens_padded [0, 4, 8]   (tokens a a a p b b p p)
+        -> [0, 3, 4, 6, 8]
+
+    Leaving the empty ones out is a data-dependent size: on a GPU one device read, so make it once a
+    batch (packer.hf's batch does, on the host), not in every layer.
+    """
+    real, padded = _as_int64(cu_seqlens), _as_int64(cu_seqlens_padded)
+    if len(real) != len(padded):
+        raise ValueError(f"cu_seqlens has {len(real)} boundaries and cu_seqlens_padded {len(padded)}; give the "
+                         "pair of one batch (one boundary more than documents, each)")
+    ends = padded[:-1] + (real[1:] - real[:-1])  # each document's last real token + 1
+    bounds = _concat([padded[:1], _stack_columns(ends, padded[1:])])
+    keep = bounds[1:] > bounds[:-1]
+    return _as_int32(_concat([bounds[:1], bounds[1:][keep]]))
+
+
+def _stack_columns(a, b):
+    """[a0, b0, a1, b1, ...]."""
+    if _is_torch(a):
+        torch = _torch()
+        return torch.stack([a, b], 1).reshape(-1)
+    return np.stack([a, b], 1).reshape(-1)
+
+
+def _as_int32(offsets):
+    if _is_torch(offsets):
+        torch = _torch()
+        return offsets.to(torch.int32)
+    return np.asarray(offsets).astype(np.int32)
+
+
 def labels(input_ids, offsets, loss_mask=None):
     """int64 [T or L]: input_ids with -100 at each document's first token, past offsets[-1] (padding)
     and, given a loss mask (one value per token of the row, 0 = untrained), at every untrained token.

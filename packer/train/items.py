@@ -12,6 +12,8 @@ Each item, for a stored row of T tokens (or `pad_to` = L >= T):
     attention_mask  bool  [L, L]      block-causal, True = may attend; O(L^2)        (opt-in)
     role_ids        int64 [L]         chat role of each token (a manifest's "roles"), padding
                                       masks.PAD_ROLE: for a role policy (packer.masks.RolePolicy)  (opt-in)
+    seq_idx         int32 [L]         document_ids as int32, for Mamba-style layers         (opt-in)
+    cu_seqlens_padded, n_tokens       with pad_multiple: documents padded apart (below)     (opt-in)
 
 A row [a a a | b b] padded to 6 with pad id p:
 
@@ -30,6 +32,33 @@ predictions see. A prompt p p and its completion c c, then a second example q | 
 
 So the first completion token is trained (predicted from the last prompt token), and with an
 all-ones mask the labels are exactly those without one.
+
+Opt-in as well: `seq_idx` int32 [L], the document ids as transformers' DataCollatorWithFlattening
+(return_seq_idx=True) and Mamba-style layers take them (a varlen batch numbers them across its rows).
+
+Context-parallel layouts (pad_multiple = K): every document is padded to a multiple of K (Transformer
+Engine's THD format with context parallelism needs 2 x cp_size: each rank takes two chunks of every
+document), and the item follows TE's convention (PackedSeqParams(cu_seqlens_q=cu_seqlens,
+cu_seqlens_q_padded=cu_seqlens_padded), as Megatron-LM passes them): tokens lie in the padded layout,
+`cu_seqlens` counts each document's real tokens, `cu_seqlens_padded` says where each one lies. The row
+[a a a | b b] with K = 4 and pad id p:
+
+    input_ids          [a a a p b b p p]
+    labels             [- a a - - b - -]   padding trains nothing
+    position_ids       [0 1 2 0 0 1 0 1]   each document's as unpadded; each run of padding from 0
+    cu_seqlens         [0, 3, 5]           int32, real tokens: 3 and 2
+    cu_seqlens_padded  [0, 4, 8]           int32, where they lie: 4 and 4
+    max_seqlen         4                   int, the longest padded document
+    n_tokens           8                   int, len(input_ids) (PackedSeqParams' total_tokens)
+    document_ids       [0 0 0 1 2 2 3 3]   each run of padding a segment of its own (seq_idx: the same)
+
+Every real token keeps its id, label, position and the keys it attends to; a document's padding
+attends only to itself (masks.padded_segments gives the layout's segments, [0, 3, 4, 6, 8], for a
+kernel that takes one cu_seqlens; the dense attention_mask draws them). With pad_to (a multiple of K,
+>= every row's padded length) the tail is one more sequence, as without pad_multiple, and counts in
+both: padded to 12 the row above has cu_seqlens [0, 3, 5, 9], cu_seqlens_padded [0, 4, 8, 12]. With
+K = 1 the tokens are today's and cu_seqlens_padded equals cu_seqlens. Batches merge both: a varlen batch's
+cu_seqlens runs on by each item's real tokens, cu_seqlens_padded by its length (docs/loading.md).
 """
 
 from __future__ import annotations
@@ -60,7 +89,11 @@ class ItemFields:
     attention_mask: a dense block-causal [L, L] mask (O(L^2)). document_ids: the segment index per
     token. source_ids: the source of each token's row (a built dataset with named sources).
     role_ids: the chat role of each token, padding masks.PAD_ROLE (chat datasets built with
-    --store-roles; online: a chat config with store_roles), for a role policy (docs/role_masks.md)."""
+    --store-roles; online: a chat config with store_roles), for a role policy (docs/role_masks.md).
+    pad_multiple: pad every document to a multiple of this many tokens (context parallelism: 2 x cp_size;
+    see "Context-parallel layouts" below); pad_to must then be a multiple of it, and at least the longest
+    padded row. seq_idx: int32 `seq_idx`, the document index of each token (as transformers'
+    DataCollatorWithFlattening(return_seq_idx=True) gives it; Mamba / gated-delta-net layers)."""
 
     pad_to: int | None = None
     pad_id: int | None = None
@@ -68,6 +101,8 @@ class ItemFields:
     document_ids: bool = False
     source_ids: bool = False
     role_ids: bool = False
+    pad_multiple: int | None = None
+    seq_idx: bool = False
 
     def __post_init__(self):
         if self.pad_to is not None and (isinstance(self.pad_to, bool) or not isinstance(self.pad_to, numbers.Integral)
@@ -76,20 +111,36 @@ class ItemFields:
         if self.pad_id is not None and (isinstance(self.pad_id, bool) or not isinstance(self.pad_id, numbers.Integral)
                                         or self.pad_id < 0):
             raise ValueError(f"pad_id must be a token id >= 0 (or None: the dataset's), got {self.pad_id!r}")
+        check_pad_multiple(self.pad_multiple, self.pad_to)
+
+
+def check_pad_multiple(pad_multiple, pad_to=None):
+    """pad_multiple is None or a whole number >= 1, and pad_to (when both are given) a multiple of it."""
+    if pad_multiple is None:
+        return
+    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, numbers.Integral) or pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be a number of tokens >= 1 (e.g. 2 x the context-parallel size; None: "
+                         f"documents unpadded), got {pad_multiple!r}")
+    if pad_to is not None and pad_to % pad_multiple:
+        raise ValueError(f"pad_to={pad_to} is not a multiple of pad_multiple={pad_multiple}, so the padding after the "
+                         f"last document could not be split like the documents; use pad_to="
+                         f"{-(-pad_to // pad_multiple) * pad_multiple}")
 
 
 def make_item(tokens, offsets, *, loss_mask=None, pad_to=None, pad_id=0, return_attention_mask=False,
-              return_document_ids=False, role_ids=None) -> dict:
+              return_document_ids=False, role_ids=None, pad_multiple=None, return_seq_idx=False) -> dict:
     """One training item (see the module docstring) from a row's tokens, its offsets and optionally
     its loss mask (one value per token, 0 = untrained; None = every token trained) and its role ids
-    (one per token; the item then has `role_ids`)."""
+    (one per token; the item then has `role_ids`). `pad_multiple`: each document padded to a multiple
+    of it (the item then has cu_seqlens_padded and n_tokens; module docstring); `return_seq_idx`: seq_idx."""
     return make_items([tokens], [offsets], loss_masks=None if loss_mask is None else [loss_mask], pad_to=pad_to,
                       pad_id=pad_id, return_attention_mask=return_attention_mask,
-                      return_document_ids=return_document_ids, role_ids=None if role_ids is None else [role_ids])[0]
+                      return_document_ids=return_document_ids, role_ids=None if role_ids is None else [role_ids],
+                      pad_multiple=pad_multiple, return_seq_idx=return_seq_idx)[0]
 
 
 def make_items(tokens_list, offsets_list, *, loss_masks=None, pad_to=None, pad_id=0, return_attention_mask=False,
-               return_document_ids=False, role_ids=None) -> list[dict]:
+               return_document_ids=False, role_ids=None, pad_multiple=None, return_seq_idx=False) -> list[dict]:
     """`make_item` for many rows at once (row k: tokens_list[k], offsets_list[k], loss_masks[k],
     e.g. the views `ds.views(indices)` and `ds.mask_views(indices)` give): one vectorized pass over
     all their tokens. `loss_masks` None, or a row's entry None: every token of it trained.
@@ -101,22 +152,27 @@ def make_items(tokens_list, offsets_list, *, loss_masks=None, pad_to=None, pad_i
     """
     if not len(tokens_list):
         return []
+    check_pad_multiple(pad_multiple, pad_to)
     block = _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids, loss_masks=loss_masks,
-                        role_ids=role_ids)
+                        role_ids=role_ids, pad_multiple=pad_multiple, seq_idx=return_seq_idx)
     return _block_items(block, return_attention_mask)
 
 
 def _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids, *, loss_masks=None,
-                role_ids=None) -> _Block:
+                role_ids=None, pad_multiple=None, seq_idx=False) -> _Block:
     """The token fields of many rows, in one buffer, with their layout; -100 in labels where a
-    row's loss mask is 0; `role_ids` (one array per row) give the field role_ids."""
-    rows = _Layout(tokens_list, offsets_list, pad_to)
+    row's loss mask is 0; `role_ids` (one array per row) give the field role_ids; `pad_multiple`
+    pads each document (_Layout); `seq_idx` adds the int32 field seq_idx."""
+    rows = _Layout(tokens_list, offsets_list, pad_to, pad_multiple)
     # One pooled allocation for all token fields: fresh arrays page-faulted in again on every
     # block (12.6 ms against 1.0 ms a block of 32 rows of 4096; measured 2026-11-29).
     n_fields = (4 if return_document_ids else 3) + (role_ids is not None)
     buffer = _POOL.take(n_fields * rows.total).reshape(n_fields, rows.total)
     input_ids, labels, position_ids = buffer[0], buffer[1], buffer[2]
-    _write_tokens(input_ids, labels, tokens_list, rows, pad_id)
+    if rows.dest is None:
+        _write_tokens(input_ids, labels, tokens_list, rows, pad_id)
+    else:
+        _write_padded_documents(input_ids, labels, tokens_list, rows, pad_id)
     labels[rows.seg_start[:-1]] = masks.IGNORE_INDEX
     if loss_masks is not None:
         _mask_labels(labels, loss_masks, rows)
@@ -126,6 +182,10 @@ def _make_block(tokens_list, offsets_list, pad_to, pad_id, return_document_ids, 
         fields["document_ids"] = _document_ids(buffer[3], rows)
     if role_ids is not None:
         fields["role_ids"] = _role_ids(buffer[-1], role_ids, rows)
+    if seq_idx:  # the document ids as int32 (a fresh array: the pool is int64)
+        doc = fields["document_ids"] if return_document_ids else _document_ids(_scratch("seq_idx", rows.total,
+                                                                                          np.int64), rows)
+        fields["seq_idx"] = doc.astype(np.int32)
     return _Block({name: torch.from_numpy(array) for name, array in fields.items()}, rows)
 
 
@@ -135,6 +195,10 @@ def _role_ids(out, role_ids, rows: _Layout):
     if len(role_ids) != len(rows.n_tokens) or (n_roles != rows.n_tokens).any():
         raise ValueError(f"role ids of {n_roles.tolist()[:4]} tokens for rows of {rows.n_tokens.tolist()[:4]}; "
                          "give one role id per token of each row")
+    if rows.dest is not None:  # documents padded apart: scattered to their places
+        out.fill(masks.PAD_ROLE)
+        out[rows.dest] = np.concatenate(role_ids, dtype=np.int64)
+        return out
     if not rows.padded.any():
         np.concatenate(role_ids, out=out, casting="unsafe")
         return out
@@ -151,9 +215,17 @@ def _block_items(block: _Block, return_attention_mask: bool) -> list[dict]:
     rows = block.rows
     row_len = rows.row_len.tolist()
     columns = {name: torch.split_with_sizes(t, row_len) for name, t in block.fields.items()}  # views, at once
-    cu_seqlens = torch.from_numpy(rows.offsets.astype(np.int32))
-    columns["cu_seqlens"] = torch.split_with_sizes(cu_seqlens, rows.n_offsets.tolist())
+    if rows.docs is None:
+        cu_seqlens = torch.from_numpy(rows.offsets.astype(np.int32))
+        columns["cu_seqlens"] = torch.split_with_sizes(cu_seqlens, rows.n_offsets.tolist())
+    else:  # documents padded apart: real and padded boundaries, each row's from 0
+        docs = rows.docs
+        sizes = (docs.n_docs + 1).tolist()
+        for name, lengths in (("cu_seqlens", docs.length), ("cu_seqlens_padded", docs.padded)):
+            columns[name] = torch.split_with_sizes(torch.from_numpy(docs.row_cumsum(lengths)), sizes)
     columns["max_seqlen"] = block.max_seqlen
+    if rows.docs is not None:
+        columns["n_tokens"] = row_len
     names = tuple(columns)
     items = [_Item(zip(names, values)) for values in zip(*columns.values())]
     for k, item in enumerate(items):
@@ -173,13 +245,33 @@ def _block_batch(block: _Block, r0: int, r1: int, padded: bool) -> dict:
     if padded and (lengths := block.rows.row_len[r0:r1]).min() != lengths.max():
         raise ValueError(f"collate_padded: item lengths differ ({lengths.min()}..{lengths.max()}); "
                          "set pad_to on the dataset (e.g. its context length), or use collate_varlen")
-    batch = {key: _rows_view(t, a, b, n_rows) for key, t in block.fields.items() if padded or key != "document_ids"}
+    batch = {key: _rows_view(t, a, b, n_rows) for key, t in block.fields.items()
+             if padded or key not in ("document_ids", "seq_idx")}
     s0, s1 = block.first_seg_list[r0], block.first_seg_list[r1]
-    batch["cu_seqlens"] = torch.from_numpy((block.rows.seg_start[s0:s1 + 1] - a).astype(np.int32))
+    segments = torch.from_numpy((block.rows.seg_start[s0:s1 + 1] - a).astype(np.int32))
+    docs = block.rows.docs
+    if docs is None:
+        batch["cu_seqlens"] = segments
+    else:  # the rows' documents back to back: both boundaries run on across rows
+        d0, d1 = docs.first_list[r0], docs.first_list[r1]
+        batch["cu_seqlens"] = torch.from_numpy(_cumsum0(docs.length[d0:d1]))
+        batch["cu_seqlens_padded"] = torch.from_numpy(_cumsum0(docs.padded[d0:d1]))
     batch["max_seqlen"] = max(block.max_seqlen[r0:r1])
-    if "document_ids" in block.fields and not padded:  # numbered across the flattened row
-        batch["document_ids"] = masks.document_ids(batch["cu_seqlens"])[None]
+    if docs is not None:
+        batch["n_tokens"] = b - a
+    if not padded:  # numbered across the flattened row: the segments of its layout
+        if "document_ids" in block.fields:
+            batch["document_ids"] = masks.document_ids(segments)[None]
+        if "seq_idx" in block.fields:
+            batch["seq_idx"] = masks.document_ids(segments).to(torch.int32)[None]
     return batch
+
+
+def _cumsum0(lengths) -> np.ndarray:
+    """int32 [0, l0, l0 + l1, ...]."""
+    out = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 class _Layout:
@@ -188,23 +280,36 @@ class _Layout:
     Rows [a a a | b b] and [c] padded to 6: row_start [0, 6, 12], offsets [0 3 5 6 | 0 1 6]
     (bounds [0, 4, 7]), seg_start [0, 3, 5, 6, 7, 12] (the last is the end), seg_len [3 2 1 1 5],
     first_seg [0, 3, 5] (row k's segments: first_seg[k]..first_seg[k+1]).
+
+    With pad_multiple each document's padding is a segment of its own (`docs`: _Documents), and
+    `dest` says where each real token lies in the block (None: the rows' tokens back to back).
     """
 
-    def __init__(self, tokens_list, offsets_list, pad_to):
+    def __init__(self, tokens_list, offsets_list, pad_to, pad_multiple=None):
         n_rows = len(tokens_list)
         self.n_tokens = np.fromiter(map(len, tokens_list), np.int64, n_rows)
-        if pad_to is not None and self.n_tokens.max() > pad_to:
-            raise ValueError(f"pad_to={pad_to} is shorter than a row of {int(self.n_tokens.max())} tokens; "
-                             "use pad_to >= the dataset's context length, or None")
-        self.row_len = self.n_tokens if pad_to is None else np.full(n_rows, pad_to, np.int64)
+        offsets = np.concatenate(offsets_list, dtype=np.int64)
+        n_offsets = np.fromiter(map(len, offsets_list), np.int64, n_rows)
+        self.docs, self.dest = None, None
+        content = self.n_tokens  # tokens of each row before pad_to
+        if pad_multiple is not None:
+            self.docs = _Documents(offsets, n_offsets, pad_multiple)
+            offsets, n_offsets, content = self.docs.segment_offsets()
+        if pad_to is not None and content.max() > pad_to:
+            what = "tokens" if pad_multiple is None else f"tokens with its documents padded to multiples of {pad_multiple}"
+            raise ValueError(f"pad_to={pad_to} is shorter than a row of {int(content.max())} {what}; "
+                             "use pad_to >= the dataset's context length" +
+                             (" plus the padding (or None)" if pad_multiple is not None else ", or None"))
+        self.row_len = content if pad_to is None else np.full(n_rows, pad_to, np.int64)
         self.row_start = np.zeros(n_rows + 1, np.int64)
         np.cumsum(self.row_len, out=self.row_start[1:])
         self.total = int(self.row_start[-1])
-        self.padded = self.n_tokens < self.row_len
-        offsets = np.concatenate(offsets_list, dtype=np.int64)
-        n_offsets = np.fromiter(map(len, offsets_list), np.int64, n_rows)
+        self.padded = content < self.row_len
         self.bounds = np.zeros(n_rows + 1, np.int64)  # row k: offsets[bounds[k]:bounds[k+1]]
         np.cumsum(n_offsets, out=self.bounds[1:])
+        if self.docs is not None:
+            self.docs.add_tails(self.row_len - content)
+            self.dest = self.docs.destinations(self.row_start)
         if self.padded.any():  # a padded row gets one more boundary: its padding segment's end
             offsets = np.insert(offsets, self.bounds[1:][self.padded], self.row_len[self.padded])
             n_offsets = n_offsets + self.padded
@@ -219,6 +324,93 @@ class _Layout:
         self.seg_len = np.diff(self.seg_start)
         self.first_seg = np.zeros(n_rows + 1, np.int64)
         np.cumsum(self.n_segs, out=self.first_seg[1:])
+
+
+class _Documents:
+    """Each document of a block padded to a multiple of K, the padding a segment of its own.
+
+    Rows [a a a | b b] and [c], K = 4: document lengths [3 2 | 1], padded [4 4 | 4]; the layout's
+    offsets [0 3 4 6 8 | 0 1 4] (pad runs as segments). With pad_to = 12 each row's tail is one more
+    entry, as long real as padded: length [3 2 4 | 1 8], padded [4 4 4 | 4 8] (`tail` marks them).
+    first [0, 3, 5]: row k's entries first[k]..first[k+1].
+    """
+
+    def __init__(self, offsets, n_offsets, multiple: int):
+        n_rows = len(n_offsets)
+        lengths = np.diff(offsets)
+        inside = np.ones(len(lengths), bool)
+        inside[np.cumsum(n_offsets)[:-1] - 1] = False  # the step from one row's end to the next row's 0
+        self.length = lengths[inside]
+        self.padded = self.length + (-self.length) % multiple
+        self.n_docs = n_offsets - 1
+        self.row = np.repeat(np.arange(n_rows), self.n_docs)
+        self.tail = np.zeros(len(self.length), bool)
+        self._set_first()
+
+    def _set_first(self):
+        self.first = np.zeros(len(self.n_docs) + 1, np.int64)
+        np.cumsum(self.n_docs, out=self.first[1:])
+        self.first_list = self.first.tolist()
+
+    def segment_offsets(self):
+        """(offsets, their count per row, tokens per row): every document, then its padding if any, as segments."""
+        n_rows = len(self.n_docs)
+        pad = self.padded - self.length
+        seg_len = np.stack([self.length, pad], 1).ravel()
+        keep = np.ones(len(seg_len), bool)
+        keep[1::2] = pad > 0
+        seg_len, seg_row = seg_len[keep], np.repeat(self.row, 2)[keep]
+        n_segs = np.bincount(seg_row, minlength=n_rows)
+        ends = np.cumsum(seg_len)
+        seg_first = np.zeros(n_rows + 1, np.int64)
+        np.cumsum(n_segs, out=seg_first[1:])
+        base = np.concatenate([[0], ends])[seg_first[:-1]]
+        within = ends - np.repeat(base, n_segs)  # each row's segment ends, from its own 0
+        offsets = np.insert(within, seg_first[:-1], 0)
+        content = np.concatenate([[0], ends])[seg_first[1:]] - base
+        return offsets, n_segs + 1, content
+
+    def add_tails(self, tail_len):
+        """Each row's padding up to pad_to (tail_len > 0) as one more entry, as long real as padded."""
+        rows = np.flatnonzero(tail_len > 0)
+        if not len(rows):
+            return
+        at = self.first[1:][rows]
+        self.length = np.insert(self.length, at, tail_len[rows])
+        self.padded = np.insert(self.padded, at, tail_len[rows])
+        self.tail = np.insert(self.tail, at, True)
+        self.row = np.insert(self.row, at, rows)
+        self.n_docs = self.n_docs + (tail_len > 0)
+        self._set_first()
+
+    def destinations(self, row_start) -> np.ndarray:
+        """int64, one per real token (the rows' tokens back to back): its place in the block."""
+        starts = np.zeros(len(self.padded), np.int64)
+        np.cumsum(self.padded[:-1], out=starts[1:])  # entries lie back to back over the block's rows
+        real = ~self.tail
+        length = self.length[real]
+        read = np.zeros(len(length), np.int64)
+        np.cumsum(length[:-1], out=read[1:])
+        return np.arange(int(length.sum()), dtype=np.int64) + np.repeat(starts[real] - read, length)
+
+    def row_cumsum(self, lengths) -> np.ndarray:
+        """int32, each row's [0, l0, l0 + l1, ...] back to back (row k: first[k] + k .. first[k+1] + k + 1)."""
+        ends = np.cumsum(lengths)
+        base = np.concatenate([[0], ends])[self.first[:-1]]
+        return np.insert(ends - np.repeat(base, self.n_docs), self.first[:-1], 0).astype(np.int32)
+
+    def max_padded(self) -> list[int]:
+        """Each row's longest padded entry."""
+        return np.maximum.reduceat(self.padded, self.first[:-1]).tolist()
+
+
+def _write_padded_documents(input_ids, labels, tokens_list, rows: _Layout, pad_id: int):
+    """Each row's tokens scattered to their places (rows.dest); everything else pad_id and -100."""
+    gathered = np.concatenate(tokens_list, dtype=np.int64)
+    input_ids.fill(pad_id)
+    labels.fill(masks.IGNORE_INDEX)
+    input_ids[rows.dest] = gathered
+    labels[rows.dest] = gathered
 
 
 def _write_tokens(input_ids, labels, tokens_list, rows: _Layout, pad_id: int):
@@ -259,6 +451,12 @@ def _mask_labels(labels, loss_masks, rows: _Layout):
         k = int(np.flatnonzero(n_mask != rows.n_tokens)[0])
         raise ValueError(f"row {k}: a loss mask of {n_mask[k]} values for a row of {rows.n_tokens[k]} tokens; give "
                          "one 0/1 value per token (or None for an all-trained row)")
+    if rows.dest is not None:  # documents padded apart: the untrained tokens' places
+        ones = _scratch("ones_u8", int(rows.n_tokens.max()), np.uint8, fill=1)
+        trained = np.concatenate([ones[:n] if mask is None else mask for mask, n in
+                                  zip(loss_masks, rows.n_tokens.tolist())], dtype=np.uint8, casting="unsafe")
+        labels[rows.dest[trained == 0]] = masks.IGNORE_INDEX
+        return
     trained = _scratch("trained", rows.total, np.uint8)
     if complete and not rows.padded.any():  # the stored case: the masks back to back
         np.concatenate(loss_masks, out=trained, casting="unsafe")
@@ -350,7 +548,8 @@ class _Block:
 
     def __init__(self, fields: dict, rows: _Layout):
         self.fields, self.rows = fields, rows
-        self.max_seqlen = np.maximum.reduceat(rows.seg_len, rows.first_seg[:-1]).tolist()  # per row
+        self.max_seqlen = np.maximum.reduceat(rows.seg_len, rows.first_seg[:-1]).tolist() if rows.docs is None \
+            else rows.docs.max_padded()  # per row
         self.row_start_list, self.first_seg_list = rows.row_start.tolist(), rows.first_seg.tolist()  # plain ints
 
 
@@ -414,11 +613,27 @@ def collate_varlen(items: list[dict]) -> dict:
     keys = ("input_ids", "labels", "position_ids") + tuple(k for k in ("source_ids", "role_ids") if k in items[0])
     batch = {key: _join([it[key] for it in items])[None] for key in keys}
     lengths = [it["input_ids"].shape[0] for it in items]
-    batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], lengths)
-    batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
-    if "document_ids" in items[0]:  # numbered across the flattened row: the segments of its cu_seqlens
-        batch["document_ids"] = masks.document_ids(batch["cu_seqlens"])[None]
+    _merge_boundaries(batch, items, lengths)
+    if "document_ids" in items[0] or "seq_idx" in items[0]:  # numbered across the flattened row: its segments
+        segments = batch["cu_seqlens"] if "cu_seqlens_padded" not in batch else \
+            masks.padded_segments(batch["cu_seqlens"], batch["cu_seqlens_padded"])
+        if "document_ids" in items[0]:
+            batch["document_ids"] = masks.document_ids(segments)[None]
+        if "seq_idx" in items[0]:
+            batch["seq_idx"] = masks.document_ids(segments).to(torch.int32)[None]
     return batch
+
+
+def _merge_boundaries(batch: dict, items: list[dict], lengths: list[int]):
+    """cu_seqlens, max_seqlen (and with padded documents cu_seqlens_padded, n_tokens) of items laid end to end."""
+    if "cu_seqlens_padded" not in items[0]:
+        batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], lengths)
+    else:  # real boundaries run on by each item's real tokens, padded ones by its length
+        batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items],
+                                        [int(it["cu_seqlens"][-1]) for it in items])
+        batch["cu_seqlens_padded"] = _merge_cu([it["cu_seqlens_padded"] for it in items], lengths)
+        batch["n_tokens"] = sum(lengths)
+    batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
 
 
 def collate_padded(items: list[dict]) -> dict:
@@ -432,11 +647,10 @@ def collate_padded(items: list[dict]) -> dict:
     run = _block_run(items)
     batch = _block_batch(*run, padded=True) if run else {}  # consecutive rows of one block: views, no copy
     for key in items[0]:
-        if key not in batch and key not in ("cu_seqlens", "max_seqlen"):
+        if key not in batch and key not in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen", "n_tokens"):
             batch[key] = _join([it[key] for it in items]).view(len(items), *items[0][key].shape)
     if not run:
-        batch["cu_seqlens"] = _merge_cu([it["cu_seqlens"] for it in items], [lengths.pop()] * len(items))
-        batch["max_seqlen"] = max(it["max_seqlen"] for it in items)
+        _merge_boundaries(batch, items, [lengths.pop()] * len(items))
     return batch
 
 

@@ -10,7 +10,9 @@ given. Labels follow packer.data: labels == input_ids except -100 at each docume
 on padding; the model shifts them itself, so position t predicts labels[t + 1]. Every layer but
 attention acts on one token at a time, so a document gets exactly the same logits packed or alone.
 With `policy` (a packer.masks.RolePolicy) in the config, forward takes the batch's `role_ids` ([T],
-[1, T] or [B, L]) and every layer attends by the policy.
+[1, T] or [B, L]) and every layer attends by the policy. A packed row whose documents are padded apart
+(ItemFields(pad_multiple=K)) comes with the batch's `cu_seqlens_padded` beside its `cu_seqlens`, as
+Transformer Engine takes them; each document's padding is then a segment of its own (masks.padded_segments).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from packer.masks import IGNORE_INDEX, RolePolicy
+from packer.masks import IGNORE_INDEX, RolePolicy, padded_segments
 from packer.train.attention import PackedSelfAttention
 
 
@@ -63,11 +65,12 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         torch.nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, input_ids, position_ids=None, cu_seqlens=None, max_seqlen=None, labels=None, role_ids=None):
+    def forward(self, input_ids, position_ids=None, cu_seqlens=None, max_seqlen=None, labels=None, role_ids=None,
+                cu_seqlens_padded=None):
         shape = input_ids.shape
         if input_ids.dim() == 2:  # padded batch: every row is one causal sequence
             B, L = shape
-            if cu_seqlens is not None:
+            if cu_seqlens is not None or cu_seqlens_padded is not None:
                 raise ValueError("a 2-D (padded) batch takes no cu_seqlens; flatten it to one packed row instead")
             cu_seqlens = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=input_ids.device)
             max_seqlen = L
@@ -77,6 +80,8 @@ class TinyGPT(nn.Module):
             labels = None if labels is None else labels.reshape(-1)
         elif cu_seqlens is None:
             raise ValueError("a packed row (1-D input_ids) needs cu_seqlens; pass the loader's cu_seqlens")
+        elif cu_seqlens_padded is not None:  # real-token boundaries + where each document lies -> the layout's segments
+            cu_seqlens = padded_segments(cu_seqlens, cu_seqlens_padded)
         if role_ids is not None:
             role_ids = role_ids.reshape(-1)  # [1, T] (a varlen batch) or [B, L]
         x = self.embed(input_ids)

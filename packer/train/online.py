@@ -253,7 +253,8 @@ class OnlinePackedDataset(IterableDataset):
                 yield make_item(np.concatenate([p[0] for p in bin_pieces]), offsets,
                                 loss_mask=_bin_mask(bin_pieces), pad_to=self.fields.pad_to, pad_id=self.pad_id,
                                 return_attention_mask=self.fields.attention_mask,
-                                return_document_ids=self.fields.document_ids, role_ids=roles)
+                                return_document_ids=self.fields.document_ids, role_ids=roles,
+                                pad_multiple=self.fields.pad_multiple, return_seq_idx=self.fields.seq_idx)
             self._state = after  # also when the buffer emitted nothing (every bin carried)
             if final:
                 return

@@ -86,6 +86,30 @@ def test_packed_equals_each_document_alone(backend, cfg):
             assert_close_relative(grads[name], ref_grads[name])
 
 
+@pytest.mark.parametrize("backend", CPU_TRAINABLE)
+@pytest.mark.parametrize("multiple", [3, 8])
+def test_documents_padded_apart_equal_each_document_alone(backend, multiple):
+    """ItemFields(pad_multiple=K)'s layout (context parallelism): the model takes cu_seqlens and cu_seqlens_padded
+    as Transformer Engine does, and the loss and every gradient are each document's alone, padding adding nothing."""
+    from packer.data import collate_varlen, make_items
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, backend=backend))
+    _, docs = packed_batch(7, n_rows=3)
+    rows = [docs[:3], docs[3:6], docs[6:]]
+    offsets = [np.concatenate([[0], np.cumsum([len(d) for d in row])]) for row in rows]
+    items = make_items([np.concatenate(row) for row in rows], offsets, pad_multiple=multiple, pad_id=96)
+    batch = collate_varlen(items)
+    assert batch["n_tokens"] > sum(len(d) for d in docs)  # some document was padded
+    loss, grads = loss_and_grads(model, input_ids=batch["input_ids"][0], position_ids=batch["position_ids"][0],
+                                 cu_seqlens=batch["cu_seqlens"], cu_seqlens_padded=batch["cu_seqlens_padded"],
+                                 max_seqlen=batch["max_seqlen"], labels=batch["labels"][0])
+    ref_loss, ref_grads = per_document_loss_and_grads(model, docs)
+    assert_close_relative(loss, ref_loss)
+    for name in ref_grads:
+        assert_close_relative(grads[name], ref_grads[name])
+
+
 def test_padded_batch_equals_packed_and_unmasked_packing_differs():
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4))
