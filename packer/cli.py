@@ -59,6 +59,15 @@ class _Group(click.Group):
     """Expected errors become one line on stderr and exit 1, not a traceback (with --debug: both).
     Ctrl-C and SIGTERM stop with one line too (exit 130 / 143): finished work is kept."""
 
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:  # `packer --bogus`: as a command's usage error below
+            if type(e).__name__ == "NoArgsIsHelpError":  # plain `packer`: click prints the help
+                raise
+            click.echo(f"Error: {redact_text(e.format_message())} (see '{ctx.command_path} --help')", err=True)
+            ctx.exit(e.exit_code)
+
     def invoke(self, ctx):
         previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
         try:
@@ -67,6 +76,10 @@ class _Group(click.Group):
                 result = super().invoke(ctx)
                 sys.stdout.flush()  # a reader that left (`| head`) is met here, not by the interpreter's exit
                 return result
+        except click.UsageError as e:  # a flag or argument the command cannot take: one line too, exit 2 (README)
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            click.echo(f"Error: {redact_text(e.format_message())}{where}", err=True)
+            ctx.exit(e.exit_code)
         except BrokenPipeError:  # `packer inspect DS | head`: the reader has what it wanted; click's main
             raise  # quiets the streams and exits 1, the way it handles EPIPE, with no "Error:" line
         except EXPECTED_ERRORS as e:  # credentials in a URI are never printed (packer/io/fs.py)

@@ -88,6 +88,11 @@ def role_table(role_names: str = DEFAULT_ROLE_NAMES) -> dict[str, int]:
 THREADS_PER_WORKER = 2
 
 
+# The least context that trains a token: each document's first token in a row is labelled -100 (packer/masks.py),
+# so a row of 1 token trains nothing; with 2, a row of one document trains its second token.
+MIN_CONTEXT = 2
+
+
 def _field(default, help: str, minimum: int | None = None):
     """A config field with its one line of --help and its least value (the CLI builds its options from these)."""
     return field(default=default, metadata={"help": help, "minimum": minimum})
@@ -97,7 +102,8 @@ def _field(default, help: str, minimum: int | None = None):
 class BuildConfig:
     """Everything that decides the bytes of a build (workers and paths do not)."""
 
-    context_length: int = _field(2048, "Tokens per packed sequence.", minimum=1)
+    context_length: int = _field(2048, "Tokens per packed sequence (at least 2: a row of 1 token trains nothing).",
+                                 minimum=MIN_CONTEXT)
     algorithm: str = _field("ffd", "Packing: first-fit or best-fit decreasing.")
     long_docs: str = _field("split", "Documents longer than the context: split into pieces (every token kept), "
                                      "truncate, or drop.")
@@ -149,8 +155,9 @@ class BuildConfig:
                                                  "any role not named).")
 
     def __post_init__(self):
-        if self.context_length < 1:
-            raise ValueError(f"context_length must be >= 1, got {self.context_length}")
+        if type(self.context_length) is not int or self.context_length < MIN_CONTEXT:
+            raise ValueError(f"context_length must be at least {MIN_CONTEXT}, got {self.context_length!r}: in a row "
+                             "of one token that token is its document's first, labelled -100, so nothing trains")
         _check_choices(self)
         if self.shard_size < self.context_length:
             raise ValueError(

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER
+from conftest import ROOT, SAMPLE_INPUTS, TOKENIZER, run_packer
 
 from packer.cli import main
 
@@ -90,6 +91,34 @@ def test_bad_flag_value(tmp_path):
 def test_unknown_flag():
     result = CliRunner().invoke(main, ["build", "--frobnicate"])
     assert result.exit_code == 2 and "No such option" in result.output and "--frobnicate" in result.output
+
+
+@pytest.mark.parametrize("args", [["build", "--frobnicate"], ["biuld"], ["--bogus"], ["build", "x.jsonl"],
+                                  ["build", "x", "--tokenizer", "t", "-o", "o", "--context-length", "0"]])
+def test_a_usage_error_is_one_line_and_exits_2(args):
+    """Issue 35 item 8: what README says: one `Error:` line naming the command's --help, exit 2."""
+    code, output = run_packer(args)
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("Error: ") and "--help')" in lines[0], output
+
+
+def test_a_context_that_trains_nothing_is_refused(tmp_path):
+    """Context 1: every token is its document's first, labelled -100; refused, the minimum stated, by the CLI
+    (a usage error) and by the config a pipeline file builds (one Error: line, exit 1)."""
+    from packer.config import BuildConfig
+
+    with pytest.raises(ValueError, match="context_length must be at least 2, got 1: .* nothing trains"):
+        BuildConfig(context_length=1)
+    assert BuildConfig(context_length=2).context_length == 2
+    code, output = run_packer(["build", SAMPLE_INPUTS[0], "--tokenizer", TOKENIZER, "-o", str(tmp_path / "o"),
+                               "--context-length", "1"])
+    assert code == 2 and "1 is not in the range x>=2" in output and not (tmp_path / "o").exists(), output
+    job = tmp_path / "job.toml"
+    job.write_text(f'inputs = ["{SAMPLE_INPUTS[0]}"]\ntokenizer = "{TOKENIZER}"\noutput = "{tmp_path / "p"}"\n'
+                   "[config]\ncontext_length = 1\n", encoding="utf-8")
+    code, output = run_packer(["run", str(job)])
+    assert code == 1 and output.strip().startswith("Error: ") and len(output.strip().splitlines()) == 1, output
+    assert "context_length must be at least 2" in output
 
 
 def test_run_rejects_unknown_pipeline_keys(tmp_path):
@@ -295,9 +324,11 @@ def test_format_and_executor_choices_come_from_their_tables():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     text = " ".join(done.stdout.split())
-    assert "[arrow|memmap|megatron|rows]" in text and "[local|ray|in-order]" in text
+    from packer.store.formats import FORMATS
+
+    assert f"[{'|'.join([*FORMATS, 'rows'])}]" in text and "[local|ray|in-order]" in text
     plain = CliRunner().invoke(main, ["build", "--help"])
-    assert "[arrow|memmap|megatron]" in " ".join(plain.output.split()) and "rows" not in plain.output
+    assert f"[{'|'.join(FORMATS)}]" in " ".join(plain.output.split()) and "rows" not in plain.output
 
 
 def test_inspect_without_seq_is_a_readable_summary(tmp_path):
@@ -309,11 +340,12 @@ def test_inspect_without_seq_is_a_readable_summary(tmp_path):
     assert summary.exit_code == 0 and not summary.output.lstrip().startswith("{")
     lines = summary.output.splitlines()
     topics = [line.split(":", 1)[0] for line in lines if not line.startswith(" ")]
-    assert topics == ["dataset", "documents", "tokens", "tokenizer", "config", "shards"], summary.output
+    assert topics == ["dataset", "documents", "eos", "tokens", "tokenizer", "config", "shards"], summary.output
     t = m["totals"]
     assert lines[0].startswith(f"dataset:   {out}: {t['sequences']:,} sequences of 512 tokens, arrow, {len(m['shards'])} shards")
     assert lines[1] == f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"
-    assert lines[2] == f"tokens:    {t['tokens_out']:,} stored, fill rate {t['fill_rate']:.4f}"
+    assert lines[2] == "eos:       0 documents hold the EOS id 0 inside them"  # text: EOS only as a last token
+    assert lines[3] == f"tokens:    {t['tokens_out']:,} stored, fill rate {t['fill_rate']:.4f}"
     config = " ".join(line[11:] for line in lines if line.startswith(("config:", "           ")) and "=" in line)
     assert "context_length=512" in config and "algorithm=ffd" in config
     shards = [line for line in lines if ".arrow" in line]
