@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 import torch.nn.functional as F  # noqa: E402
 from conftest import SAMPLE, TOKENIZER  # noqa: E402
 
+from packer import masks  # noqa: E402
 from packer.data import ItemFields, PackedDataset  # noqa: E402
 from packer.hf import HFBatches, collate_hf  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
@@ -266,6 +267,63 @@ def test_flash_attention_2_cuda(packed_batch, family):
     with torch.no_grad():
         _, ref_loss = per_document(reference, batch)
         assert abs(model(**batch).loss.double() - ref_loss).item() < 2e-2
+
+
+# -- documents padded apart (context-parallel layouts) and seq_idx ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def padded_batch(small_dataset):
+    """The 3-row HF batch with the most documents, each padded to a multiple of 8, with seq_idx."""
+    fields = ItemFields(pad_multiple=8, seq_idx=True)
+    batches = list(PackedDataset(small_dataset, shuffle=False, fields=fields, batch_size=3, collate_fn=collate_hf))
+    return max(batches, key=lambda b: len(b["cu_seqlens"]))
+
+
+def test_padded_batch_fields(padded_batch):
+    b = padded_batch
+    real, padded, segments = b["cu_seqlens"], b["cu_seqlens_padded"], b["cu_seq_lens_q"]
+    n = b["input_ids"].shape[1]
+    assert set(b) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                      "max_length_k", "use_cache", "cu_seqlens", "cu_seqlens_padded", "n_tokens", "seq_idx"}
+    assert b["n_tokens"] == n == padded[-1] and real[-1] < n and (padded.diff() % 8 == 0).all()
+    assert segments.dtype == torch.int32 and segments[-1] == n and b["max_length_q"] == segments.diff().max()
+    # flash's segments: every document's real tokens, then its padding, each alone
+    starts = set(padded[:-1].tolist()) | {p + r for p, r in zip(padded[:-1].tolist(), real.diff().tolist())}
+    assert set(segments[:-1].tolist()) == starts - {n}
+    expected_pos = torch.cat([torch.arange(int(length)) for length in segments.diff()])
+    assert torch.equal(b["position_ids"][0], expected_pos)  # HF's eager/sdpa find the same segments from resets
+    assert b["seq_idx"].dtype == torch.int32 and torch.equal(b["seq_idx"][0], masks.document_ids(segments).int())
+
+
+def _real_documents(batch) -> list[tuple[int, torch.Tensor]]:
+    """(place, tokens) of every real document: cu_seqlens_padded says where, cu_seqlens how long."""
+    real, padded = batch["cu_seqlens"].tolist(), batch["cu_seqlens_padded"].tolist()
+    return [(p, batch["input_ids"][0, p:p + b - a]) for a, b, p in zip(real[:-1], real[1:], padded[:-1])]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "varlen_twin"])
+def test_padded_documents_equal_each_document_alone(padded_batch, attn, varlen_twin, one_torch_thread):
+    """Through the HF model, padding apart changes no real token's logits, loss or gradient."""
+    model = make_model("llama", varlen_twin if attn == "varlen_twin" else attn)
+    params = [p for p in model.parameters() if p.requires_grad]
+    VARLEN_CALLS.clear()
+    packed = model(**padded_batch)
+    labels = padded_batch["labels"][0]
+    loss = _loss64(packed.logits[0], labels) / (labels[1:] != -100).sum()
+    ref_loss, n_trained, max_diff = 0.0, 0, 0.0
+    for place, doc in _real_documents(padded_batch):
+        doc_logits = model(input_ids=doc[None], use_cache=False).logits[0]
+        max_diff = max(max_diff, (packed.logits[0, place:place + len(doc)] - doc_logits).abs().max().item())
+        ref_loss, n_trained = ref_loss + _loss64(doc_logits, doc), n_trained + len(doc) - 1
+    ref_loss = ref_loss / n_trained
+    assert max_diff < TOL_F64 and abs(loss - ref_loss).item() < TOL_F64
+    assert abs(packed.loss.double() - ref_loss).item() < TOL_HF_LOSS
+    grads = [(a - b).abs().max().item() for a, b in zip(torch.autograd.grad(loss, params),
+                                                         torch.autograd.grad(ref_loss, params))]
+    assert max(grads) < TOL_F64
+    if attn == "varlen_twin":  # flash's varlen path ran, over the segments
+        assert VARLEN_CALLS == [len(padded_batch["cu_seq_lens_q"]) - 1] * SMALL["num_hidden_layers"]
 
 
 # -- the same number of batches on every rank ----------------------------------------------
