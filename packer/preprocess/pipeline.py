@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import time
+import warnings
 
 import numpy as np
 
@@ -171,6 +172,7 @@ def _totals(unit_counters, plan: PlanIndex, config, work, skipped_files=()) -> d
         "skip_examples": [e for c in unit_counters for e in c["skip_examples"]][:20],
         "files_skipped": [{"path": p, "error": e} for p, e in failed.items()],
         "docs_dropped_long": plan.n_dropped_docs,
+        **_inner_eos(unit_counters),
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
         "tokens_truncated": plan.n_truncated_tokens,
@@ -179,6 +181,15 @@ def _totals(unit_counters, plan: PlanIndex, config, work, skipped_files=()) -> d
         "fill_rate": tokens_out / slots if slots else None,  # no sequence: no fill to speak of
         **trained_totals(unit_counters, _shard_plans(plan, work), work),
     }
+
+
+def _inner_eos(unit_counters) -> dict:
+    """docs_inner_eos, the accepted documents holding the EOS id before their last token, summed over
+    the units (packer/preprocess/inner_eos.py); {} when a unit did not count them (a tokenizer without
+    EOS, or units of an older packer resumed)."""
+    if not unit_counters or any("docs_inner_eos" not in c for c in unit_counters):
+        return {}
+    return {"docs_inner_eos": sum(c["docs_inner_eos"] for c in unit_counters)}
 
 
 class BuildRejected(ValueError):
@@ -301,6 +312,8 @@ def _finalize(run: _Run) -> dict:
                                                      config.context_length)
     if config.store_roles:  # what the shards' role_ids mean (docs/role_masks.md)
         manifest["roles"] = config.role_table
+    for line in formats.build_notes(config.format, manifest):  # nemo: what its trainer does with EOS inside documents
+        warnings.warn(line, stacklevel=2)
     failpoints.hit("finalize", 0)
     return fs.redact_json(manifest)  # as written: no credentials from input, tokenizer or output URIs
 

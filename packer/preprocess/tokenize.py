@@ -5,8 +5,9 @@ presence means the unit is complete and is never redone):
 
     unit-000007.tokens.npy   all token ids of the unit's accepted documents, concatenated
     unit-000007.lengths.npy  int64 length of each document (eos/bos included)
-    unit-000007.json         counters: docs read / accepted / skipped by reason, examples, and
-                             `input`, the hash of what was read (packer/preprocess/changed.py)
+    unit-000007.json         counters: docs read / accepted / skipped by reason, examples, those
+                             holding the EOS id inside them (docs_inner_eos: packer/preprocess/inner_eos.py),
+                             and `input`, the hash of what was read (packer/preprocess/changed.py)
 
 Both .npy files stream to disk while the unit is read, so a worker's memory does not grow
 with the unit, nor with one huge document (encode_parts: a 200 MB document's ids are never
@@ -30,6 +31,7 @@ from packer.encode.text import encode_parts, encode_texts
 from packer.encode.tokenizer import TokenizerInfo, load_encoder
 from packer.io import atomic, fs
 from packer.preprocess import changed
+from packer.preprocess.inner_eos import InnerEos
 from packer.preprocess.readers import FileError, SkipLog, Unit, field_names, read_records, read_unit
 
 
@@ -107,8 +109,9 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
     file_error = None
     # what was read, hashed (packer/preprocess/changed.py); records (readers' `records`) are not hashed yet
     sums = changed.InputSum() if changed.ENABLED and kind == "text" else None
+    eos = InnerEos(info.eos_id) if info.eos_id is not None else None
     try:
-        n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind, sums=sums)
+        n_tokens, n_trained = _tokenize_into(unit, info, config, skips, *files, kind=kind, sums=sums, eos=eos)
     except FileError as e:
         for f in files:
             f is None or f.abort()
@@ -116,6 +119,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
             raise
         files = open_files()
         skips, n_tokens, n_trained, file_error, sums = SkipLog.empty(), 0, 0, e.cause, None
+        eos = eos and InnerEos(info.eos_id)
     except BaseException:
         for f in files:
             f is None or f.abort()
@@ -134,6 +138,7 @@ def tokenize_unit(unit: Unit, info: TokenizerInfo, config: BuildConfig, work_dir
         "skipped": dict(sorted(skips.counts.items())),
         "skip_examples": skips.examples,
         "tokens": n_tokens,
+        **({"docs_inner_eos": eos.docs} if eos is not None else {}),
         "file_error": file_error,
         "input": sums and sums.record(),  # what was read, hashed: packer/preprocess/changed.py
     }
@@ -153,11 +158,12 @@ def unit_kind(unit: Unit, config: BuildConfig) -> str:
 
 def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _NpyAppender,
                    mask: _NpyAppender | None = None, roles: _NpyAppender | None = None, *, kind: str = "text",
-                   sums=None) -> tuple[int, int]:
+                   sums=None, eos: InnerEos | None = None) -> tuple[int, int]:
     """Encode the unit into the appenders: (tokens written, tokens trained: all of them for text).
-    `sums` hashes what the reader reads (packer/preprocess/changed.py)."""
+    `sums` hashes what the reader reads (packer/preprocess/changed.py); `eos` counts the documents
+    holding the EOS id inside them."""
     if kind != "text":
-        return _records_into(unit, info, config, skips, tokens, lengths, mask, kind, roles)
+        return _records_into(unit, info, config, skips, tokens, lengths, mask, kind, roles, eos)
     tok = load_encoder(info.path, info.engine)  # the engine the driver chose (TokenizerInfo)
     texts = read_unit(unit, skips, text_field=config.text_field, text_split=config.text_split,
                       max_doc_bytes=config.max_doc_bytes, sums=sums)
@@ -166,10 +172,12 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
         tokens.append(flat)
         lengths.append(doc_lengths)
         n_tokens += len(flat)
+        if eos is not None:
+            eos.add(flat, doc_lengths)
     return n_tokens, n_tokens
 
 
-def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, roles=None) -> tuple[int, int]:
+def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, roles=None, eos=None) -> tuple[int, int]:
     """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/encode/records.py)."""
     encoder = RecordEncoder(kind, info, config, encode_texts)
     fields = encoder.fields()
@@ -184,6 +192,8 @@ def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, r
             mask.append(encoded.mask)
             if roles is not None:
                 roles.append(encoded.roles)
+            if eos is not None:
+                eos.add(encoded.ids, encoded.lengths)
             n_tokens += len(encoded.ids)
             n_trained += int(np.count_nonzero(encoded.mask))
         batch = encoded = None  # a huge record's text is freed before the next batch is read

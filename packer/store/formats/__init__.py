@@ -29,6 +29,9 @@ A format is a module with these top-level names (the `ShardFormat` protocol):
              the same rows read by byte ranges, for a dataset streamed from a remote store
              (packer/store/stream.py): what a shard's blocks are and which bytes each reads, then
              block k from those bytes
+    build_notes(manifest) -> [line, ...]   (optional)
+             what a build should say about how the format's trainer reads this manifest's data
+             (nemo: documents holding EOS inside them); the build warns each line
     DERIVED_FILES  the names of the files the format keeps beside its shards (reserved: never a shard's)
     derived_files(shards) -> {file name: bytes}
              those files for a manifest's shard entries, a function of the entries alone: the
@@ -94,6 +97,12 @@ def manifest_format(config: dict) -> str:
 def derived_files(fmt: str, shards: list[dict]) -> dict[str, bytes]:
     """{file name: bytes} of what format `fmt` keeps beside the shards of these manifest entries."""
     return get(fmt).derived_files(shards)
+
+
+def build_notes(fmt: str, manifest: dict) -> list[str]:
+    """The lines format `fmt` says at the end of a build of `manifest` (its optional `build_notes`)."""
+    notes = getattr(get(fmt), "build_notes", None)
+    return list(notes(manifest)) if notes is not None else []
 
 
 def reserved() -> frozenset[str]:

@@ -70,6 +70,18 @@ def derived_files(shards: list[dict]) -> dict[str, bytes]:
     return {}
 
 
+def build_notes(manifest: dict) -> list[str]:
+    """One line when some documents hold the EOS id inside them: what NeMo's collate does with those."""
+    totals, config = manifest["totals"], manifest["config"]
+    if not totals.get("docs_inner_eos"):
+        return []
+    return [f"{totals['docs_inner_eos']:,} of {totals['docs_accepted']:,} documents hold the EOS id "
+            f"{config.get('eos_id')} inside them (a chat template ending each message with EOS?): NeMo reads EOS as "
+            "an end, so Megatron-Bridge's packed collate never trains the token after each inner EOS, and NeMo 2 / "
+            "Megatron-Bridge <= 0.2 with context parallelism cut each such conversation at its second EOS; the "
+            "seq_start_id boundaries packer wrote are exact (docs/format.md, NeMo shards)"]
+
+
 def _array(values: np.ndarray, type) -> pa.Array:
     """A pa.Array over the buffer of `values` (exactly `type`'s dtype), without pa.array's pandas check."""
     values = np.ascontiguousarray(values)
