@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
 
 import torch.nn.functional as F  # noqa: E402
-from conftest import SAMPLE, TOKENIZER  # noqa: E402
 from test_hf import build_small  # noqa: E402
+from test_torchtitan import build_chat  # noqa: E402
 
 from packer.data import PackedDataset  # noqa: E402
 from packer.hf import PackedTrainerMixin, collate_hf  # noqa: E402
@@ -52,19 +52,6 @@ class AuditedTrainer(MyTrainer):
         loss = super().compute_loss(model, inputs, *args, **kwargs)
         self.steps.append({**seen, "loss": loss.detach().clone()})
         return loss
-
-
-def build_chat(out: Path, n_conversations=40) -> Path:
-    """Chat build, context 256, the default --train-roles assistant: 46 rows, 1,384 of 10,363 tokens trained."""
-    from packer.config import BuildConfig, Job
-    from packer.preprocess.pipeline import build
-
-    source = out.parent / f"{out.name}-input.jsonl"
-    with open(SAMPLE / "chat.jsonl", encoding="utf-8") as f:
-        source.write_text("".join(next(f) for _ in range(n_conversations)), encoding="utf-8")
-    build(Job(inputs=(str(source),), tokenizer=TOKENIZER, output=str(out), workers=1,
-              config=BuildConfig(context_length=256, input_kind="chat")), progress="off")
-    return out
 
 
 @pytest.fixture(scope="module", params=["text", "chat"])
