@@ -43,11 +43,13 @@ TIE = 0.005  # costs within 0.5% of each other count as equal: such rows keep th
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CostModel:
-    """Seconds (or FLOPs: only ratios matter) a row costs: per_token * tokens + per_pair * causal pairs.
-    The default is an 8B dense model (d_model 4096, 32 layers): CostModel.for_model(8e9, 4096, 32)."""
+    """Seconds (or FLOPs: only ratios matter) a row costs: per_token * tokens + per_pair * pairs (+ per_row, a
+    fixed cost a row that a fit finds; it moves every rank alike). The default is an 8B dense model (d_model
+    4096, 32 layers): CostModel.for_model(n_params=8e9, d_model=4096, n_layers=32)."""
 
     per_token: float = 6 * 8e9
     per_pair: float = 6 * 4096 * 32
+    per_row: float = 0.0
     r2: float | None = dataclasses.field(default=None, compare=False)  # of a fitted model
 
     def __post_init__(self):
@@ -57,13 +59,13 @@ class CostModel:
 
     @classmethod
     def for_model(cls, *, n_params: float, d_model: int, n_layers: int) -> CostModel:
-        """6 n_params FLOPs a token, 6 d_model n_layers a causal pair (module docstring)."""
+        """6 n_params FLOPs a token, 6 d_model n_layers an entry of a document's L^2 (module docstring)."""
         return cls(per_token=6.0 * n_params, per_pair=6.0 * d_model * n_layers)
 
     @classmethod
     def fit(cls, tokens, pairs, seconds) -> CostModel:
-        """Least squares seconds ~ c + per_token * tokens + per_pair * pairs over timed rows (c, a fixed
-        cost a row, is dropped: with equal rows per rank it shifts every rank alike); r2 says how well."""
+        """Least squares seconds ~ per_row + per_token * tokens + per_pair * pairs over timed rows; r2 says
+        how well."""
         x = np.column_stack([np.ones(len(tokens)), np.asarray(tokens, float), np.asarray(pairs, float)])
         y = np.asarray(seconds, float)
         if len(y) < 3:
@@ -71,10 +73,12 @@ class CostModel:
         coef = np.linalg.lstsq(x, y, rcond=None)[0]
         residual = y - x @ coef
         r2 = 1 - float(residual @ residual) / max(float(((y - y.mean()) ** 2).sum()), 1e-300)
-        return cls(per_token=max(float(coef[1]), 0.0), per_pair=max(float(coef[2]), 0.0) or 1e-30, r2=r2)
+        return cls(per_token=max(float(coef[1]), 0.0), per_pair=max(float(coef[2]), 0.0) or 1e-30,
+                   per_row=max(float(coef[0]), 0.0), r2=r2)
 
     def costs(self, tokens, pairs) -> np.ndarray:
-        return self.per_token * np.asarray(tokens, np.float64) + self.per_pair * np.asarray(pairs, np.float64)
+        tokens, pairs = np.asarray(tokens, np.float64), np.asarray(pairs, np.float64)
+        return self.per_row + self.per_token * tokens + self.per_pair * pairs
 
     def attention_share(self, tokens, pairs) -> float:
         """The share of the total cost that is attention (per_pair * pairs)."""
@@ -101,7 +105,8 @@ class Balance:
             raise ValueError(f"Balance(cost={self.cost!r}): give a packer.data.CostModel")
 
     def key(self) -> str:
-        return f"{self.cost.per_token!r}:{self.cost.per_pair!r}:{self.rows_per_rank}:{self.window}"
+        cost = self.cost
+        return f"{cost.per_token!r}:{cost.per_pair!r}:{cost.per_row!r}:{self.rows_per_rank}:{self.window}"
 
 
 def row_tokens_pairs(offsets: list) -> tuple[np.ndarray, np.ndarray]:

@@ -67,7 +67,7 @@ def test_fit_recovers_a_known_model_and_says_how_well():
     seconds = 0.01 + 2e-6 * tokens + 3e-10 * pairs
     exact = CostModel.fit(tokens, pairs, seconds)
     assert exact.per_token == pytest.approx(2e-6, rel=1e-6) and exact.per_pair == pytest.approx(3e-10, rel=1e-6)
-    assert exact.r2 == pytest.approx(1.0)
+    assert exact.per_row == pytest.approx(0.01, rel=1e-6) and exact.r2 == pytest.approx(1.0)
     noisy = CostModel.fit(tokens, pairs, seconds * rng.normal(1, 0.2, 60))
     assert 0 < noisy.r2 < exact.r2
     with pytest.raises(ValueError, match="at least 3"):

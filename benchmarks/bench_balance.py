@@ -1,0 +1,190 @@
+"""Do steps finish together? Each rank's step cost, rows dealt in the shuffled order (by tokens) against
+rows dealt by cost (packer.balance, PackedDataset(balance=Balance(...))), and what a fitted cost model says.
+
+    python benchmarks/bench_balance.py                   # FFD rows of lognormal lengths at 8K, 32K, 128K
+    python benchmarks/bench_balance.py --dataset DIR     # the rows of a built dataset
+    python benchmarks/bench_balance.py --fit             # time packer's tiny model, fit per_token / per_pair
+    python benchmarks/bench_balance.py --fit --device cuda --shape llama-layer   # on a GPU (gpu_check.sh)
+
+Rows: packer's own FFD (packer.binpack) over lognormal document lengths scaled to the context (median
+context * e^-4.3, sigma 1.5: web-like, and the attention shares of issue 37's table), or a dataset's rows.
+Cost: the 8B model of the issue, 6 * 8e9 a token + 6 * 4096 * 32 an entry of each document's L^2
+(packer/balance.py says why that is the causal attention FLOPs). The rows, in a seeded shuffle, are dealt
+to `ranks` x `rows/rank` a step; `tokens` deals them in that order, `balanced` by packer.balance with a
+window of 32 steps. slowest/mean: the mean over steps of the slowest rank's cost over the mean rank's;
+busy: sum of mean costs / sum of slowest costs (the share of GPU time spent working); moved: mean steps
+a row moved from its shuffled step; corr: correlation of a row's cost with its step index.
+
+Measured 2026-12-05 (2-core box; 65536 FFD rows a context, seed 0, window 32):
+    context ranks rows/rank attention dealing  slowest/mean busy   moved corr
+    8K      8     1         0.033     tokens   1.065        0.939  0.00  -0.002
+    8K      8     1         0.033     balanced 1.003        0.997  5.59  0.006
+    8K      64    1         0.033     tokens   1.097        0.912  0.00  -0.002
+    8K      64    1         0.033     balanced 1.004        0.996  6.37  0.003
+    32K     64    1         0.121     tokens   1.351        0.740  0.00  0.002
+    32K     64    1         0.121     balanced 1.009        0.991  8.95  0.005
+    128K    8     1         0.354     tokens   1.689        0.593  0.00  0.004
+    128K    8     1         0.354     balanced 1.019        0.981  8.20  0.001
+    128K    64    1         0.354     tokens   2.028        0.493  0.00  0.004
+    128K    64    1         0.354     balanced 1.023        0.977  9.22  0.006
+    128K    64    4         0.354     tokens   1.549        0.646  0.00  0.004
+    128K    64    4         0.354     balanced 1.006        0.994  8.92  0.004
+(the full table: run it; issue 37's targets: busy >= 0.97 at 128K/64/1 with rows moving <= 16 steps,
+>= 0.99 with 4 rows, >= 0.98 at 32K/64/1, at 8K no worse than tokens.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from packer import __version__  # noqa: E402
+from packer.balance import CostModel, balance_figures, balanced_order, move_figures  # noqa: E402
+from packer.binpack import pack, split_documents  # noqa: E402
+
+SEED = 0
+CONTEXTS = (8192, 32768, 131072)
+CASES = ((8, 1), (8, 4), (64, 1), (64, 4))  # (ranks, rows per rank)
+ROWS = 65536  # rows a context: 10 windows of 32 steps at 64 ranks x 4 rows
+WINDOW = 32
+MU, SIGMA = -4.3, 1.5  # log(length / context) ~ Normal(MU, SIGMA)
+COST = CostModel.for_model(n_params=8e9, d_model=4096, n_layers=32)
+
+
+def web_like_rows(context: int, n_rows: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, pairs) of the first n_rows FFD rows of lognormal document lengths scaled to the context."""
+    rng = np.random.default_rng([seed, context])
+    n_docs = int(n_rows * context / (context * np.exp(MU + SIGMA**2 / 2))) + 16
+    lengths = np.maximum(1, context * np.exp(rng.normal(MU, SIGMA, n_docs))).astype(np.int64)
+    pieces = split_documents(lengths, context)[2]
+    bins = pack(pieces, context)
+    keep = bins < n_rows
+    return (np.bincount(bins[keep], weights=pieces[keep], minlength=n_rows).astype(np.int64),
+            np.bincount(bins[keep], weights=pieces[keep].astype(np.float64) ** 2, minlength=n_rows))
+
+
+def dataset_rows(path: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """(context, tokens, pairs) of every row of a built dataset."""
+    from packer.store.dataset import open_dataset
+    from packer.train.balance import dataset_tokens_pairs
+
+    ds = open_dataset(path)
+    return int(ds.manifest["config"]["context_length"]), *dataset_tokens_pairs(ds)
+
+
+def table(contexts_rows, window: int, seed: int):
+    print(f"{'context':<8}{'ranks':<6}{'rows/rank':<10}{'attention':<10}{'dealing':<9}{'slowest/mean':<13}"
+          f"{'busy':<7}{'moved':<6}{'corr':<7}{'deal s':<7}")
+    for context, tokens, pairs in contexts_rows:
+        costs = COST.costs(tokens, pairs)[np.random.default_rng(seed).permutation(len(tokens))]
+        share = COST.attention_share(tokens, pairs)
+        for ranks, rows in CASES:
+            t0 = time.perf_counter()
+            perm = balanced_order(costs, ranks, rows, window)
+            seconds = time.perf_counter() - t0
+            for name, order in (("tokens", np.arange(len(costs))), ("balanced", perm)):
+                fig, moves = balance_figures(costs[order], ranks, rows), move_figures(order, costs, ranks, rows)
+                print(f"{f'{context // 1024}K':<8}{ranks:<6}{rows:<10}{share:<10.3f}{name:<9}"
+                      f"{fig['slowest_over_mean']:<13.3f}{fig['busy_fraction']:<7.3f}{moves['mean_moved_steps']:<6.2f}"
+                      f"{moves['corr_cost_step']:<7.3f}{seconds if name == 'balanced' else 0:<7.3f}")
+
+
+def _fit_rows(context: int, rng) -> list[np.ndarray]:
+    """Document lengths of rows of different cost: 1 to 64 documents, tokens from a quarter to all of it."""
+    rows = []
+    for fill in (0.25, 0.5, 1.0):
+        for n_docs in (1, 2, 4, 16, 64):
+            total = max(n_docs, int(context * fill))
+            cuts = np.sort(rng.choice(np.arange(1, total), n_docs - 1, replace=False)) if n_docs > 1 else []
+            rows.append(np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int64))
+    return rows
+
+
+def fit(device: str, shape: str, context: int, repeats: int):
+    """Time forward + backward of a model on packed rows of different cost; fit per_token and per_pair."""
+    import torch
+
+    from packer.masks import position_ids
+    from packer.train.model import GPTConfig, TinyGPT
+
+    torch.manual_seed(SEED)
+    if shape == "tiny":
+        cfg = GPTConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4)
+    else:  # one Llama-8B-shaped layer: d_model 4096, 32 heads, 8 KV heads (a 4x GELU MLP, not SwiGLU 14336)
+        cfg = GPTConfig(vocab_size=4096, dim=4096, n_layers=1, n_heads=32, n_kv_heads=8)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = TinyGPT(cfg).to(device=device, dtype=dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"fit: {shape} model, {n_params / 1e6:.1f}M parameters, dim {cfg.dim}, {cfg.n_layers} layers, device "
+          f"{device}, {dtype}, context {context}, best of {repeats}")
+    rng = np.random.default_rng(SEED)
+    tokens, pairs, seconds = [], [], []
+    for docs in _fit_rows(context, rng):
+        offsets = np.concatenate([[0], np.cumsum(docs)]).astype(np.int32)
+        total = int(offsets[-1])
+        ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, total)).to(device)
+        pos = torch.as_tensor(position_ids(offsets)).to(device)
+        cu = torch.from_numpy(offsets).to(device)
+        best = float("inf")
+        for r in range(repeats + 1):  # the first is a warm-up
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            _, loss = model(ids, pos, cu, int(docs.max()), labels=ids)
+            loss.backward()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                best = min(best, time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        tokens.append(total), pairs.append(float((docs.astype(np.float64) ** 2).sum())), seconds.append(best)
+    fitted = CostModel.fit(tokens, pairs, seconds)
+    flops = CostModel.for_model(n_params=n_params, d_model=cfg.dim, n_layers=cfg.n_layers)
+    print(f"{'docs':<6}{'tokens':<8}{'pairs':<14}{'seconds':<10}{'fitted':<10}")
+    for t, p, s in zip(tokens, pairs, seconds):
+        print(f"{'':<6}{t:<8}{p:<14.0f}{s:<10.4f}{float(fitted.costs([t], [p])[0]):<10.4f}")
+    print(f"fitted: per_token {fitted.per_token:.3e} s, per_pair {fitted.per_pair:.3e} s, R^2 {fitted.r2:.4f}; "
+          f"per_pair / per_token {fitted.per_pair / max(fitted.per_token, 1e-30):.3e} (FLOP count: "
+          f"{flops.per_pair / flops.per_token:.3e})")
+    return fitted
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", help="a built dataset: deal its own rows")
+    parser.add_argument("--rows", type=int, default=ROWS, help="generated rows a context")
+    parser.add_argument("--window", type=int, default=WINDOW)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--fit", action="store_true", help="time a model's forward+backward and fit the cost model")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shape", choices=("tiny", "llama-layer"), default="tiny")
+    parser.add_argument("--context", type=int, default=2048, help="--fit: tokens of the longest row")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"packer {__version__}, python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
+          f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; cost {COST}")
+    if args.fit:
+        import torch
+
+        torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
+        fit(args.device, args.shape, args.context, args.repeats)
+        return
+    if args.dataset:
+        rows = [dataset_rows(args.dataset)]
+    else:
+        print(f"rows: {args.rows} FFD rows a context of lognormal lengths (median context * e^{MU}, sigma {SIGMA}), "
+              f"seed {args.seed}, window {args.window}")
+        rows = [(c, *web_like_rows(c, args.rows, args.seed)) for c in CONTEXTS]
+    table(rows, args.window, args.seed)
+
+
+if __name__ == "__main__":
+    main()
