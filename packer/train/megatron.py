@@ -93,7 +93,8 @@ def packed_seq_params(batch: dict):
         sample (cu_seqlens [n + 1])                      its cu_seqlens
         collate_thd batch (cu_seqlens [1, n + 1])        its cu_seqlens
         default-collated batch (tokens [B, L],           the rows' cu_seqlens merged over the
-          cu_seqlens [B, n + 1])                         flattened B * L tokens (tokens.reshape(1, -1))
+          cu_seqlens [B, n + 1])                         flattened B * L tokens (tokens.reshape(1, -1)):
+                                                         each row's last boundary is its length L
 
     Trailing -1 entries of a row's cu_seqlens (NeMo's and Megatron-LM's collate padding) are dropped.
     cu_seqlens_q = cu_seqlens_kv (int32, on the batch's device), max_seqlen_q = max_seqlen_kv (an int)."""
@@ -102,14 +103,14 @@ def packed_seq_params(batch: dict):
     cu = batch["cu_seqlens"]
     rows = [cu] if cu.dim() == 1 else list(cu)
     rows = [r[r >= 0] if bool((r[1:] < 0).any()) else r for r in rows]
+    tokens = batch.get("tokens")
+    if tokens is not None and tokens.dim() == 2 and tokens.shape[0] != len(rows):
+        raise ValueError(f"packed_seq_params: {len(rows)} rows of cu_seqlens but tokens of shape {tuple(tokens.shape)}; "
+                         "give a [B, L] batch with one cu_seqlens row each, or collate with packer.megatron.collate_thd")
     if len(rows) == 1:
         cu_seqlens = rows[0].to(torch.int32)
     else:
-        tokens = batch["tokens"]
-        if tokens.dim() != 2 or tokens.shape[0] != len(rows):
-            raise ValueError(f"packed_seq_params: {len(rows)} rows of cu_seqlens but tokens of shape "
-                             f"{tuple(tokens.shape)}; give a [B, L] batch or collate with packer.megatron.collate_thd")
-        cu_seqlens = _merged(rows, [tokens.shape[1]] * len(rows)).to(cu.device)
+        cu_seqlens = _merged(rows, [int(r[-1]) for r in rows])  # a row's last boundary is its length
     max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if len(cu_seqlens) > 1 else 0
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)

@@ -194,6 +194,8 @@ def test_packed_seq_params_carry_packers_cu_seqlens(text_build, chat_build):
     # cu_seqlens padded with -1 (NeMo's and Megatron-LM's packed collate): the -1s are dropped
     tail = torch.cat([samples[0]["cu_seqlens"], torch.full((4,), -1, dtype=torch.int32)])[None]
     assert torch.equal(packed_seq_params({"cu_seqlens": tail}).cu_seqlens_q, items[rows[0]]["cu_seqlens"])
+    with pytest.raises(ValueError, match=r"1 rows of cu_seqlens but tokens of shape \(2, 256\)"):
+        packed_seq_params({"cu_seqlens": tail, "tokens": torch.zeros(2, L, dtype=torch.int64)})
 
 
 def test_dense_attention_mask_and_the_padding_sample(chat_build):
