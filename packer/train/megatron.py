@@ -195,6 +195,8 @@ def _dataset_class():
             return len(self.sample_rows)
 
         def __getitem__(self, idx) -> dict:
+            # One row at a time, as Megatron's samplers ask: 0.63 ms a sample of 4096 against the stock
+            # GPTDataset's 0.46 on the same build (busy 2-core box, 2026-12-05, 180 samples, second pass).
             row = int(self.sample_rows[0 if idx is None else idx])
             (tokens,), (offsets,) = self.dataset.views([row])
             mask = self.dataset.mask_views([row]) if getattr(self.dataset, "has_loss_mask", False) else None
