@@ -183,6 +183,11 @@ def _dataset_class():
                 raise ValueError("PackedGPTDataset reads packer builds and makes its sample index in memory: give "
                                  "GPTDatasetConfig(blend=([packer dataset directory, ...], weights)) or blend_per_split, "
                                  "without mock data or fast_cache_load")
+            if (getattr(config, "context_parallel_size", None) or 1) > 1:
+                # TODO(megatron-cp): documents padded to 2 * cp (items' pad_multiple) and cu_seqlens_padded in the sample
+                raise ValueError(f"PackedGPTDataset: context_parallel_size={config.context_parallel_size}, but its samples "
+                                 "do not pad documents to a multiple of 2 * cp (cu_seqlens_padded) yet; train with "
+                                 "context_parallel_size=1")
             dataset = open_dataset(dataset_path)
             _check_length(dataset, config.sequence_length, dataset_path)
             return dataset

@@ -360,3 +360,8 @@ def test_megatron_sample_follows_the_shift_rule_on_seeded_random_rows():
         n_masked += mask is not None and not mask.all()
         n_multi += len(lengths) > 1
     assert n_masked > 50 and n_multi > 50
+
+
+def test_context_parallelism_is_refused_until_documents_are_padded_for_it(chat_build):
+    with pytest.raises(ValueError, match=r"context_parallel_size=2, .* train with context_parallel_size=1"):
+        build_splits([chat_build], None, "100,0,0", [None, 0, 0], context_parallel_size=2)
