@@ -42,6 +42,14 @@ else
     echo; echo "=== test_megatron_te: skipped: transformer_engine or megatron-core does not import here" \
         "(pip install megatron-core 'transformer-engine[pytorch]' on the CUDA box to run it)"
 fi
+# torchtitan 0.3: its own mask helpers and VarlenAttention, given the metadata it makes from packer's positions,
+# against packer's boundaries, varlen_attention and a float64 per-document reference (needs triton: GPU only)
+if "$PY" -c "import torchtitan.models.common.attention" >/dev/null 2>&1; then
+    step 90 test_torchtitan "$PY" -m pytest tests/train/test_torchtitan.py -q -rs -p no:cacheprovider
+else
+    echo; echo "=== test_torchtitan: skipped: torchtitan's models/common/attention.py does not import here" \
+        "(pip install torchtitan==0.3.0 on the CUDA box to run it)"
+fi
 echo
 if [ ${#failed[@]} -eq 0 ]; then echo "gpu_check: every step passed"; exit 0; fi
 printf 'gpu_check: failed: %s\n' "${failed[@]}"

@@ -5,6 +5,8 @@ torchtitan's masks made from its positions (0.3.0: document id = cumsum(position
 cu_seqlens) equal packer's block-causal mask and cu_seqlens. torchtitan <= 0.2's EOS rule would not (chat rows).
 Resume mid-epoch and across epochs is exact (StatefulDataLoader; torchtitan's ParallelAwareDataloader and a job
 config's PackedTitanDataLoader.Config.build where torchtitan imports); dp ranks are disjoint and cover every row.
+On a GPU with torchtitan installed (benchmarks/gpu_check.sh), its own mask helpers and VarlenAttention are checked
+too.
 """
 
 from __future__ import annotations
@@ -289,3 +291,32 @@ def test_torchtitan_job_dataloader(dataset):
     resumed = build(1)
     resumed.load_state_dict(state)
     assert _same(_batches(resumed, 4), run[2:])
+
+
+def test_torchtitan_varlen_attention_cuda(builds):
+    """On a GPU, torchtitan 0.3's own VarlenAttention given the metadata it makes from a packer batch's positions
+    equals packer's varlen_attention with the batch's stored boundaries, and a float64 per-document reference
+    (bf16 kernels). CPU twins: test_each_sample_is_the_stored_row, test_batches_give_torchtitans_varlen_metadata."""
+    if not torch.cuda.is_available():
+        pytest.skip("torchtitan's VarlenAttention runs flash varlen kernels: CUDA only (benchmarks/gpu_check.sh)")
+    attention = _import_titan("attention")
+    from packer.attention import varlen_attention
+
+    chat = builds("chat")
+    inputs, _ = next(iter(titan_dataloader(PackedTitanDataset(chat, seq_len=seq_len_of(chat), shuffle=False), BATCH)))
+    positions = inputs["positions"].cuda()
+    batch, length, heads, head_dim = BATCH, positions.shape[1], 4, 64
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, length, heads, head_dim, device="cuda", generator=generator, dtype=torch.bfloat16)
+               for _ in range(3))
+    metadata = attention.create_varlen_metadata_for_document(positions)
+    theirs = attention.VarlenAttention(attention.VarlenAttention.Config())(q, k, v, attention_masks=metadata)
+    cu_seqlens = titan_cu_seqlens(inputs["positions"]).cuda()
+    assert torch.equal(metadata.cu_seq_q, cu_seqlens)
+    flat = [t.reshape(batch * length, heads, head_dim) for t in (q, k, v)]
+    ours = varlen_attention(*flat, cu_seqlens, int(cu_seqlens.diff().max()))
+    reference = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(t[a:b].transpose(0, 1).double() for t in flat), is_causal=True).transpose(0, 1)
+        for a, b in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())])
+    assert (theirs.reshape(batch * length, heads, head_dim).double() - reference).abs().max() < 2e-2
+    assert (ours.double() - reference).abs().max() < 2e-2
