@@ -282,7 +282,8 @@ class _Layout:
     first_seg [0, 3, 5] (row k's segments: first_seg[k]..first_seg[k+1]).
 
     With pad_multiple each document's padding is a segment of its own (`docs`: _Documents), and
-    `dest` says where each real token lies in the block (None: the rows' tokens back to back).
+    `dest` says where each real token lies in the block (None: no document padded, the rows' tokens
+    back to back as without pad_multiple).
     """
 
     def __init__(self, tokens_list, offsets_list, pad_to, pad_multiple=None):
@@ -308,8 +309,9 @@ class _Layout:
         self.bounds = np.zeros(n_rows + 1, np.int64)  # row k: offsets[bounds[k]:bounds[k+1]]
         np.cumsum(n_offsets, out=self.bounds[1:])
         if self.docs is not None:
+            gaps = bool((self.docs.padded > self.docs.length).any())  # else the tokens lie as without pad_multiple
             self.docs.add_tails(self.row_len - content)
-            self.dest = self.docs.destinations(self.row_start)
+            self.dest = self.docs.destinations(self.row_start) if gaps else None
         if self.padded.any():  # a padded row gets one more boundary: its padding segment's end
             offsets = np.insert(offsets, self.bounds[1:][self.padded], self.row_len[self.padded])
             n_offsets = n_offsets + self.padded
@@ -391,7 +393,16 @@ class _Documents:
         length = self.length[real]
         read = np.zeros(len(length), np.int64)
         np.cumsum(length[:-1], out=read[1:])
-        return np.arange(int(length.sum()), dtype=np.int64) + np.repeat(starts[real] - read, length)
+        # a cumulative sum of steps: 1 a token, plus the padding before at each document's first token
+        # (1.4 ms for 2M tokens in 2,500 documents against 2.0 for arange + repeat of each document's shift;
+        # 2026-12-05, busy 2-core box; np.add.at: an empty document would repeat a place)
+        steps = _scratch("dest", int(length.sum()), np.int64)
+        steps.fill(1)
+        np.add.at(steps, read, np.diff(starts[real] - read, prepend=0))
+        steps[0] -= 1
+        dest = np.empty(len(steps), np.int64)
+        torch.cumsum(torch.from_numpy(steps), 0, out=torch.from_numpy(dest))
+        return dest
 
     def row_cumsum(self, lengths) -> np.ndarray:
         """int32, each row's [0, l0, l0 + l1, ...] back to back (row k: first[k] + k .. first[k+1] + k + 1)."""
