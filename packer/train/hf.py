@@ -24,7 +24,8 @@ How each attention implementation (transformers 5.24) reads it:
 
 `collate_hf` is the collate (DataLoader collate_fn, or PackedDataset(..., batch_size=B, collate_fn=collate_hf)).
 `HFBatches` and `hf_dataloader` make the same batches with the same number on every rank (DDP steps in
-lockstep, no row dropped or repeated); `PackedTrainerMixin` / `PackedTrainer` plug them into transformers.Trainer.
+lockstep, no row dropped or repeated); `PackedTrainerMixin` / `PackedTrainer` plug them into transformers.Trainer
+(and, mixin first, into TRL's SFTTrainer).
 docs/hf.md is the user's page.
 """
 
