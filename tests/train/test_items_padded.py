@@ -233,3 +233,22 @@ def test_seq_idx_equals_transformers_flattening_collator():
     hf = collate_hf(items)
     assert torch.equal(hf["cu_seq_lens_q"], theirs["cu_seq_lens_q"]) and hf["max_length_q"] == theirs["max_length_q"]
     assert len(docs) > len(rows)  # several documents a row: the index runs on across rows
+
+
+def test_online_packing_pads_documents_too():
+    """OnlinePackedDataset takes the same ItemFields: each item is its unpadded twin's row, padded per document."""
+    from packer.config import BuildConfig
+    from packer.train.online import OnlinePackedDataset
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(1, 500, n).tolist() for n in rng.integers(1, 40, 120)]
+    config = BuildConfig(context_length=64, eos=False, seed=1)
+    plain = list(OnlinePackedDataset(docs, config=config, buffer_docs=30, fields=ItemFields(document_ids=True)))
+    padded = list(OnlinePackedDataset(docs, config=config, buffer_docs=30,
+                                      fields=ItemFields(pad_multiple=8, seq_idx=True, document_ids=True)))
+    assert len(plain) == len(padded) > 10
+    for a, b in zip(plain, padded):
+        ref = make_item(a["input_ids"].numpy(), a["cu_seqlens"].numpy(), pad_multiple=8, pad_id=0,
+                        return_seq_idx=True, return_document_ids=True)
+        assert b.keys() == ref.keys()
+        assert all(torch.equal(b[k], ref[k]) if torch.is_tensor(ref[k]) else b[k] == ref[k] for k in ref)
