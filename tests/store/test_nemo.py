@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import types
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +82,32 @@ def mb_collate(batch: list[dict], eos_id: int, max_seq_length: int, *, answer_on
     cu = np.asarray(cu_seqlens, np.int32)
     return {"tokens": tokens, "labels": pad(labels, eos_id), "loss_mask": loss_mask,
             "position_ids": pad(positions, 0), "cu_seqlens_q": cu, "max_seqlen_q": np.diff(cu, axis=1).max(axis=1)}
+
+
+def megatron_bridge_sft(monkeypatch):
+    """Megatron-Bridge's own sft module (GPTSFTPackedDataset), loaded alone: the package's __init__ imports
+    Transformer Engine (a GPU build), so its parent packages are bare namespaces here. Releases from 0.4 need
+    Python >= 3.12; 0.3.1 installs on 3.11 (`pip install --no-deps megatron-bridge==0.3.1`)."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    try:
+        spec = importlib.util.find_spec("megatron.bridge")
+    except ImportError:
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("megatron-bridge is not installed (from 0.4 it needs Python >= 3.12; 0.3.1 installs with --no-deps)")
+    root = list(spec.submodule_search_locations)[0]
+    for name in ("", ".data", ".data.datasets", ".training", ".training.tokenizers"):
+        module = types.ModuleType("megatron.bridge" + name)
+        module.__path__ = [root + name.replace(".", "/")]
+        monkeypatch.setitem(sys.modules, "megatron.bridge" + name, module)
+    try:
+        return importlib.import_module("megatron.bridge.data.datasets.sft")
+    except ImportError as e:
+        pytest.skip(f"Megatron-Bridge's sft module does not import here: {e}")
 
 
 # -- builds --------------------------------------------------------------------------------------------------
@@ -168,6 +195,31 @@ def test_megatron_bridge_collate_trains_packers_pairs_on_a_chat_build_but_after_
     assert pq.ParquetFile(chat_build / manifest["shards"][0]["file"]).metadata.num_row_groups > 2
     assert nemo == ours - eos_context and eos_context and len(ours) < totals["trained_tokens"]
     assert totals["docs_inner_eos"] == totals["docs_accepted"]  # every conversation: messages end "<eos>\n"
+
+
+def test_the_reference_collate_is_megatron_bridges_own(chat_build, tmp_path, monkeypatch):
+    """Where Megatron-Bridge imports (0.3.1: GPTSFTPackedDataset over the legacy .npy of the same row dicts,
+    the collate v0.6.0 keeps for pad_seq_to_mult=1 but for padding cu_seqlens with -1 instead of repeats),
+    its own __getitem__ and collate_fn give what mb_collate gives on the files packer wrote."""
+    sft = megatron_bridge_sft(monkeypatch)
+    rows = []
+    for file in sorted(chat_build.glob("*.parquet")):
+        rows += pq.read_table(file, columns=["input_ids", "seq_start_id", "loss_mask"]).to_pylist()
+    np.save(tmp_path / "packed.npy", np.array(rows, dtype=object), allow_pickle=True)
+    eos_id = json.loads((chat_build / "manifest.json").read_text())["config"]["eos_id"]
+    tokenizer = types.SimpleNamespace(eos_id=eos_id)
+    theirs = sft.GPTSFTPackedDataset(str(tmp_path / "packed.npy"), tokenizer, max_seq_length=CONTEXT,
+                                     prompt_template="{input} {output}", label_key="output", truncation_field="input")
+    ours = mb_items(chat_build)
+    assert len(theirs) == len(ours)
+    for r0 in range(0, len(ours), 7):
+        got = theirs.collate_fn([theirs[i] for i in range(r0, min(r0 + 7, len(ours)))])
+        want = mb_collate(ours[r0:r0 + 7], eos_id, CONTEXT)
+        for key in ("tokens", "labels", "loss_mask", "position_ids"):
+            assert got[key].numpy().tolist() == want[key].tolist(), key
+        for cu, ref in zip(got["cu_seqlens"].numpy(), want["cu_seqlens_q"]):
+            n = int(np.argmin(cu))  # its first -1
+            assert cu[:n].tolist() == ref[:n].tolist() and (ref[n:] == ref[n - 1]).all()
 
 
 def test_nemo_files_read_back_as_packers_rows(chat_build, tmp_path):
