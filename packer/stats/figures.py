@@ -23,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from packer.balance import row_tokens_pairs
 from packer.binpack import lower_bound, pack, split_documents
 from packer.io import fs
+from packer.stats.step_balance import step_balance
 from packer.store.dataset import read_rows
 
 SCHEMA_ID = "packer.stats/1"
@@ -358,6 +360,7 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
                                         [s.get("docs_skipped", {}) for s in named])
     if (trained := dataset_trained(ds)) is not None:
         add_trained(out, trained)
+    out["step_balance"] = step_balance(*row_tokens_pairs(rows), seed=int(config.get("seed", 0)))
     return out
 
 

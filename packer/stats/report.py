@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 
+from packer.stats.step_balance import STEP_BALANCE_HEAD, step_balance_rows, step_balance_title
 from packer.stats.svg import charts_svg
 
 REPORT_INCHES, REPORT_DPI = (12.0, 8.0), 100  # report PNG: 1200 x 800 pixels
@@ -134,6 +135,8 @@ def format_table(f: dict) -> str:
         lines.append(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]:>{w[4]}}  {r[5]}".rstrip())
     if f.get("sources"):
         lines += ["", *_aligned([SOURCE_HEAD] + source_rows(f))]
+    if step_balance_rows(f):
+        lines += ["", step_balance_title(f), *_aligned([STEP_BALANCE_HEAD] + step_balance_rows(f))]
     return "\n".join(lines)
 
 
@@ -218,6 +221,14 @@ def _sources_html(f: dict) -> str:
     return f"\n<h2>Sources</h2>\n{_html_table(SOURCE_HEAD, source_rows(f))}"
 
 
+def _step_balance_html(f: dict) -> str:
+    """The step-balance table of a dataset's own rows ('' without: other pages keep their bytes)."""
+    if not step_balance_rows(f):
+        return ""
+    return (f"\n<h2>Step balance</h2>\n<p>{html.escape(step_balance_title(f))}</p>\n"
+            f"{_html_table(STEP_BALANCE_HEAD, step_balance_rows(f))}")
+
+
 def html_page(f: dict) -> str:
     """One HTML page with everything inline: tables, the charts as SVG (packer/stats/svg.py: the page
     depends on stats.json and packer alone, so `packer verify` redraws it anywhere), and the JSON figures."""
@@ -232,7 +243,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){
 <h2>Padding by batching strategy</h2>
 {_html_table(("strategy", "sequences", "compute slots", "padding", "tokens lost", "packing"), strategy_rows(f))}
 <h2>Summary</h2>
-{_html_table(("figure", "value"), table_rows(f))}{_sources_html(f)}
+{_html_table(("figure", "value"), table_rows(f))}{_sources_html(f)}{_step_balance_html(f)}
 {img}
 <details><summary>figures as JSON (schema {html.escape(f['schema'])})</summary><pre>{html.escape(json.dumps(f, indent=2))}</pre></details>
 </body></html>
