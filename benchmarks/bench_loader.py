@@ -71,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 from packer import __version__  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
-from packer.data import ItemFields, PackedDataset, collate_padded, collate_varlen, make_item  # noqa: E402
+from packer.data import Balance, ItemFields, PackedDataset, collate_padded, collate_varlen, make_item  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
 from packer.store.dataset import open_dataset  # noqa: E402
 from packer.train.data import permute  # noqa: E402
@@ -180,8 +180,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="4 copies, 2 passes, 3 rounds (noisier)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time passes by wall clock (default) or by this process's CPU time (a busy shared box)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
-    copies, passes, rounds = (4, 2, 3) if args.quick else (args.copies, args.passes, args.rounds)
+    copies, passes, rounds = (1, 1, 1) if args.smoke else (4, 2, 3) if args.quick else (args.copies, args.passes, args.rounds)
+    args.slow_batches = 2 if args.smoke else args.slow_batches
 
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}")
     print(f"python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, packer {__version__}")
@@ -225,6 +227,7 @@ def main():
                  case("num_workers=0, collate_varlen", dl(dataset())),
                  case(f"num_workers=0, pad_to={context}", dl(dataset(fields=ItemFields(pad_to=context)))),
                  case("num_workers=0, batch_size=8 (batches)", batched()),
+                 case("num_workers=0, batch_size=8, balanced", batched(balance=Balance(rows_per_rank=BATCH))),
                  case(f"num_workers=0, batch_size=8, pad_to={context}",
                       batched(fields=ItemFields(pad_to=context), collate_fn=collate_padded))]
         if not args.only_varlen:
@@ -243,6 +246,8 @@ def main():
         for name, _, _, delivered in cases:
             rate = delivered / best[name]
             print(f"{name:46s} {best[name]:9.4f} {rate / 1e6:9.1f} {rate / base:7.4f} {rate / tight:9.4f}", flush=True)
+        plain_batches, balanced = (best[f"num_workers=0, batch_size=8{k}"] for k in (" (batches)", ", balanced"))
+        print(f"balanced batches / plain batches (speed): {plain_batches / balanced:.3f} (issue 37: >= 0.9)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
