@@ -34,6 +34,9 @@ step 60 bench_role_mask "$PY" benchmarks/bench_role_mask.py --device cuda --dtyp
 step 90 test_attention "$PY" -m pytest tests/train/test_attention.py -k cuda -q -rs -p no:cacheprovider
 step 90 bench_attention "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16
 step 45 test_hf "$PY" -m pytest tests/train/test_hf.py -k cuda -q -rs -p no:cacheprovider  # HF flash_attention_2 exactness
+# context-parallel layouts (ItemFields(pad_multiple=K)): varlen_attention on masks.padded_segments, and Transformer
+# Engine's THD attention given cu_seqlens / cu_seqlens_padded (where it imports), against each document alone
+step 60 test_items_padded "$PY" -m pytest tests/train/test_items_padded.py -k cuda -q -rs -p no:cacheprovider
 # Megatron THD: Transformer Engine's DotProductAttention (qkv_format="thd") given packer's PackedSeqParams, as
 # Megatron's TEDotProductAttention passes them, against packer's varlen_attention and a float64 per-document reference
 if "$PY" -c "import transformer_engine.pytorch, megatron.core" >/dev/null 2>&1; then

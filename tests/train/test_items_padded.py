@@ -252,3 +252,67 @@ def test_online_packing_pads_documents_too():
                         return_seq_idx=True, return_document_ids=True)
         assert b.keys() == ref.keys()
         assert all(torch.equal(b[k], ref[k]) if torch.is_tensor(ref[k]) else b[k] == ref[k] for k in ref)
+
+
+# -- attention kernels on the padded layout ---------------------------------------------------------
+
+
+def _padded_attention_case(device, dtype, multiple=8, heads=4, kv_heads=2, head_dim=32, seed=0):
+    """q [N, H, D], k, v [N, K, D] over a collate_varlen batch of random rows with documents padded apart."""
+    rng = np.random.default_rng(seed)
+    rows = _random_rows(rng, 4, max_docs=4, max_len=60)
+    batch = collate_varlen(make_items([t for t, _ in rows], [o for _, o in rows], pad_multiple=multiple))
+    g = torch.Generator().manual_seed(seed)
+    n = batch["n_tokens"]
+    q, k, v = (torch.randn(n, h, head_dim, generator=g).to(device, dtype) for h in (heads, kv_heads, kv_heads))
+    return q, k, v, batch
+
+
+def _real_reference(q, k, v, batch):
+    """{place: float64 output} of every real token, each real document alone (causal, grouped-query heads repeated)."""
+    real, padded = batch["cu_seqlens"].tolist(), batch["cu_seqlens_padded"].tolist()
+    repeat = q.shape[1] // k.shape[1]
+    out = {}
+    for a, b, p in zip(real[:-1], real[1:], padded[:-1]):
+        qd, kd, vd = (x[p:p + b - a].double().cpu().transpose(0, 1) for x in (q, k, v))
+        kd, vd = kd.repeat_interleave(repeat, 0), vd.repeat_interleave(repeat, 0)
+        doc = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True).transpose(0, 1)
+        out.update({p + t: doc[t] for t in range(b - a)})
+    return out
+
+
+def _max_real_difference(out, reference) -> float:
+    places = sorted(reference)
+    return (out[places].double().cpu() - torch.stack([reference[p] for p in places])).abs().max().item()
+
+
+def test_varlen_attention_on_padded_segments_cpu():
+    """The CPU twin of the CUDA check below: packer's varlen_attention given masks.padded_segments of the pair."""
+    from packer.attention import varlen_attention
+
+    q, k, v, batch = _padded_attention_case("cpu", torch.float32)
+    assert batch["n_tokens"] > batch["cu_seqlens"][-1]  # padding between documents
+    segments = masks.padded_segments(batch["cu_seqlens"], batch["cu_seqlens_padded"])
+    out = varlen_attention(q, k, v, segments, batch["max_seqlen"])
+    assert _max_real_difference(out, _real_reference(q, k, v, batch)) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs it; CPU twin above)")
+def test_padded_layout_on_cuda_kernels():
+    """Transformer Engine's THD attention given the item's pair as cu_seqlens_q / cu_seqlens_q_padded (where it
+    imports), and packer's varlen_attention on CUDA (flash-attn or torch varlen) given padded_segments, each
+    against the float64 per-document reference at every real token."""
+    from packer.attention import varlen_attention
+
+    q, k, v, batch = _padded_attention_case("cuda", torch.bfloat16)
+    reference = _real_reference(q, k, v, batch)
+    segments = masks.padded_segments(batch["cu_seqlens"], batch["cu_seqlens_padded"]).cuda()
+    assert _max_real_difference(varlen_attention(q, k, v, segments, batch["max_seqlen"]), reference) < 2e-2
+    te = pytest.importorskip("transformer_engine.pytorch", reason="transformer_engine does not import here")
+    attention = te.DotProductAttention(q.shape[1], q.shape[2], num_gqa_groups=k.shape[1],
+                                       attn_mask_type="padding_causal", qkv_format="thd", attention_dropout=0.0)
+    real, padded = batch["cu_seqlens"].cuda(), batch["cu_seqlens_padded"].cuda()
+    theirs = attention(q, k, v, cu_seqlens_q=real, cu_seqlens_kv=real, cu_seqlens_q_padded=padded,
+                       cu_seqlens_kv_padded=padded, max_seqlen_q=batch["max_seqlen"],
+                       max_seqlen_kv=batch["max_seqlen"]).reshape(q.shape)
+    assert _max_real_difference(theirs, reference) < 2e-2
