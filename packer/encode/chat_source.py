@@ -10,7 +10,15 @@ import hashlib
 import json
 
 from packer.config import BuildConfig
-from packer.encode.tokenizer import BOS_CANDIDATES, CONFIG_FILES, TokenizerInfo, load_tokenizer, read_config_file
+from packer.encode.tokenizer import (
+    BOS_CANDIDATES,
+    CONFIG_FILES,
+    MAX_JSON_DEPTH,
+    TokenizerInfo,
+    json_depth,
+    load_tokenizer,
+    read_config_file,
+)
 from packer.io import fs
 
 TEMPLATE_FILE = "chat_template.jinja"  # transformers >= 4.43 saves the template beside tokenizer_config.json
@@ -44,6 +52,9 @@ def chat_template_of(tokenizer_json: str, template_file: str | None = None) -> t
             raise FileNotFoundError(f"--chat-template {fs.redact(template_file)}: no such file (give a .jinja "
                                     "template or a tokenizer_config.json holding chat_template)")
         text = loc.read_text()
+        if json_depth(text.encode("utf-8")) > MAX_JSON_DEPTH:
+            raise ValueError(f"--chat-template {fs.redact(template_file)}: nested more than {MAX_JSON_DEPTH} levels "
+                             "deep: damaged; give the template itself or a tokenizer_config.json holding one")
         try:
             data = json.loads(text)
         except ValueError:

@@ -414,8 +414,7 @@ class RecordEncoder:
                 skips.add("bad_loss_mask", where)
                 return None
             return mask.astype(np.uint8)
-        skips.add("missing_field", where)
-        return None
+        return np.ones(len(ids), np.uint8)  # ids alone: a pre-tokenized corpus, every token trained (docs/inputs.md)
 
 
 def _int_array(value) -> np.ndarray | None:

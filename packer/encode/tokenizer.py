@@ -187,11 +187,26 @@ def _loaded(path: str):
             tok = Tokenizer.from_str(fs.location(path).read_text())
         else:
             tok = Tokenizer.from_file(path)
-    except Exception as e:  # tokenizers raises a plain Exception on bad JSON
-        raise ValueError(f"{fs.redact(path)}: not a valid tokenizer.json ({fs.redact_text(e)})") from None
+    except Exception as e:  # tokenizers raises a plain Exception on bad JSON ("expected ident at line 1 column 2")
+        raise ValueError(f"{fs.redact(path)}: {_why_not_a_tokenizer(path, e)}; give a tokenizer.json "
+                         "(HuggingFace tokenizers' file), a directory holding one, or a hub name") from None
     truncation = tok.truncation  # read before configure turns both off: no parse of the JSON of our own
     shipped = (truncation["max_length"] if truncation else None), tok.padding is not None
     return configure(tok), shipped
+
+
+def _why_not_a_tokenizer(path: str, error: Exception) -> str:
+    """Why tokenizers could not load the file: not JSON (where), JSON that is no tokenizer, or its own words."""
+    data = fs.location(path).read_bytes()
+    why = json_problem(data)
+    if why is not None:
+        return why
+    spec = json.loads(data.decode("utf-8"))
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        what = "an object" if isinstance(spec, dict) else f"a JSON {type(spec).__name__}"
+        keys = f" (keys: {', '.join(list(spec)[:8])})" if isinstance(spec, dict) and spec else ""
+        return f"valid JSON, but not a tokenizer: {what}{keys} without the \"model\" object a tokenizer.json has"
+    return f"not a tokenizer tokenizers can load ({fs.redact_text(error)})"
 
 
 @functools.lru_cache(maxsize=8)
@@ -237,14 +252,46 @@ def special_id(tok, name: str | None, candidates, what: str, fix: str) -> int:
     raise ValueError(f"cannot find a {what} token in the tokenizer (tried {', '.join(candidates)}); {fix}")
 
 
+MAX_JSON_DEPTH = 100  # a tokenizer's config files nest 3 or 4 levels, its tokenizer.json 5: deeper is damaged or hostile
+
+
+def json_depth(data: bytes) -> int:
+    """How deep brackets nest in JSON text, strings skipped (a linear scan: no recursion)."""
+    import re
+
+    depth = deepest = 0
+    for ch in re.findall(rb"[\[\]{}]", re.sub(rb'"[^"\\]*(?:\\.[^"\\]*)*"', b"", data)):
+        depth += 1 if ch in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def json_problem(data: bytes) -> str | None:
+    """Why `data` is not JSON, in one phrase ("not JSON (line 1, column 2: Expecting value)", "JSON nested
+    100,000 levels deep ..."), or None; checked without recursing into it."""
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        return f"JSON nested {depth:,} levels deep (more than {MAX_JSON_DEPTH}: damaged)"
+    try:
+        json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text (byte {e.start})"
+    except json.JSONDecodeError as e:
+        return f"not JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+    except (ValueError, RecursionError) as e:
+        return f"not JSON ({type(e).__name__})"
+    return None
+
+
 def read_config_file(loc) -> dict | None:
     if not loc.is_file():
         return None
-    try:
-        data = json.loads(loc.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{fs.redact(loc)}: not valid JSON ({e}); fix or remove it (packer reads its "
-                         "eos_token, bos_token, pad_token and add_bos_token)") from None
+    raw = loc.read_bytes()
+    why = json_problem(raw)
+    if why is not None:
+        raise ValueError(f"{fs.redact(loc)}: {why}; fix or remove it (packer reads its "
+                         "eos_token, bos_token, pad_token and add_bos_token)")
+    data = json.loads(raw.decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{fs.redact(loc)}: expected a JSON object, got {type(data).__name__}; fix or remove it")
     return data

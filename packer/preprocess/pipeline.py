@@ -210,7 +210,32 @@ def _skip_summary(counters, limit: int = 3) -> str:
     return f"{top}", (f"; e.g. {'; '.join(shown)}" if shown else "")
 
 
-def _check_accepted(counters, config, work):
+def _no_document_fix(counters, config, units) -> str:
+    """What to do when nothing was accepted: give inputs that hold records (nothing read), name the field
+    the records do have (each skipped for lacking the text field: its first record's fields), or look at
+    the reasons."""
+    if not sum(c["docs_read"] for c in counters):
+        return "the inputs are empty: give files that hold documents"
+    if config.input_kind == "text" and all(set(c["skipped"]) <= {"missing_field"} for c in counters):
+        for unit, c in zip(units, counters):
+            if c["skipped"].get("missing_field"):
+                try:
+                    fields = sorted(readers.field_names(unit, max_doc_bytes=config.max_doc_bytes))
+                except (ValueError, OSError):
+                    break
+                if fields:
+                    from packer.encode.records import kind_of_fields
+
+                    shown = ", ".join(map(repr, fields[:20])) + (", ..." if len(fields) > 20 else "")
+                    kind = kind_of_fields(fields, config)
+                    other = f", or read them as {kind} records with --input-kind {kind}" if kind != "text" else ""
+                    return (f"no record has the field {config.text_field!r}; the first record of "
+                            f"{fs.redact(unit.path)} has {shown}: name the text's field with --text-field{other}")
+                break
+    return "fix the inputs or the settings (the reasons above) and run again"
+
+
+def _check_accepted(counters, config, work, units=()):
     """Refuse to finish a build that accepted nothing, or skipped more than config.max_skip_fraction
     of what it read. Nothing accepted: `work` is deleted (nothing in it is worth resuming, and the
     fix, e.g. another --text-field, is another fingerprint). Too many skipped: `work` is kept, so the
@@ -222,8 +247,8 @@ def _check_accepted(counters, config, work):
         fs.rmtree(work)
         reasons, examples = _skip_summary(counters)
         why = f" ({skipped:,} skipped: {reasons}){examples}" if skipped else " (the inputs hold no records)"
-        raise BuildRejected(f"no document accepted: 0 accepted of {read:,} read{why};\nnothing was written: "
-                            "fix the inputs or the settings (--text-field?) and run again")
+        raise BuildRejected(f"no document accepted: 0 accepted of {read:,} read{why}; nothing was written: "
+                            f"{_no_document_fix(counters, config, units)}")
     limit = config.max_skip_fraction
     if limit is not None and skipped / read > limit:
         reasons, examples = _skip_summary(counters)
@@ -414,7 +439,7 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
         counters = _tokenize_stage(units, info, config, work / "units", executor, progress,
                                    named.unit_configs if named else None)
         try:
-            _check_accepted(counters, config, work)
+            _check_accepted(counters, config, work, units)
         except BuildRejected:
             if not work.exists():  # nothing accepted: nothing kept, not even the record
                 owned.remove_work(out, record)

@@ -152,7 +152,7 @@ def test_a_named_token_the_tokenizer_lacks_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"b/tokenizer_config.json: eos_token must be a token string"):
         tokenizer_info(str(bad), BuildConfig())
     (bad / "tokenizer_config.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"b/tokenizer_config.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"b/tokenizer_config.json: not JSON \(line 1, column 2"):
         tokenizer_info(str(bad), BuildConfig())
 
 
@@ -331,3 +331,43 @@ def test_online_packing_adds_the_builds_eos_and_bos(tmp_path):
     obj = OnlinePackedDataset(TEXTS, tokenizer=Tokenizer.from_file(str(d / "tokenizer.json")),
                               config=BuildConfig(context_length=512))
     assert obj.bos_id is None  # an object carries no add_bos_token
+
+
+def _tokenizer_error(tmp_path, text: str, config: str | None = None) -> str:
+    import shutil
+
+    from packer.encode.tokenizer import _loaded, tokenizer_info
+
+    d = tmp_path / "tok"
+    d.mkdir(parents=True)
+    if text is None:
+        shutil.copy(TOKENIZER, d / "tokenizer.json")
+    else:
+        (d / "tokenizer.json").write_text(text, encoding="utf-8")
+    if config is not None:
+        (d / "tokenizer_config.json").write_text(config, encoding="utf-8")
+    _loaded.cache_clear()
+    with pytest.raises(ValueError) as e:
+        tokenizer_info(str(d / "tokenizer.json"), BuildConfig())
+    return str(e.value)
+
+
+@pytest.mark.parametrize("text, said", [
+    ("{x", "not JSON (line 1, column 2: Expecting property name enclosed in double quotes)"),
+    ('{"a": 1}\n\n  oops', "not JSON (line 3, column 3: Extra data)"),
+    ('{"a": [1, 2]}', 'valid JSON, but not a tokenizer: an object (keys: a) without the "model" object'),
+    ("[1, 2, 3]", 'valid JSON, but not a tokenizer: a JSON list without the "model" object'),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested 100,000 levels deep"),
+], ids=["broken", "extra-data", "object", "list", "deep"])
+def test_a_tokenizer_json_that_is_no_tokenizer_says_what_it_is(tmp_path, text, said):
+    """Issue 35 item 9: where the JSON breaks, or that valid JSON is no tokenizer, not the parser's words."""
+    message = _tokenizer_error(tmp_path, text)
+    assert said in message and "expected" not in message and "\n" not in message, message
+
+
+def test_a_deep_tokenizer_config_is_one_line_not_a_recursion_error(tmp_path):
+    """Issue 35 item 6: a 100,000-deep tokenizer_config.json is refused by its depth before it is parsed."""
+    message = _tokenizer_error(tmp_path, None, "[" * 100_000 + "]" * 100_000)
+    assert "tokenizer_config.json: JSON nested 100,000 levels deep" in message, message
+    message = _tokenizer_error(tmp_path / "b", None, '{"eos_token": "<|endoftext|>",}')
+    assert "tokenizer_config.json: not JSON (line 1, column 31" in message, message

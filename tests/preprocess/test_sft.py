@@ -143,7 +143,6 @@ def _token_records(seed: int, n: int, vocab: int):
            {"input_ids": [1, 2, 3], "labels": [-100, 5, 3]},          # bad_labels (5 is not its id)
            {"input_ids": [1, 2, 3], "loss_mask": [0, 2, 1]},          # bad_loss_mask
            {"input_ids": [1, 2, 3], "loss_mask": [1, 1]},             # bad_loss_mask (length)
-           {"input_ids": [1, 2, 3]},                                   # missing_field (neither labels nor mask)
            {"input_ids": "1 2 3", "loss_mask": [1]},                  # bad_ids
            {"input_ids": [1, 2, 3], "labels": [-100, -100, -100]}]    # no_trained_tokens
     return good, bad
@@ -151,13 +150,15 @@ def _token_records(seed: int, n: int, vocab: int):
 
 def test_pretokenized_both_forms_are_stored_exactly_and_bad_records_counted(tmp_path, tok):
     good, bad = _token_records(3, 200, tok.get_vocab_size())
-    records = good[:100] + bad + good[100:]
+    good.insert(100, {"input_ids": [1, 2, 3]})  # ids alone: a pre-tokenized corpus, every token trained
+    records = good[:101] + bad + good[101:]
     out = _build(tmp_path, [_write_jsonl(tmp_path / "t.jsonl", records)], input_kind="tokens", context_length=48)
-    reference = [(r["input_ids"], r.get("loss_mask") or [int(x != -100) for x in r["labels"]]) for r in good]
+    reference = [(r["input_ids"], r.get("loss_mask") or [int(x != -100) for x in r.get("labels", r["input_ids"])])
+                 for r in good]
+    assert reference[100] == ([1, 2, 3], [1, 1, 1])
     _assert_stored(out, reference, 48)
     skipped = json.loads((out / "manifest.json").read_text())["totals"]["docs_skipped"]
-    assert skipped == {"id_out_of_range": 1, "bad_labels": 1, "bad_loss_mask": 2, "missing_field": 1, "bad_ids": 1,
-                       "no_trained_tokens": 1}
+    assert skipped == {"id_out_of_range": 1, "bad_labels": 1, "bad_loss_mask": 2, "bad_ids": 1, "no_trained_tokens": 1}
 
 
 def test_malformed_prompt_completion_records_are_counted(tmp_path):

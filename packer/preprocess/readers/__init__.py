@@ -31,7 +31,16 @@ import os
 from packer.io import fs
 from packer.preprocess.inputs import OutsideLink, expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
 from packer.preprocess.readers import arrow, jsonl, parquet, text
-from packer.preprocess.readers.common import COMPRESSION, UNBOUNDED, FileError, Reader, SkipLog, Unit, cause
+from packer.preprocess.readers.common import (
+    COMPRESSION,
+    UNBOUNDED,
+    FileError,
+    Reader,
+    SkipLog,
+    Unit,
+    cause,
+    compressed_unnamed,
+)
 
 READERS: dict[str, Reader] = {
     ".jsonl": jsonl,
@@ -132,6 +141,8 @@ def plan_units(files, unit_bytes: int, *, text_split: str = "file", skipped_file
             if why is not None:
                 raise FileError(path, why)
             reader, compression = _match(path)
+            if compression is None and reader.COMPRESSIBLE and (why := compressed_unnamed(path, place)):
+                raise FileError(path, why)
             planned = reader.plan(place, unit_bytes, compression=compression, text_split=text_split)
         except (FileError, OSError, pa.ArrowException) as e:
             why = e.cause if isinstance(e, FileError) else cause(e)

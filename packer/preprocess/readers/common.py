@@ -23,6 +23,13 @@ SPAN_NAMES = {"parquet": "row groups"}  # Unit.format -> what its start and end 
 MAX_EXAMPLES = 5  # skipped-record examples kept per unit
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
+# Compressed data in a file whose name says none (a .jsonl that is gzip data would read as lines of
+# binary, each skipped as invalid_utf8): the codec by its first bytes, and the name to give it. No
+# UTF-8 text starts with gzip's, zstd's or xz's bytes (0x8b, 0xb5 and 0xfd cannot begin a UTF-8
+# character); bzip2's "BZh9" is ASCII, so its first block's magic (pi's digits) is asked for too.
+NAMED_MAGIC = (("gzip", b"\x1f\x8b", "name it {name}.gz"), ("zstd", b"\x28\xb5\x2f\xfd", "name it {name}.zst"),
+               ("bzip2", b"BZh", "decompress it (bunzip2), or recompress it as .gz or .zst"),
+               ("xz", b"\xfd7zXZ\x00", "decompress it (unxz), or recompress it as .gz or .zst"))
 UNBOUNDED = 1 << 62  # the end of a unit that reads its file to the end
 HEAD_BYTES = 4096  # read at a file's start: its BOM, and (.json) whether it is one JSON array
 
@@ -180,6 +187,18 @@ def _open_hashed(place, compression: str | None, sums):
     if compression is None:
         return raw
     return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), compression)
+
+
+def compressed_unnamed(path: str, place) -> str | None:
+    """Why a file whose name says no compression cannot be read as text: its first bytes are a
+    codec's ("a.jsonl is gzip data: name it a.jsonl.gz"), or None."""
+    with place.open("rb") as raw:
+        head = raw.read(10)
+    for codec, magic, fix in NAMED_MAGIC:
+        if head.startswith(magic) and (codec != "bzip2" or (head[3:4].isdigit() and head[4:10] == b"1AY&SY")):
+            name = path.rsplit("/", 1)[-1].split("?", 1)[0]
+            return f"{codec} data (its name says no compression): {fix.format(name=name)}"
+    return None
 
 
 def _check_magic(unit: Unit, place):
