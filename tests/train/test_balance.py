@@ -220,3 +220,26 @@ def test_rows_per_rank_must_be_whole_batches(sample_dataset):
         PackedDataset(sample_dataset, batch_size=3, balance=Balance(rows_per_rank=2))
     with pytest.raises(ValueError, match="Balance"):
         PackedDataset(sample_dataset, balance="yes")
+
+
+def test_a_streamed_dataset_is_dealt_as_the_local_one(sample_dataset, s3_uri):
+    """Over S3 (moto) the costs come from the streamed rows: the same balanced batches as the local copy, and a
+    mid-epoch resume of the streamed loader continues them."""
+    from packer.io import fs
+
+    uri = s3_uri("balance/ds")
+    for file in sorted(sample_dataset.iterdir()):
+        fs.upload(file, fs.location(uri) / file.name)
+    balance = Balance(cost=ATTENTION, rows_per_rank=4, window=4)
+
+    def make(path):
+        return PackedDataset(path, seed=6, rank=1, world_size=2, batch_size=4, collate_fn=_keys_of, balance=balance)
+
+    local = list(make(sample_dataset))
+    assert list(make(uri)) == local
+    streamed = make(uri)
+    it = iter(streamed)
+    head = [next(it) for _ in range(11)]
+    again = make(uri)
+    again.load_state_dict(streamed.state_dict())
+    assert head + list(again) == local
