@@ -13,6 +13,10 @@
                          where the block has them: lengths at open, values at first read
     check_counts         a shard's sequences, tokens and segments as its manifest entry says
     check_totals         the shards' sequences and tokens as the manifest totals say
+    manifest_problem     the manifest against itself, before any shard is opened: the shard entries
+                         sum to the totals, stored documents fit in the pieces (load_manifest: every
+                         reader, inspect, stats and verify)
+    check_sums_rows      a shard's checksums file covers exactly the shard's rows
 
 Each raises ValueError naming the shard (`where`), the row and the limit; indices are absolute
 into the block's arrays, rows numbered from `first_row`.
@@ -153,3 +157,33 @@ def check_totals(counts: dict, totals: dict):
         if counts[key] != totals.get(total_key):
             raise ValueError(f"{counts[key]} {key} in the shards, the manifest totals say {totals.get(total_key)!r} "
                              "(the manifest was edited or a shard entry dropped; rebuild the dataset)")
+
+
+def manifest_problem(manifest: dict) -> str | None:
+    """What is wrong with a (schema-valid) manifest on its own, or None: the shard entries' sequences,
+    tokens and documents (segments) summed are the totals' sequences, tokens_out and pieces; the
+    documents stored (docs_accepted less docs_dropped_long) are at most the pieces and none only when
+    there are none; trained tokens at most tokens_out. So `shards: []` with totals that say
+    otherwise is refused by every reader, not opened with 0 rows."""
+    shards, totals = manifest["shards"], manifest["totals"]
+    summed = {key: sum(int(entry.get(key) or 0) for entry in shards) for key in COUNTS}
+    for key, total_key, word in (("sequences", "sequences", "sequences"), ("tokens", "tokens_out", "tokens"),
+                                 ("documents", "pieces", "segments")):
+        if total_key in totals and summed[key] != totals[total_key]:
+            return (f"{summed[key]} {word} in the shards, the manifest totals say {totals[total_key]!r} {total_key} "
+                    f"({len(shards)} shard entries)")
+    stored = totals.get("docs_accepted", 0) - totals.get("docs_dropped_long", 0)
+    pieces = totals.get("pieces", summed["documents"])
+    if "docs_accepted" in totals and (stored < 0 or stored > pieces or (stored == 0) != (pieces == 0)):
+        return (f"totals.docs_accepted less docs_dropped_long is {stored} documents, stored in {pieces} pieces "
+                f"({len(shards)} shard entries): every stored document is at least one piece")
+    if totals.get("trained_tokens", 0) > totals.get("tokens_out", summed["tokens"]):
+        return f"totals.trained_tokens {totals['trained_tokens']} is more than tokens_out {totals.get('tokens_out')}"
+    return None
+
+
+def check_sums_rows(sums, n_rows: int, where: str):
+    """A shard's checksums file (None: a shard of format version 1) covers exactly its `n_rows` rows."""
+    if sums is not None and int(sums.rows[-1]) != n_rows:
+        raise ValueError(f"{where}: its checksums file covers {int(sums.rows[-1])} rows, the shard holds {n_rows} "
+                         "(a damaged checksums file; rebuild the dataset)")

@@ -36,7 +36,15 @@ import pyarrow as pa
 from packer.io import fs
 from packer.store import checks, checksums, formats
 from packer.store.formats import shard_blocks
-from packer.store.manifest import check_generation, load_manifest, require_regular, sha256_file
+from packer.store.manifest import (
+    MANIFEST,
+    DatasetReplaced,
+    check_generation,
+    generation_of,
+    load_manifest,
+    require_regular,
+    sha256_file,
+)
 from packer.store.rows import ROWS_PER_BATCH, Rows
 
 __all__ = ["ROWS_PER_BATCH", "Rows", "ShardDataset", "open_dataset", "read_rows", "shard_blocks"]
@@ -53,6 +61,7 @@ class ShardDataset:
         self.path = fs.location(path)  # a Path, or a RemotePath for a URI
         self.manifest, self.generation = load_manifest(self.path)
         check_generation(self.path, generation, now=self.generation)  # pinned by whoever opened it first
+        self._root = files_root(self.path, self.generation)  # where this generation's files are (a publish)
         config = self.manifest["config"]
         self.format = formats.manifest_format(config)
         self.context_length = int(config["context_length"])
@@ -70,13 +79,14 @@ class ShardDataset:
         shards = self.manifest["shards"]
         for files in formats.manifest_files(self.format, shards):  # every name inside the directory, none twice
             for name, _ in files:
-                require_regular(self.path / name)  # never a link out of the directory, never a FIFO to block on
+                require_regular(self._root / name)  # never a link out of the directory, never a FIFO to block on
         for entry in shards:
-            where = fs.redact(self.path / entry["file"])
+            where = fs.redact(self._root / entry["file"])
             counts = {"sequences": 0, "tokens": 0, "documents": 0}
             try:
                 sums, mapped = self._open_checksums(entry)
-                for rows, doc_ids in shard_blocks(self.path, entry, self.format, sums):
+                first_block = len(self._blocks)
+                for rows, doc_ids in shard_blocks(self._root, entry, self.format, sums):
                     checks.check_bounds(rows, where, counts["sequences"], self.context_length)
                     checks.check_dtype(rows, where, dtype)
                     checks.check_extras(rows, len(doc_ids), where, len(self.source_names), values=False,
@@ -84,16 +94,18 @@ class ShardDataset:
                     self._blocks.append(rows)
                     self._doc_ids.append(doc_ids)
                     self._where.append((where, counts["sequences"]))
-                    self._ranges.append(_block_ranges(sums, mapped, counts["sequences"], len(rows), where))
                     counts["sequences"] += len(rows)
                     counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
                     counts["documents"] += len(doc_ids)
                     starts.append(starts[-1] + len(rows))
+                checks.check_sums_rows(sums, counts["sequences"], where)  # as verify does
+                for rows, (_, first_row) in zip(self._blocks[first_block:], self._where[first_block:]):
+                    self._ranges.append(_block_ranges(sums, mapped, first_row, len(rows), where))
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {fs.redact(e.filename or where)} (listed in the manifest); restore it or "
                                  "rebuild the dataset") from None
             except checksums.ChecksumError:
-                check_generation(self.path, self.generation)  # replaced while opening: say so
+                check_generation(self._root, self.generation)  # replaced while opening: say so
                 raise
             except (pa.ArrowException, KeyError, OSError) as e:  # a damaged Arrow stream (pyarrow's IOError too), a column missing
                 raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {str(e)[:200]}); run `packer verify`, "
@@ -103,7 +115,7 @@ class ShardDataset:
         checks.check_totals({"sequences": starts[-1], "tokens": n_tokens}, self.manifest["totals"])
         # Every file is mapped now (a mapping keeps the bytes it opened): if the manifest is still the
         # one read first, no other build moved in meanwhile, so they are all of this generation.
-        check_generation(self.path, self.generation)
+        check_generation(self._root, self.generation)
         self.has_loss_mask = self._has("loss_mask")
         self.has_source_ids = self._has("source_ids")
         self.has_role_ids = self._has("role_ids")
@@ -118,14 +130,14 @@ class ShardDataset:
         checked now; (None, None) for a shard of format version 1, each of whose files' sha256 is
         checked instead (a full read: rebuild the dataset to get block checksums)."""
         files, sums_file = formats.data_files(self.format, entry)
-        paths = [self.path / name for name, _ in files]
+        paths = [self._root / name for name, _ in files]
         if sums_file is None:
             for path, (_, sha) in zip(paths, files):
                 if sha256_file(path) != sha:
                     raise ValueError(f"{fs.redact(path)}: sha256 does not match the manifest (the file changed or is "
                                      "corrupt); run `packer verify`, or rebuild the dataset")
             return None, None
-        sums = checksums.read_sums(self.path / sums_file[0], sums_file[1], len(files))
+        sums = checksums.read_sums(self._root / sums_file[0], sums_file[1], len(files))
         mapped = []
         for path, file_sums in zip(paths, sums.files):
             raw = fs.map_bytes(path)
@@ -154,7 +166,7 @@ class ShardDataset:
             for raw, file_sums, start, stop, file in self._ranges[b]:
                 checksums.check_range(file_sums, start, stop, raw[start:stop], file)
         except checksums.ChecksumError:
-            check_generation(self.path, self.generation)  # the likelier cause, when it is the one
+            check_generation(self._root, self.generation)  # the likelier cause, when it is the one
             raise
         checks.check_rows(rows, len(self._doc_ids[b]), where, first_row, self.context_length)
         checks.check_token_ids(rows, where, self.vocab_size)
@@ -321,4 +333,33 @@ def open_dataset(path, generation: str | None = None, **stream_options):
         from packer.store.stream import StreamDataset
 
         return StreamDataset(place, generation=generation, **stream_options)
-    return ShardDataset(place, generation)
+    try:
+        return ShardDataset(place, generation)
+    except DatasetReplaced:
+        if generation is not None:
+            raise
+        return ShardDataset(place)  # a publish ended while this opened: the new dataset is whole now
+
+
+PREVIOUS = ("_work", "previous")  # OUTPUT/_work/previous/: the old dataset while a new one moves in
+
+
+def current_files(path):
+    """The directory holding the files of the dataset at `path` as it is now (files_root of its
+    manifest's generation)."""
+    path = fs.location(path)
+    return files_root(path, load_manifest(path)[1])
+
+
+def files_root(path, generation: str):
+    """The directory holding the files of generation `generation` of the dataset at `path`: `path`,
+    or, while an --overwrite moves a new dataset in over it (packer/preprocess/owned.py publish),
+    path/_work/previous/, where the old one stays whole (hard links) under the same manifest.json:
+    the old manifest stays in `path` until the new one replaces it, last and atomically, so a reader
+    sees the old dataset or the new one at every instant, a kill mid-publish included."""
+    if isinstance(path, fs.RemotePath):  # an object store keeps no previous/: no links to make it cheaply
+        return path
+    previous = path.joinpath(*PREVIOUS)
+    if (previous / MANIFEST).is_file() and generation_of(previous) == generation:
+        return previous
+    return path

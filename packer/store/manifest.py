@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 
 from packer.io import fs
+from packer.store import checks
 
 FORMAT_VERSION = 2  # 2: shards carry block checksums (packer/store/checksums.py); 1 is still read
 MANIFEST = "manifest.json"
@@ -139,7 +140,8 @@ def load_manifest(path) -> tuple[dict, str]:
     require_regular(file)
     raw = file.read_bytes()
     manifest = parse_json(raw, file, fix)
-    problem = schema_error(manifest, "store/manifest_schema.json") or _range_problem(manifest)
+    problem = (schema_error(manifest, "store/manifest_schema.json") or _range_problem(manifest)
+               or checks.manifest_problem(manifest))
     if problem is not None:
         raise ValueError(f"{fs.redact(file)}: {problem} (damaged or edited, or not a packer manifest); {fix}")
     return manifest, hashlib.sha256(raw).hexdigest()

@@ -138,7 +138,9 @@ class StreamDataset(HeldBlocks):
         def index(k):
             try:
                 sums = self._read_sums(paths[k], files[k][1])
-                return self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k], sums)
+                opened = self._module.stream_index(self._read, self._size, paths[k], block_bytes, extras[k], sums)
+                checks.check_sums_rows(sums, opened[3]["sequences"], fs.redact(paths[k][0]))  # as verify does
+                return opened
             except FileNotFoundError as e:
                 raise ValueError(f"shard missing: {getattr(e, 'where', None) or fs.redact(paths[k][0])} (listed in the manifest); "
                                  "restore it or rebuild the dataset") from None

@@ -28,8 +28,10 @@ import pyarrow as pa
 from packer.io import fs
 from packer.store import checks, formats
 from packer.store import checksums as block_checksums
-from packer.store.manifest import STATS, read_manifest, read_stats, require_regular, tokenizer_file
+from packer.store.dataset import files_root
+from packer.store.manifest import STATS, load_manifest, read_stats, require_regular, tokenizer_file
 
+STREAM_BLOCK_BYTES = 1 << 20  # packer/store/stream.py's default block
 QUICK_SKIPS = ("shard sha256", "block checksums", "token ids below the vocabulary")  # what checksums=False leaves out
 
 
@@ -37,7 +39,8 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     """Check a dataset; return its totals (sequences, tokens, documents) and `skipped`, the checks
     left out (QUICK_SKIPS without checksums, else none), or raise ValueError."""
     path = fs.location(path)  # a directory, or a URI (packer/io/fs.py)
-    manifest = read_manifest(path)
+    manifest, generation = load_manifest(path)
+    path = files_root(path, generation)  # mid-publish of an --overwrite: the old dataset, whole, in _work/previous/
     config = manifest["config"]
     fmt = formats.manifest_format(config)
     dtype = np.dtype(config["token_dtype"])
@@ -63,6 +66,9 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
                 counts["tokens"] += int(rows.token_starts[-1] - rows.token_starts[0])
                 counts["documents"] += len(block_doc_ids)
                 doc_ids.append(np.asarray(block_doc_ids))
+            if sums is not None:  # what a reader checks of the checksums file before it reads a row
+                checks.check_sums_rows(sums, counts["sequences"], where)
+                _check_as_streamed(path, fmt, entry, sums)
         except (pa.ArrowException, KeyError, OSError) as e:
             raise ValueError(f"{where}: unreadable shard ({type(e).__name__}: {e})") from None
         checks.check_counts(counts, entry, where)
@@ -76,6 +82,19 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     stats = _check_stats(path, manifest)
     _check_derived(path, manifest, stats)
     return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
+
+
+def _check_as_streamed(path, fmt: str, entry: dict, sums):
+    """The checks a streaming reader makes of a shard's index and checksums at open (its format's
+    stream_index: the checksummed blocks lie on the index's rows, Arrow's batch headers), run on
+    these files, so a shard verify passes is one every reader opens."""
+    files, _ = formats.data_files(fmt, entry)
+    paths = [path / name for name, _ in files]
+
+    def read(file, start: int, stop: int):
+        return fs.map_bytes(file)[start:stop]
+
+    formats.get(fmt).stream_index(read, fs.size, paths, STREAM_BLOCK_BYTES, formats.entry_extras(fmt, entry), sums)
 
 
 def _check_has_roles(rows, where: str, n_roles: int):

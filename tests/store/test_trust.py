@@ -7,7 +7,9 @@ too, which must print one `Error:` line and no traceback."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 import struct
 
@@ -17,6 +19,7 @@ from click.testing import CliRunner
 from conftest import attest, build_sample
 
 from packer.cli import main
+from packer.io import fs
 from packer.store.dataset import open_dataset
 from packer.store.formats import megatron, memmap
 from packer.store.verify import QUICK_SKIPS, verify_dataset
@@ -150,7 +153,9 @@ def test_a_dropped_shard_entry_with_totals_adjusted_is_refused(ds_dir):
         m["totals"]["pieces"] -= gone["documents"]
 
     _edit(ds_dir, drop_last)
-    with pytest.raises(ValueError, match="distinct documents in the shards"):
+    # the documents no longer fit in the pieces left (a check of the manifest alone: readers make it too),
+    # else the shards hold fewer distinct documents than the totals say (verify's count)
+    with pytest.raises(ValueError, match="every stored document is at least one piece|distinct documents in the shards"):
         verify_dataset(ds_dir)
     _cli("verify", ds_dir)
 
@@ -377,3 +382,77 @@ def test_a_damaged_manifest_is_refused_in_one_line(ds_dir, damage, match):
         with pytest.raises(ValueError, match=match):
             read(ds_dir)
     assert match.split(" ")[0] in _cli("inspect", ds_dir)
+
+
+# ---- issue 35 item 5: verify checks at least what every reader checks ----------------------------
+
+
+def _every_reader_refuses(d, match: str):
+    """verify (full), open_dataset, PackedDataset, `packer verify`, `inspect` and `stats`: each one
+    line matching `match`, none opening the dataset."""
+    with pytest.raises(ValueError, match=match):
+        verify_dataset(d)
+    with pytest.raises(ValueError, match=match):
+        open_dataset(d)
+    pytest.importorskip("torch")
+    from packer.data import PackedDataset
+
+    with pytest.raises(ValueError, match=match):
+        PackedDataset(d)
+    for command in ("verify", "inspect", "stats"):
+        assert re.search(match, _cli(command, d)), command
+
+
+@pytest.mark.parametrize("zeroed", [(), ("sequences", "tokens_out"), ("sequences", "tokens_out", "pieces")])
+def test_a_manifest_without_shards_whose_totals_disagree_is_refused_by_every_reader(ds_dir, zeroed):
+    """`shards: []` (and totals zeroed to match it, in part): refused everywhere, never 0 rows."""
+    def empty(m):
+        m["shards"] = []
+        for key in zeroed:
+            m["totals"][key] = 0
+
+    _edit(ds_dir, empty)
+    _every_reader_refuses(ds_dir, r"manifest.json: .*(in the shards, the manifest totals say|every stored document)")
+
+
+def _sums_row_bound(d, shard: int, bound: int, value: int):
+    """Set row bound `bound` (-1: the last) of a shard's checksums file to `value`, and its sha256 in
+    the manifest to match, so only the bound itself can tell."""
+    manifest = _manifest(d)
+    entry = manifest["shards"][shard]
+    sums = d / entry["checksums_file"]
+    raw = bytearray(sums.read_bytes())
+    (n_blocks,) = struct.unpack_from("<Q", raw, 16)
+    struct.pack_into("<q", raw, 24 + 8 * (bound % (n_blocks + 1)), value)
+    sums.write_bytes(bytes(raw))
+    entry["checksums_sha256"] = hashlib.sha256(raw).hexdigest()
+    _write_manifest(d, manifest)
+    return n_blocks
+
+
+def test_a_checksums_file_covering_rows_the_shard_lacks_is_refused_by_verify_and_readers(ds_dir):
+    """The last row bound 10^12 (sha256 updated): verify passed it while every reader refused it."""
+    _sums_row_bound(ds_dir, -1, -1, 10**12)
+    match = r"checksums file (covers|says) 1000000000000|holds \d+ rows, its checksums file says 1000000000000"
+    _every_reader_refuses(ds_dir, match)
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "megatron"])
+def test_checksummed_blocks_off_the_rows_are_refused_by_verify_as_by_the_streaming_reader(built, tmp_path, fmt):
+    """An inner row bound moved by one (sha256 updated): the local reader maps the shard whole and
+    never looks, the streaming reader refuses it at open; verify runs the streaming reader's check."""
+    d = tmp_path / fmt
+    shutil.copytree(built / fmt, d)
+    n_blocks = _sums_row_bound(d, 0, 1, 1)  # block 1 starts at row 1: not where its bytes start
+    assert n_blocks > 2
+    streamed = fs.location("memory://trust-" + fmt)
+    streamed.mkdir(exist_ok=True)
+    for file in sorted(d.iterdir()):
+        if file.is_file():
+            fs.upload(file, streamed / file.name)
+    match = "blocks do not lie on the index's rows"
+    with pytest.raises(ValueError, match=match):
+        open_dataset(streamed)
+    with pytest.raises(ValueError, match=match):
+        verify_dataset(d)
+    assert match in _cli("verify", d)
