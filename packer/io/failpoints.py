@@ -20,6 +20,8 @@ Points (n is the unit, shard or count):
     write-shard:K  the process writing shard K, after its temporary files, before the renames
     publish:N      driver, before moving the N-th file of the new dataset into OUTPUT (manifest last;
                    packer/preprocess/owned.py)
+    publish-keep:N driver, before hard-linking the N-th file of the old dataset into OUTPUT/_work/previous/
+                   (its manifest last; packer/preprocess/owned.py)
     remove-work:N  driver, before deleting the N-th entry of OUTPUT/_work (sorted by name; -1: the emptied
                    directory itself; packer/preprocess/owned.py remove_work)
     file:N         the process's N-th local file write (0, 1, ...: every atomic write, packer/io/atomic.py),

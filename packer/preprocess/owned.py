@@ -16,13 +16,18 @@ or replaced; so is any symlink (packer makes none). `.packer.lock` and the recor
 A build writes its new dataset into OUTPUT/_work/dataset/ and `publish` moves it in:
 
     1. record["incoming"] = every new file, saved        (from here a rerun rolls forward)
-    2. remove the old manifest.json                        (the old dataset is no longer "complete")
-    3. move each new file in, manifest.json last          (the new dataset is complete)
-    4. delete the old files the new dataset did not replace, if still packer's
+    2. hard-link the old dataset's files into             (the old dataset whole there, under the
+       OUTPUT/_work/previous/, manifest.json last          same manifest: readers read it from there)
+    3. move each new file in, manifest.json last,         (the new dataset is complete: readers
+       replacing the old one in one rename                 read it from OUTPUT)
+    4. delete the old files the new dataset did not replace, if still packer's, and previous/
     5. record["files"] = the new files, saved
 
-so until step 2 the old dataset stays whole and usable, and a crash in steps 2-5 (renames, no
-new bytes) is finished by the next packer command on the directory (`finish`).
+so readers see the old dataset or the new one at every instant (packer/store/dataset.py
+files_root), a kill at any step included, and a crash in steps 2-5 (links and renames, no new
+bytes) is finished by the next packer command on the directory (`finish`). On an object store
+(no links, no atomic replace) step 2 removes the old manifest.json instead: from then until step 3
+ends the directory holds no complete dataset.
 
 A directory built by a packer without this record is trusted as far as its manifest verifies:
 each file the manifest lists with its sha256 (shards, tokenizer.json) and that has it, then, when
@@ -33,6 +38,7 @@ it holds a fingerprint, and a shard its `_work/shards/*.json` lists with its sha
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import os
@@ -40,6 +46,7 @@ import re
 
 from packer.io import atomic, failpoints, fs, lock
 from packer.store import formats
+from packer.store.dataset import PREVIOUS
 from packer.store.manifest import MANIFEST, REPORT, STATS, TOKENIZER, read_manifest, read_stats, sha256_file
 
 RECORD = ".packer-owned.json"
@@ -192,7 +199,8 @@ def finish(out, record: dict):
         return
     staged = out / WORK / STAGED
     if (staged / MANIFEST).exists():  # the new manifest is not in yet: the one in OUTPUT is the old one
-        (out / MANIFEST).unlink(missing_ok=True)
+        if not _keep_previous(out):
+            (out / MANIFEST).unlink(missing_ok=True)
     for n_moved, name in enumerate([n for n in incoming if n != MANIFEST] + [MANIFEST]):
         if (staged / name).exists():
             failpoints.hit("publish", n_moved)
@@ -200,11 +208,44 @@ def finish(out, record: dict):
     for name, entry in record["files"].items():
         if name not in incoming and matches(out / name, entry):
             (out / name).unlink()
+    previous = out.joinpath(*PREVIOUS)
+    if previous.exists():
+        fs.rmtree(previous)
     record["files"] = {name: {**entry, "mtime_ns": _mtime(out / name)} for name, entry in incoming.items()}
     del record["incoming"]
     save(out, record)
     if staged.is_dir() and not any(staged.iterdir()):
         fs.rmtree(staged)
+
+
+def _keep_previous(out) -> bool:
+    """Step 2 of a publish: the old dataset (every file beside its manifest.json in OUTPUT) hard-linked
+    into OUTPUT/_work/previous/, manifest.json last, so it stays whole there while its files are
+    replaced. True when it is there (or there is no old dataset); False where links cannot be made
+    (an object store, a filesystem without them)."""
+    if fs.is_remote(out):
+        return False
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return True  # nothing to keep
+    previous = out.joinpath(*PREVIOUS)
+    if (previous / MANIFEST).is_file():
+        return True  # kept before a kill: the links are of the same files, none replaced yet
+    if previous.exists():
+        fs.rmtree(previous)  # a kill while linking: begin again
+    previous.mkdir(parents=True)
+    names = sorted(p.name for p in out.iterdir() if p.name != MANIFEST and not _CLAIMED.match(p.name)
+                   and not atomic.is_tmp(p.name) and p.is_file() and not p.is_symlink())
+    try:
+        for n, name in enumerate([*names, MANIFEST]):
+            failpoints.hit("publish-keep", n)
+            os.link(out / name, previous / name)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK):
+            raise
+        fs.rmtree(previous)
+        return False
+    return True
 
 
 def _mtime(path):

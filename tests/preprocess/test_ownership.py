@@ -18,6 +18,7 @@ from packer.config import BuildConfig, Job
 from packer.preprocess import owned, resume
 from packer.preprocess.pipeline import build
 from packer.store import formats
+from packer.store.dataset import open_dataset
 from packer.store.formats import FORMATS
 from packer.store.verify import verify_dataset
 
@@ -248,13 +249,13 @@ def test_overwrite_cut_short_keeps_the_old_dataset_then_finishes(src, tmp_path, 
     code, log = _cli_build(src, out)
     assert code == 0, log
     old = _dataset(out)
+    old_rows = _rows(out)
     code, log = _cli_build(src, out, "--seed", "1", "--overwrite", fail_at=fail_at)
     assert code != 0 and "Traceback" not in log, log
-    if fail_at.startswith("publish"):
-        assert not (out / "manifest.json").exists() or fail_at == "publish:0=kill"
-    else:
+    if not fail_at.startswith("publish"):
         assert _dataset(out) == old
-        assert _cli("verify", out).exit_code == 0
+    assert _rows(out) == old_rows  # killed mid-publish too: the old dataset is read (from _work/previous/)
+    assert _cli("verify", out).exit_code == 0
     code, log = _cli_build(src, out, "--seed", "1", "--overwrite")
     assert code == 0, log
     assert _dataset(out) == fresh and sorted(p.name for p in out.iterdir()) == sorted([*fresh, owned.RECORD])
@@ -266,10 +267,56 @@ def test_a_crash_while_moving_in_is_finished_by_any_next_command(src, tmp_path, 
     out = tmp_path / "d"
     assert _cli_build(src, out)[0] == 0
     code, log = _cli_build(src, out, "--seed", "1", "--overwrite", fail_at="publish:2=kill")
-    assert code == -signal.SIGKILL and not (out / "manifest.json").exists(), log
+    assert code == -signal.SIGKILL and (out / "manifest.json").exists(), log  # the old one, until the new replaces it
     with pytest.raises(ValueError, match=r"built differently \(config\.seed: 1 there, 2 now\)"):
         build(_job(src, out, seed=2))
     assert _dataset(out) == fresh and verify_dataset(out)["sequences"] > 0
+
+
+def _rows(out) -> list[tuple[list, list]]:
+    """Every row of the dataset at `out` as a reader gets it (tokens, offsets)."""
+    return [(tokens.tolist(), offsets.tolist()) for tokens, offsets in open_dataset(out)]
+
+
+@pytest.mark.parametrize("fail_at", ["publish-keep:3=kill", "publish:2=kill",
+                                     *(pytest.param(f, marks=pytest.mark.slow) for f in
+                                       ("publish-keep:0=kill", "publish:0=kill", "publish:5=kill"))])
+def test_a_reader_sees_the_old_dataset_until_the_new_one_is_complete(src, tmp_path, fresh, fail_at):
+    """An --overwrite killed at any step of its publish (linking the old dataset aside, moving the
+    new one in): open_dataset, verify and PackedDataset read the old dataset, whole, never nothing
+    and never a mix; the next command finishes the move and readers get the new one."""
+    out = tmp_path / "d"
+    assert _cli_build(src, out)[0] == 0
+    old_rows, old_generation = _rows(out), open_dataset(out).generation
+    code, log = _cli_build(src, out, "--seed", "1", "--overwrite", fail_at=fail_at)
+    assert code == -signal.SIGKILL, log
+    assert _rows(out) == old_rows and open_dataset(out).generation == old_generation
+    assert verify_dataset(out)["sequences"] == len(old_rows)
+    assert _cli("inspect", out, "--seq", "0").exit_code == 0
+    code, log = _cli_build(src, out, "--seed", "1", "--overwrite")
+    assert code == 0, log
+    assert _dataset(out) == fresh and _rows(out) != old_rows
+    assert not (out / owned.WORK).exists()
+
+
+def test_readers_during_a_publish_see_old_or_new_never_nothing(src, tmp_path, monkeypatch):
+    """A reader opens the dataset before every step of an --overwrite's publish (each link, each
+    move): every open succeeds, with the old rows until the manifest is replaced, the new after."""
+    out = tmp_path / "d"
+    build(_job(src, out))
+    old_rows = _rows(out)
+    seen = []
+
+    def read_now(point, n):
+        if point.startswith("publish"):
+            seen.append(_rows(out))
+
+    monkeypatch.setattr(owned.failpoints, "hit", read_now)
+    build(_job(src, out, seed=1), overwrite=True)
+    new_rows = _rows(out)
+    assert new_rows != old_rows and len(seen) > 8
+    assert all(rows in (old_rows, new_rows) for rows in seen)
+    assert seen[0] == old_rows and seen[-1] == old_rows  # the manifest moves last: until then, the old dataset
 
 
 def test_a_resumed_fresh_build_still_records_its_files(src, tmp_path, fresh):
