@@ -133,7 +133,8 @@ def chat_build(tmp_path_factory):
 
     with pytest.warns(UserWarning, match="documents hold the EOS id 0 inside them") as said, pytest.MonkeyPatch.context() as mp:
         mp.setattr(nemo, "ROW_GROUP_ROWS", 64)  # several row groups: several blocks
-        out = _build(tmp_path_factory.mktemp("nemo-chat") / "ds", SAMPLE / "chat.jsonl", input_kind="chat")
+        out = _build(tmp_path_factory.mktemp("nemo-chat") / "ds", SAMPLE / "chat.jsonl", input_kind="chat",
+                     store_roles=True)
     assert len([w for w in said if "EOS id" in str(w.message)]) == 1  # one line
     return out
 
@@ -223,16 +224,31 @@ def test_the_reference_collate_is_megatron_bridges_own(chat_build, tmp_path, mon
 
 
 def test_nemo_files_read_back_as_packers_rows(chat_build, tmp_path):
-    """open_dataset and verify read the Parquet files; the rows equal a memmap build's of the same inputs."""
+    """open_dataset and verify read the Parquet files; the rows (masks, roles, doc ids) equal a memmap
+    build's of the same inputs."""
     reference = build(Job(inputs=(str(SAMPLE / "chat.jsonl"),), tokenizer=TOKENIZER, output=str(tmp_path / "mm"),
-                          workers=1, config=BuildConfig(context_length=CONTEXT, format="memmap", input_kind="chat")),
-                      progress="off")
+                          workers=1, config=BuildConfig(context_length=CONTEXT, format="memmap", input_kind="chat",
+                                                        store_roles=True)), progress="off")
     got, want = open_dataset(chat_build), open_dataset(tmp_path / "mm")
     assert verify_dataset(chat_build)["sequences"] == reference["totals"]["sequences"] == len(got) == len(want)
     rows = range(len(want))
     assert all(np.array_equal(a, b) for x, y in zip(got.views(rows), want.views(rows)) for a, b in zip(x, y))
     assert all(np.array_equal(a, b) for a, b in zip(got.mask_views(rows), want.mask_views(rows)))
+    assert got.has_role_ids and all(np.array_equal(a, b) for a, b in zip(got.role_views(rows), want.role_views(rows)))
     assert np.array_equal(got.doc_ids(), want.doc_ids())
+
+
+def test_nemo_shards_are_the_same_bytes_at_any_worker_count(tmp_path):
+    def shards(workers):
+        out = tmp_path / f"w{workers}"
+        with pytest.warns(UserWarning, match="hold the EOS id"):
+            build(Job(inputs=(str(SAMPLE / "chat.jsonl"),), tokenizer=TOKENIZER, output=str(out), workers=workers,
+                      config=BuildConfig(context_length=CONTEXT, format="nemo", input_kind="chat", unit_bytes=20_000,
+                                         shard_size=10_000)), progress="off")
+        return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*"))}
+
+    one = shards(1)
+    assert len(one) > 4 and one == shards(2)
 
 
 def _rewrite(path, column: str, change):
