@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import time
 import warnings
 
@@ -362,6 +363,38 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
     files = named.files if named else readers.expand_inputs(job.inputs)
     info = tokenizer_info(job.tokenizer, config)
     job = dataclasses.replace(job, config=resolved_config(config, info))  # bos/eos as used, never None
+    made = _dirs_to_make(out)
+    try:
+        return _build_locked(job, files, info, out, named, keep_work, overwrite, progress)
+    except BaseException:
+        _remove_empty(made)  # a build refused before writing leaves no empty output directory behind
+        raise
+
+
+def _dirs_to_make(out) -> list:
+    """The output directory and the parents above it that do not exist yet (a local output; a store
+    has no directories), deepest first: what the lock will create, and all a failed build removes."""
+    made = []
+    if fs.is_remote(out) or fs.is_process_local(out):
+        return made
+    while not out.exists() and out != out.parent:
+        made.append(out)
+        out = out.parent
+    return made
+
+
+def _remove_empty(made: list):
+    """Remove the directories packer made for this build, deepest first, each only while it is empty
+    (rmdir refuses otherwise: resumable work, a lock another build holds, anyone's file stay)."""
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
+def _build_locked(job: Job, files, info, out, named, keep_work: bool, overwrite: bool, progress: str) -> dict:
+    """build() under the output's lock (its docstring)."""
     config = job.config
     with lock.hold(out):
         record = _owned_record(out)

@@ -254,7 +254,7 @@ def test_a_build_that_accepts_nothing_writes_nothing(tmp_path):
         build(_small_job(tmp_path, inputs=[str(src)]), keep_work=True)
     assert "0 accepted of 3 read (3 skipped: {'missing_field': 2, 'empty_text': 1}); e.g." in str(e.value)
     assert f"missing_field at {src}:1" in str(e.value) and f"empty_text at {src}:2" in str(e.value)
-    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == []  # no manifest, no _work to trip a fixed rerun
+    assert not (tmp_path / "ds").exists()  # no manifest, no _work to trip a fixed rerun, not even the directory
     empty = tmp_path / "empty.jsonl"
     empty.write_text("", encoding="utf-8")
     with pytest.raises(BuildRejected, match=r"0 accepted of 0 read \(the inputs hold no records\)"):
@@ -313,3 +313,32 @@ def test_run_only_settings_do_not_make_a_complete_dataset_different(tmp_path):
     assert again.get("already_complete") is True
     with pytest.raises(ValueError, match="built differently"):
         build(_small_job(tmp_path, seed=7))
+
+
+def test_a_refused_build_leaves_no_directory_packer_made(tmp_path):
+    """Issue 35 item 10: refused before writing, the output and the parents packer made for it are gone;
+    a directory that was there before (the user's), or one holding anything, stays."""
+    from packer.preprocess.pipeline import BuildRejected, build
+    from packer.preprocess.readers import FileError
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(BuildRejected):
+        build(_small_job(tmp_path, "new/deeper/ds", inputs=[str(empty)]))
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(BuildRejected):
+        build(_small_job(tmp_path, "mine/ds", inputs=[str(empty)]))
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == []  # the user's directory stays, ds is gone
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\x1f\x8b\x08\x00 gzip, named as text")
+    with pytest.raises(FileError, match="name it bad.jsonl.gz"):
+        build(_small_job(tmp_path, "planned/ds", inputs=[str(bad)]))
+    assert not (tmp_path / "planned").exists()
+    kept = tmp_path / "kept"
+    build(_small_job(tmp_path, "kept"))  # a finished dataset: a refused rebuild into it removes nothing
+    files = sorted(p.name for p in kept.iterdir())
+    with pytest.raises(ValueError):
+        build(_small_job(tmp_path, "kept", seed=7))  # another command into a complete dataset
+    assert sorted(p.name for p in kept.iterdir()) == files
+
