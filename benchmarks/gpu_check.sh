@@ -3,7 +3,7 @@
 # training tokens/s, the role-mask FlexAttention tests and benchmark, the CUDA equivalence tests of the
 # varlen backends, the attention benchmark, HF flash_attention_2 (skipped where flash-attn is absent).
 # Every step runs even when one before it fails; the exit status counts the failed steps. Worst case (every
-# step at its timeout) 8 minutes; about 3 expected on an H200.
+# step at its timeout) 13 minutes with the cost-model fits; about 4 expected on an H200.
 #   bash benchmarks/gpu_check.sh            (PYTHON=... to pick the interpreter that has CUDA torch)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +53,11 @@ else
     echo; echo "=== test_torchtitan: skipped: torchtitan's models/common/attention.py does not import here" \
         "(pip install torchtitan==0.3.0 on the CUDA box to run it)"
 fi
+# step balance (issue 37): time forward+backward on rows of different cost (tokens, squared document lengths) and
+# fit CostModel(per_token, per_pair, per_row) with its R^2: packer's tiny model, then one Llama-8B-shaped layer
+# (d_model 4096, 32 heads, 8 KV heads; a 4x GELU MLP) on the auto varlen backend, bf16
+step 120 fit_cost_tiny "$PY" benchmarks/bench_balance.py --fit --device cuda --shape tiny --context 16384
+step 180 fit_cost_llama_layer "$PY" benchmarks/bench_balance.py --fit --device cuda --shape llama-layer --context 32768
 echo
 if [ ${#failed[@]} -eq 0 ]; then echo "gpu_check: every step passed"; exit 0; fi
 printf 'gpu_check: failed: %s\n' "${failed[@]}"
