@@ -168,15 +168,20 @@ def main():
     parser.add_argument("--shape", choices=("tiny", "llama-layer"), default="tiny")
     parser.add_argument("--context", type=int, default=2048, help="--fit: tokens of the longest row")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 4096 rows a context, and a fit at "
+                        "context 256 (tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows = 4096
     print(f"packer {__version__}, python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
           f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; cost {COST}")
-    if args.fit:
+    if args.fit or args.smoke:
         import torch
 
         torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
-        fit(args.device, args.shape, args.context, args.repeats)
-        return
+        fit(args.device, args.shape, 256 if args.smoke else args.context, 1 if args.smoke else args.repeats)
+        if not args.smoke:
+            return
     if args.dataset:
         rows = [dataset_rows(args.dataset)]
     else:
