@@ -117,7 +117,8 @@ class BuildConfig:
     format: str = _field("arrow", "Shard format: Arrow IPC; memmap (flat .bin tokens + .idx for np.memmap); or megatron "
                                   "(Megatron-Core .bin + MMIDIDX .idx, with a .docids.npy sidecar; Megatron's stock "
                                   "GPTDataset re-packs it across documents: train with "
-                                  "packer.megatron.PackedGPTDataset).")
+                                  "packer.megatron.PackedGPTDataset); or nemo (the .idx.parquet files NeMo / "
+                                  "Megatron-Bridge packed fine-tuning reads).")
     shard_size: int = _field(100_000_000, "Tokens per shard (100M uint16 tokens = 200 MB).", minimum=1)
     unit_bytes: int = _field(64 * 2**20, "Uncompressed inputs are split into work units of about this many bytes.", minimum=1)
     pack_group: int | None = _field(None, "Pack each N consecutive documents separately (bounded planning work; "
