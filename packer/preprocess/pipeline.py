@@ -405,9 +405,16 @@ def _build_locked(job: Job, files, info, out, named, keep_work: bool, overwrite:
             resume.require_same_dataset(manifest, config, info, files, out)
             if named or manifest.get("sources"):
                 sources.require_same_sources(manifest, named.described if named else [], out)
-            if (work.exists() or record["work"]) and not keep_work:  # a run stopped after its manifest, before
-                owned.remove_work(out, record)  # this (or before the record said _work/ was gone: a full disk)
-            return {**manifest, "already_complete": True}
+            missing = resume.missing_files(out, manifest)
+            if not missing:
+                if (work.exists() or record["work"]) and not keep_work:  # a run stopped after its manifest, before
+                    owned.remove_work(out, record)  # this (or before the record said _work/ was gone: a full disk)
+                return {**manifest, "already_complete": True}
+            if not (work.exists() and resume.same_work(work, expected)):  # else: rebuilt from _work/ below
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise ValueError(f"{fs.redact(out / missing[0])}{more} is missing from the complete dataset its "
+                                 "manifest describes: run the same command with --overwrite to rebuild the dataset "
+                                 "(byte-identical), or restore the file")
         if overwrite and work.exists() and not resume.same_work(work, expected):
             owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
         manifest = _build_into(job, files, info, out, work, record, expected, progress, named, overwrite)

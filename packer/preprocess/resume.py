@@ -139,3 +139,18 @@ def refuse_foreign(out: Path, record: dict | None = None):
             f"{fs.redact(out)} holds files packer did not write ({shown}); packer never deletes or replaces them: "
             f"move them elsewhere, or choose a new or empty --output"
         )
+
+
+def missing_files(out, manifest: dict) -> list[str]:
+    """The files the complete dataset's manifest names that `out` no longer holds (`rm shard-00002.bin`),
+    found by one listing of the directory: whether they are whole is `packer verify`'s question."""
+    from packer.io import fs
+
+    try:
+        present = {name for name, _, _ in fs.list_dir(out)}
+    except OSError:
+        return []
+    named = [v for entry in manifest.get("shards") or [] if isinstance(entry, dict)
+             for k, v in entry.items() if (k == "file" or k.endswith("_file")) and isinstance(v, str)]
+    return [name for name in named if name not in present]
+

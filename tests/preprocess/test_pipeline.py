@@ -342,3 +342,28 @@ def test_a_refused_build_leaves_no_directory_packer_made(tmp_path):
         build(_small_job(tmp_path, "kept", seed=7))  # another command into a complete dataset
     assert sorted(p.name for p in kept.iterdir()) == files
 
+
+
+def test_a_missing_shard_file_is_repaired_the_way_the_error_says(tmp_path):
+    """Issue 35 item 11: after `rm shard-00002.bin` the same command does not answer "already complete": it
+    names the file and the command that repairs it (--overwrite), which rebuilds the same bytes; with
+    _work/ still holding the build's inputs (--keep-work), the same command rebuilds it itself."""
+    from packer.preprocess.pipeline import build
+
+    job = _small_job(tmp_path, format="memmap", context_length=128, shard_size=4000)
+    build(job)
+    out = tmp_path / "ds"
+    before = {p.name: p.read_bytes() for p in out.glob("shard-*")}
+    assert len(before) >= 9  # three files a shard, three shards at least
+    (out / "shard-00002.bin").unlink()
+    with pytest.raises(ValueError, match=r"ds/shard-00002.bin is missing from the complete dataset .* with --overwrite"):
+        build(job)
+    assert build(job, overwrite=True).get("already_complete") is None
+    assert {p.name: p.read_bytes() for p in out.glob("shard-*")} == before
+    verify_dataset(out)
+    build(job, keep_work=True, overwrite=True)
+    for name in ("shard-00002.bin", "shard-00001.idx"):
+        (out / name).unlink()
+    assert build(job, keep_work=True).get("already_complete") is None  # rebuilt from _work/, no flag needed
+    assert {p.name: p.read_bytes() for p in out.glob("shard-*")} == before
+    assert build(job).get("already_complete")  # whole again: nothing to do
