@@ -244,7 +244,10 @@ def main():
     parser.add_argument("--tokens", type=int, help=f"tokens a context (default {TOKENS}; 131072 on CUDA)")
     parser.add_argument("--repeats", type=int, help=f"timed rounds, best kept (default {REPEATS}; 10 on CUDA)")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its CPU compile takes ~30 s a shape)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.contexts, args.tokens, args.repeats, args.no_flex = [512], 1024, 1, True
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -209,9 +209,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 1M and textbook at 5k (a smoke run)")
     parser.add_argument("--n", type=int, default=None, help="pieces per row (default 10M, 1M with --quick)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.n = 20_000
     n = args.n or (1_000_000 if args.quick else N)
-    n_textbook = 5_000 if args.quick else N_TEXTBOOK
+    n_textbook = 300 if args.smoke else 5_000 if args.quick else N_TEXTBOOK
     print(f"# bench_binpack  {time.strftime('%Y-%m-%d %H:%M')}  python {platform.python_version()}  numpy {np.__version__}")
     print(f"# {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}  "
           f"seed={SEED} lognormal sigma={SIGMA:.3f} tail={TAIL:,} medians={DISTRIBUTIONS}")

@@ -107,7 +107,11 @@ def main():
     parser.add_argument("--data2", type=Path)
     parser.add_argument("--copies", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.copies, args.rounds = 1, 1
+    positions = 65_536 if args.smoke else 1_000_000
     torch.set_num_threads(1)
     print(f"packer {__version__}, torch {torch.__version__}, numpy {np.__version__}, python "
           f"{platform.python_version()}, {os.cpu_count()} cpus; context {CONTEXT}, batch {BATCH}, rounds {args.rounds}")
@@ -146,9 +150,9 @@ def main():
         sources = [blend_module.Source(str(s), 0, s * 1000, (s + 1) * 1000) for s in range(len(weights))]
         blend = blend_module.Blend(sources, weights, 10_000_000)
         t = time.perf_counter()
-        for g in range(0, 1_000_000, 8192):
+        for g in range(0, positions, 8192):
             blend.rows(np.arange(g, g + 8192), "full", 0, 0, 64, 16)
-        map_us = (time.perf_counter() - t) / 1_000_000 * 1e6
+        map_us = (time.perf_counter() - t) / positions * 1e6
         print(f"{len(weights)} sources: pattern of {blend_module.PERIOD} positions {pattern_s:.2f} s (once); "
               f"position -> row {map_us:.2f} us a position")
 

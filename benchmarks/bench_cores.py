@@ -68,10 +68,14 @@ def _settings() -> list[tuple[bool, int, int | None]]:
 
 
 def main():
+    global WORKERS, THREADS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=1, help="copies of the sample corpus (3.3 MB each)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds: every setting once per round, in a shuffled order")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.copies, a.rounds, WORKERS, THREADS = 1, 1, (1,), (1,)
     print(f"python {platform.python_version()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
           f"load {os.getloadavg()[0]:.1f}, {a.copies} x sample corpus, {a.rounds} rounds")
     tmp = Path(tempfile.mkdtemp(prefix="packer-cores-"))

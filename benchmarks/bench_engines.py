@@ -323,7 +323,10 @@ def main():
                         "its whole build, on hf, timed as one more row ('build hf, before'), to compare today's hf with")
     parser.add_argument("--corpus", type=Path, help="keep the corpus in DIR: written there when DIR holds no "
                         "part-*.jsonl, else read from there (--mb ignored): the same texts on another machine")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.workers, args.engines, args.repeat = 0.3, "1", "", 1
     import tiktoken
     import tokenizers
 

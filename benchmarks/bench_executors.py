@@ -81,7 +81,10 @@ def main():
     parser.add_argument("--mb", type=float, default=52.0, help="corpus size in MB (target is set at >= 50)")
     parser.add_argument("--tasks", type=int, default=300, help="no-op tasks for the overhead figure")
     parser.add_argument("--repeat", type=int, default=1, help="builds per executor, alternating; the fastest counts")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.tasks, args.repeat = 1.0, 20, 1
 
     import pyarrow
     import ray

@@ -124,7 +124,10 @@ def main():
     ap.add_argument("--dir", help="make the temporary directory in this one")
     ap.add_argument("--only", choices=["summaries"], help="run the summaries path only (a corpus whose arrays do not fit)")
     ap.add_argument("--child", choices=["arrays", "summaries"], help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.docs = 50_000
     if args.child:
         return _child(Path(args.dir), args.child, args.docs)
     import packer

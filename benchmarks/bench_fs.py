@@ -41,9 +41,8 @@ from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 from packer.config import BuildConfig, Job  # noqa: E402
 from packer.io import fs, ranged  # noqa: E402
-from packer.preprocess import writer  # noqa: E402
+from packer.preprocess import plan_groups, writer  # noqa: E402
 from packer.preprocess.pipeline import build  # noqa: E402
-from packer.preprocess.plan import Plan  # noqa: E402
 
 SAMPLE = [ROOT / "sample_data" / "prose.jsonl", ROOT / "sample_data" / "code.jsonl"]
 TOKENIZER = str(ROOT / "sample_data" / "tokenizer.json")
@@ -91,10 +90,11 @@ def _corpus(directory: Path, copies: int) -> list[str]:
 
 def _write_all(work: str, out: str, n_shards: int) -> tuple[float, list[str]]:
     work, out = fs.location(work), fs.location(out)  # the places, resolved once: write_shard takes them
-    plan_path = work / "plan.npz"
+    plan = plan_groups.PlanIndex.load(work / plan_groups.INDEX)  # one plan file per shard (packer/preprocess/plan_groups.py)
     writer._load_plan.cache_clear()
     t = time.perf_counter()
-    entries = [writer.write_shard(plan_path, k, work, out, "uint16", "arrow") for k in range(n_shards)]
+    entries = [writer.write_shard(plan.shard_path(work / plan_groups.PLAN_DIR, k), k, work, out, "uint16", "arrow")
+               for k in range(n_shards)]
     return time.perf_counter() - t, [e["sha256"] for e in entries]
 
 
@@ -102,7 +102,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--copies", type=int, default=4, help="copies of sample_data in the corpus")
     parser.add_argument("--latency-ms", type=float, default=10.0)
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.copies, args.latency_ms = 1, 1.0
     print(f"python {platform.python_version()}, numpy {np.__version__}, pyarrow {pa.__version__}, "
           f"fsspec {fsspec.__version__}, {os.cpu_count()} CPUs, {platform.machine()}")
     fsspec.register_implementation("slowlocal", SlowLocal, clobber=True)
@@ -112,10 +115,10 @@ def main():
         base = tmp / "base"
         build(Job(inputs=tuple(inputs), tokenizer=TOKENIZER, output=str(base), workers=1, config=CONFIG), keep_work=True)
         work = str(base / "_work")
-        plan = Plan.load(f"{work}/plan.npz")
-        n_shards, n_pieces = plan.n_shards, len(plan.piece_len)
+        plan = plan_groups.PlanIndex.load(fs.location(work) / plan_groups.INDEX)
+        n_shards, n_pieces = plan.n_shards, plan.n_pieces
         print(f"\ncorpus {sum(os.path.getsize(p) for p in inputs) / 1e6:.1f} MB, {len(list(Path(work, 'units').glob('*.json')))} units, {n_shards} shards, "
-              f"{int(plan.piece_len.sum()):,} tokens in {n_pieces:,} pieces, context {CONFIG.context_length}")
+              f"{plan.n_tokens:,} tokens in {n_pieces:,} pieces, context {CONFIG.context_length}")
         lat, threads = args.latency_ms, ranged.THREADS
         cases = [
             ("local (memory maps)", 0.0, None, None),
@@ -145,7 +148,7 @@ def main():
             base_seconds = base_seconds or seconds
             base_hashes = base_hashes or hashes
             assert hashes == base_hashes, f"{name}: shards differ from the local ones"
-            print(f"{name:<44} {seconds:>8.2f} {plan.piece_len.sum() / seconds / 1e6:>7.2f} {seconds / base_seconds:>8.2f}x")
+            print(f"{name:<44} {seconds:>8.2f} {plan.n_tokens / seconds / 1e6:>7.2f} {seconds / base_seconds:>8.2f}x")
         print("all cases wrote identical shards:", json.dumps(base_hashes[:1])[:20] + "...")
 
 

@@ -234,7 +234,10 @@ def main():
     parser.add_argument("--mb", type=float, default=200, help="the document's size in MB (default 200)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)} (default all)")
     parser.add_argument("--keep", type=Path, help="build into this directory (one folder per case) and keep it")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb = 1.0
     cases = [c for c in args.cases.split(",") if c]
     import pyarrow
     import tokenizers

@@ -131,7 +131,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=20, help="corpus size in MB (default 20)")
     parser.add_argument("--repeat", type=int, default=5, help="rounds of each row (default 5; the best is kept)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.repeat = 1.0, 1
     import numpy
     import tokenizers
     from bench_tokenize import make_corpus

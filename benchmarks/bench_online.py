@@ -171,6 +171,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{N_DOCS_QUICK:,} docs per distribution")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
     import numpy
     import tokenizers
@@ -181,7 +182,7 @@ def main():
         torch_version = torch.__version__
     except ImportError:
         torch_version = "absent"
-    n = N_DOCS_QUICK if args.quick else N_DOCS
+    n = 3_000 if args.smoke else N_DOCS_QUICK if args.quick else N_DOCS
     print(f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus; "
           f"python {platform.python_version()}; numpy {numpy.__version__}; torch {torch_version}; "
           f"tokenizers {tokenizers.__version__}")

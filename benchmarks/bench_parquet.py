@@ -123,7 +123,10 @@ def main():
     ap.add_argument("--code", type=Path, default=ROOT, help="checkout whose packer is timed (default: this one)")
     ap.add_argument("--rows", type=int, default=ROWS)
     ap.add_argument("--groups", default=",".join(map(str, GROUPS)), help="row-group counts, comma separated")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.rows, a.groups = 2_000, "2,10"
     import pyarrow as pa
     import pyarrow.parquet as pq
     import tokenizers

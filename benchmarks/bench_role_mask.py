@@ -152,13 +152,17 @@ def best(fn, backward, device, repeats) -> float:
 
 
 def main():
+    global CONTEXT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared 2-core machine)")
     parser.add_argument("--repeats", type=int, help=f"timed rounds, best kept (default {REPEATS}; 10 on CUDA)")
     parser.add_argument("--rows", type=int, help=f"rows of {CONTEXT} (default {N_ROWS}; 32 on CUDA, in one call)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.repeats, CONTEXT = 1, 1, 1024
     cuda = torch.device(args.device).type == "cuda"
     args.repeats = args.repeats or (10 if cuda else REPEATS)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]

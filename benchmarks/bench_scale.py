@@ -108,7 +108,10 @@ def main():
     ap.add_argument("--write-shards", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where the unit and plan files go (default: a temporary directory)")
     ap.add_argument("--no-fill", action="store_true", help="skip the fill-rate table")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.docs, a.pack_group, a.no_fill = 20_000, 5_000, True
     print(f"packer {__version__}, numpy {np.__version__}, python {platform.python_version()}, {os.cpu_count()} cores, "
           f"docs {a.docs:,}, pack_group {a.pack_group:,}, workers {a.workers}, context {CONTEXT_LENGTH}, "
           f"shard_size {a.shard_size:,}")

@@ -126,7 +126,10 @@ def main():
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time rows by wall clock (default) or by this process's CPU time (a busy shared box: "
                              "every row runs on one thread)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.chats, args.repeat = 200, 1
     import numpy
     import tokenizers
 

@@ -92,7 +92,10 @@ def main():
     parser.add_argument("--format", default="arrow", help="shard format of both builds (default arrow)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="4 copies, 3 rounds (noisier)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.copies, args.rounds = 1, 1
     copies, rounds = (4, 3) if args.quick else (args.copies, args.rounds)
     torch.set_num_threads(1)
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}")

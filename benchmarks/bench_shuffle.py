@@ -42,7 +42,10 @@ def main():
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.n = 20_000
     print(f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cpus; n={args.n}, "
           f"block={args.block}, window={args.window}, seed={SEED}")
     rows, times = {}, {}

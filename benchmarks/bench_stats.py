@@ -43,7 +43,10 @@ def main():
     ap.add_argument("--docs", type=int, default=10_000_000)
     ap.add_argument("--pack-docs", type=int, default=20_000, help="documents in the packing row")
     ap.add_argument("--quick", action="store_true", help="1M documents")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.docs, args.pack_docs = 20_000, 2_000
     n = 1_000_000 if args.quick else args.docs
 
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "

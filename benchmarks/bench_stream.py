@@ -102,13 +102,13 @@ def build_dataset(out: Path, fmt: str, copies: int) -> Path:
     for c in range(copies):
         for entry in manifest["shards"]:
             new = dict(entry)
-            for key in ("file", "index_file", "doc_ids_file"):
+            for key in ("file", "index_file", "doc_ids_file", "checksums_file"):  # every file an entry names
                 if key in entry:
                     new[key] = f"c{c:02d}-{entry[key]}"
                     os.link(base / entry[key], out / new[key])
             shards.append(new)
     manifest["shards"] = shards
-    for key in ("sequences", "tokens_out"):
+    for key in ("sequences", "tokens_in", "tokens_out", "pieces", "docs_read", "docs_accepted"):  # as a corpus x copies
         manifest["totals"][key] *= copies
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
@@ -141,7 +141,12 @@ def main():
     parser.add_argument("--shuffled-batches", type=int, default=100,
                         help="batches timed per shuffled case with memory below the data (slow: each row reads a block)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timings per case; the best is kept")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (tests/test_benchmarks.py): memmap, "
+                        "2 copies, 3 batches, 1 round, 1 ms a request")
     args = parser.parse_args()
+    if args.smoke:
+        args.formats, args.copies, args.batches, args.shuffled_batches, args.rounds = "memmap", 2, 3, 2, 1
+        args.latency_ms = 1.0
     torch.set_num_threads(1)
     print(f"python {platform.python_version()}, numpy {np.__version__}, pyarrow {pa.__version__}, torch "
           f"{torch.__version__}, fsspec {fsspec.__version__}, {os.cpu_count()} CPUs, {platform.machine()}")

@@ -179,7 +179,10 @@ def main():
     parser.add_argument("--workers", default="1,2", help="worker counts to time (default 1,2)")
     parser.add_argument("--repeat", type=int, default=1, help="time ceiling and stage this many times, "
                         "interleaved, and keep each one's best (steadier on a busy machine)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.workers, args.repeat = 0.5, "1", 1
     import numpy
     import pyarrow
     import tokenizers

@@ -160,7 +160,10 @@ def main():
     parser.add_argument("--dim", type=int, default=MODEL.dim)
     parser.add_argument("--layers", type=int, default=MODEL.n_layers)
     parser.add_argument("--heads", type=int, default=MODEL.n_heads)
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens, args.dim, args.layers, args.heads = 4096, 64, 1, 2
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]

@@ -164,12 +164,20 @@ def bench_write(root: Path, plan, repeat: int):
     return out
 
 
+def _totals(entries) -> dict:
+    """The manifest totals a reader checks against the shards (packer/store/checks.py)."""
+    pieces, tokens = sum(e["documents"] for e in entries), sum(e["tokens"] for e in entries)
+    return {"sequences": sum(e["sequences"] for e in entries), "tokens_in": tokens, "tokens_out": tokens,
+            "pieces": pieces, "docs_read": pieces, "docs_accepted": pieces, "docs_dropped_long": 0, "docs_skipped": {}}
+
+
 def bench_read(root: Path, plan, n_reads: int, repeat: int):
     out = root / "ds"
     _fresh(out)
     entries = [writer.write_shard(root / "_work" / "plan.npz", k, root / "_work", out, "uint16", "memmap")
                for k in range(plan.n_shards)]
-    manifest = {"config": {"format": "memmap"}, "shards": entries}
+    manifest = {"format_version": 2, "config": {"format": "memmap", "context_length": CONTEXT_LENGTH, "token_dtype": "uint16"},
+                "tokenizer": {"vocab_size": 50_000}, "shards": entries, "totals": _totals(entries)}
     (out / "manifest.json").write_text(json.dumps(manifest))
     ds = open_dataset(out)
     rng = np.random.default_rng(SEED)
@@ -215,6 +223,7 @@ def bench_read(root: Path, plan, n_reads: int, repeat: int):
         manifest["config"]["format"] = fmt
         manifest["shards"] = [writer.write_shard(root / "_work" / "plan.npz", k, root / "_work", other,
                                                  "uint16", fmt) for k in range(plan.n_shards)]
+        manifest["totals"] = _totals(manifest["shards"])
         (other / "manifest.json").write_text(json.dumps(manifest))
         ds = open_dataset(other)
         _line(f"open_dataset ds[i], {fmt}", _best(getitem, repeat), base, n_tokens)
@@ -228,7 +237,10 @@ def main():
     ap.add_argument("--reads", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="Scratch directory (default: a temporary one; use a real disk).")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.tokens, args.shard_size, args.reads, args.repeat = 200_000, 100_000, 200, 1
     print(f"packer {__version__} | python {platform.python_version()} | numpy {np.__version__} | "
           f"pyarrow {pa.__version__} | {platform.machine()} {os.cpu_count()} cpus | load {os.getloadavg()[0]:.1f}")
     print(f"tokens {args.tokens:,} | shard size {args.shard_size:,} | context {CONTEXT_LENGTH} | seed {SEED}")

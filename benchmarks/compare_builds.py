@@ -125,7 +125,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", required=True, help="git revision to compare against")
     ap.add_argument("--cases", default=None, help="comma-separated case names to run (default: all)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.cases = a.cases or "sample-job"
     wanted = set(a.cases.split(",")) if a.cases else None
     tmp = Path(tempfile.mkdtemp(prefix="packer-compare-"))
     ref = tmp / "ref"

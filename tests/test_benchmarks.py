@@ -1,0 +1,49 @@
+"""Every script in benchmarks/ runs: each one's smallest mode (`--smoke`, seconds long), so a benchmark
+cannot rot unseen (bench_stream.py crashed for weeks on a manifest check: its shard copies kept the
+original checksums file). A new script is picked up by the glob and must have --smoke too.
+
+The default run takes the quick ones (about 35 s together on 2 shared cores); the ones whose
+smallest run still builds several datasets, starts Ray, imports TRL or compiles attention are
+marked slow (`pytest -m slow tests/test_benchmarks.py`). benchmarks/gpu_check.sh needs a GPU and
+is not run here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+BENCHMARKS = ROOT / "benchmarks"
+SLOW = {  # smallest run over ~10 s on 2 shared cores, or needing a git worktree (compare_builds)
+    "bench_binpack.py", "bench_blend.py", "bench_cores.py", "bench_engines.py", "bench_executors.py",
+    "bench_huge_doc.py", "bench_loader.py", "bench_online.py", "bench_parquet.py", "bench_role_mask.py",
+    "bench_sft_labels.py", "bench_tokenize.py", "bench_train.py", "bench_balance.py", "compare_builds.py",
+    "corruption_matrix.py",
+}
+EXTRA = {"compare_builds.py": ["--ref", "HEAD"]}  # against this checkout's own HEAD: identical builds
+
+
+def _scripts():
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        marks = [pytest.mark.slow] if path.name in SLOW else []
+        yield pytest.param(path, id=path.stem, marks=marks)
+
+
+@pytest.mark.parametrize("script", _scripts())
+def test_benchmark_smoke_run(script, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(script), "--smoke", *EXTRA.get(script.name, [])], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{script.name} --smoke exited {done.returncode}:\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(done.stdout.strip().splitlines()) >= 3, done.stdout  # its header and a table
+
+
+def test_every_benchmark_has_a_smoke_mode():
+    """Cheap, in the default run: each script's --help offers --smoke (the slow ones' runs are marked)."""
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        assert '"--smoke"' in path.read_text(encoding="utf-8"), f"{path.name}: add a --smoke mode (the smallest run)"
