@@ -214,6 +214,24 @@ def test_packed_dataset_items_and_batches(sample_dataset):
         assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
 
 
+def test_packed_dataset_padded_batches_and_a_short_pad_to(sample_dataset):
+    """collate_padded batches cut from the blocks equal the items stacked; a pad_to that a row's padded documents
+    outgrow is refused at that row, in one line naming both."""
+    raw = open_dataset(sample_dataset)
+    longest = max(int(masks.cu_seqlens(raw[i][1])[-1]) + 8 * (len(raw[i][1]) - 1) for i in range(len(raw)))
+    fields = ItemFields(pad_multiple=8, pad_to=-(-longest // 8) * 8, seq_idx=True)
+    items = list(PackedDataset(sample_dataset, shuffle=False, fields=fields))
+    for k, batch in enumerate(PackedDataset(sample_dataset, shuffle=False, fields=fields, batch_size=4,
+                                            collate_fn=collate_padded)):
+        ref = collate_padded([dict(it) for it in items[4 * k:4 * k + 4]])  # plain dicts: the copying path
+        assert batch.keys() == ref.keys() and batch["input_ids"].shape[1] == fields.pad_to
+        assert all(torch.equal(batch[key], ref[key]) if torch.is_tensor(ref[key]) else batch[key] == ref[key]
+                   for key in ref)
+    context = int(PackedDataset(sample_dataset).context_length)
+    with pytest.raises(ValueError, match=f"pad_to={context} is shorter than a row of .* documents padded"):
+        list(PackedDataset(sample_dataset, shuffle=False, fields=ItemFields(pad_multiple=128, pad_to=context)))
+
+
 # -- seq_idx: transformers' own collator ------------------------------------------------------
 
 
