@@ -15,20 +15,20 @@ window of 32 steps. slowest/mean: the mean over steps of the slowest rank's cost
 busy: sum of mean costs / sum of slowest costs (the share of GPU time spent working); moved: mean steps
 a row moved from its shuffled step; corr: correlation of a row's cost with its step index.
 
-Measured 2026-12-05 (2-core box; 65536 FFD rows a context, seed 0, window 32):
-    context ranks rows/rank attention dealing  slowest/mean busy   moved corr
-    8K      8     1         0.033     tokens   1.065        0.939  0.00  -0.002
-    8K      8     1         0.033     balanced 1.003        0.997  5.59  0.006
-    8K      64    1         0.033     tokens   1.097        0.912  0.00  -0.002
-    8K      64    1         0.033     balanced 1.004        0.996  6.37  0.003
-    32K     64    1         0.121     tokens   1.351        0.740  0.00  0.002
-    32K     64    1         0.121     balanced 1.009        0.991  8.95  0.005
-    128K    8     1         0.354     tokens   1.689        0.593  0.00  0.004
-    128K    8     1         0.354     balanced 1.019        0.981  8.20  0.001
-    128K    64    1         0.354     tokens   2.028        0.493  0.00  0.004
-    128K    64    1         0.354     balanced 1.023        0.977  9.22  0.006
-    128K    64    4         0.354     tokens   1.549        0.646  0.00  0.004
-    128K    64    4         0.354     balanced 1.006        0.994  8.92  0.004
+Measured 2026-12-05 (2-core box, load 8; 65536 FFD rows a context, seed 0, window 32), six of the 24 rows:
+    context ranks rows/rank attention dealing  slowest/mean busy   moved corr   deal s
+    8K      8     1         0.033     tokens   1.065        0.939  0.00  -0.002 0.000
+    8K      8     1         0.033     balanced 1.003        0.997  5.53  -0.002 0.033
+    8K      64    1         0.033     tokens   1.096        0.912  0.00  -0.002 0.000
+    8K      64    1         0.033     balanced 1.004        0.996  5.95  -0.003 0.013
+    32K     64    1         0.120     tokens   1.353        0.739  0.00  -0.002 0.000
+    32K     64    1         0.120     balanced 1.010        0.990  8.63  -0.001 0.024
+    128K    8     1         0.353     tokens   1.682        0.592  0.00  -0.002 0.000
+    128K    8     1         0.353     balanced 1.017        0.981  8.09  -0.002 0.037
+    128K    64    1         0.353     tokens   2.037        0.492  0.00  -0.002 0.000
+    128K    64    1         0.353     balanced 1.020        0.977  9.30  -0.000 0.029
+    128K    64    4         0.353     tokens   1.570        0.637  0.00  -0.002 0.000
+    128K    64    4         0.353     balanced 1.005        0.995  9.19  -0.000 0.029
 --fit on the same box (tiny model, 1.4M parameters, CPU, one thread, load 7.5, bucketed attention): per_token
 3.0e-4 s, per_pair 2.4e-7 s, R^2 0.956 over 15 rows of 512-2048 tokens in 1-64 equal documents; per_pair /
 per_token 7.8e-4 against the FLOP count's 1.8e-4 (on a CPU attention runs far below the matmuls' FLOP rate).
