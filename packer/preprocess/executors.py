@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from packer.encode.engines import threads
 from packer.io import failpoints
 from packer.io.fs import redact, redact_text
 
@@ -32,20 +33,18 @@ RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this lo
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (taskset and cgroup cpusets narrow it; os.cpu_count does not see them)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Cores this process may run on: affinity (taskset, cpusets) and a cgroup CPU quota
+    (packer/encode/engines/threads.py; os.cpu_count sees neither)."""
+    return threads.usable_cores()
 
 
 def tokenizer_threads(n_workers: int) -> int:
-    """The thread policy: each of n workers gets cores // n tokenizer threads (at least one), so
-    workers x threads = the cores, never more. encode_batch_fast runs on a Rayon pool of
-    RAYON_NUM_THREADS threads; a RAYON_NUM_THREADS the user set wins. 2 cores: 1 worker x 2 threads
-    or 2 x 1; 64 cores, --workers 64: 64 x 1, not 64 x 64 (benchmarks/bench_cores.py)."""
-    user = os.environ.get("RAYON_NUM_THREADS", "")
-    return int(user) if user.isdigit() and int(user) > 0 else max(1, usable_cores() // max(n_workers, 1))
+    """The rule (packer/encode/engines/threads.py, docs/engines.md): workers x engine threads <= the
+    usable cores. Each of n workers gets cores // n engine threads (at least one): tiktoken's pool,
+    tokenizers' Rayon pool (RAYON_NUM_THREADS) or hf's one thread; a RAYON_NUM_THREADS the user set
+    caps it. 2 cores: 1 worker x 2 threads or 2 x 1; 64 cores, --workers 64: 64 x 1, not 64 x 64
+    (benchmarks/bench_cores.py); tests/preprocess/test_threads.py counts the threads started."""
+    return threads.threads_per_worker(n_workers)
 
 
 def _set_threads(threads: int):

@@ -14,12 +14,10 @@ ids equal.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from packer.encode.engines import byte_level
-from packer.encode.engines.threads import OwnThreads
+from packer.encode.engines.threads import OwnThreads, engine_threads
 
 NAME = "tiktoken"
 NEVER_ALLOWED = "<|packer: text, never a token|>"
@@ -95,11 +93,8 @@ class Encoder:
                        ids, dtype)
 
     def _threads(self) -> int:
-        """The tokenizer threads the executor gave this process (RAYON_NUM_THREADS, as for hf)."""
-        if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() == "false":
-            return 1
-        threads = os.environ.get("RAYON_NUM_THREADS", "")
-        return int(threads) if threads.isdigit() and int(threads) > 0 else (os.cpu_count() or 1)
+        """The engine threads the executor gave this process, never more than its cores (threads.py's rule)."""
+        return engine_threads()
 
     def _encode_one(self, text: str) -> np.ndarray:
         """The ranks of one text, as encode_ordinary gives them (NEVER_ALLOWED is not allowed)."""
