@@ -3,7 +3,8 @@ SFTTrainer)` with `train_dataset=PackedDataset(path)`: on a text build and a cha
 masks, 3 steps of a tiny config-built Llama train on collate_hf batches of the PackedDataset's rows in its order,
 each step's loss equals the model's own loss on that collate_hf batch, and the first step's loss equals each stored
 document run alone under its stored mask (per-document attention: the cross-document loss of the same rows
-differs). The trap the docs name: TRL's own collator turns a `position_ids` column into 0..N-1.
+differs). The trap the docs name: TRL's own collator turns a `position_ids` column into 0..N-1. Slow: 2 ranks
+under torchrun each train their own PackedDataset share.
 """
 
 from __future__ import annotations
@@ -185,3 +186,45 @@ def test_sft_settings_that_reshape_data_are_refused(tmp_path):
         with pytest.raises(ValueError, match=f"{next(iter(setting))}=True"):
             MyTrainer(model=tiny_llama(path), args=sft_config(tmp_path, **setting), train_dataset=PackedDataset(path),
                       processing_class=build_tokenizer(path))
+
+
+TWO_RANKS = """
+import json, os, sys
+from pathlib import Path
+sys.path[:0] = sys.argv[3].split(os.pathsep)  # tests/train, tests (conftest)
+import torch
+import test_trl as T
+from packer.data import PackedDataset
+data, out = sys.argv[1], Path(sys.argv[2])
+trainer = T.AuditedTrainer(model=T.tiny_llama(data), args=T.sft_config(out), train_dataset=PackedDataset(data, seed=T.SEED),
+                           processing_class=T.build_tokenizer(data))
+trainer.train()
+rank = torch.distributed.get_rank()
+(out / f"rows.{rank}").write_text(json.dumps([step["row_ids"].tolist() for step in trainer.steps]))
+torch.distributed.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # 2 processes under torchrun: 40 s on the busy 2-core box (2026-12); the one-process twin is fast
+def test_sft_trainer_two_ranks(dataset, tmp_path):
+    """SFTTrainer with the mixin under torchrun (2 CPU ranks, gloo): each rank steps STEPS times on its own
+    PackedDataset share, in its order; the ranks' rows are disjoint."""
+    import os
+    import sys
+
+    from test_hf_trainer import run_torchrun
+
+    here = Path(__file__).parent
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    returncode, stderr = run_torchrun([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                       "--nproc_per_node=2", str(script), str(dataset), str(tmp_path),
+                                       os.pathsep.join(map(str, (here, here.parent)))], env=env, cwd=tmp_path)
+    assert returncode == 0, stderr[-4000:]
+    split = {"world_size": 2, "worker": 0, "num_workers": 1}
+    seen = [json.loads((tmp_path / f"rows.{r}").read_text()) for r in range(2)]
+    for rank, steps in enumerate(seen):
+        order = PackedDataset(dataset, seed=SEED).epoch_rows({**split, "rank": rank})
+        assert steps == [order[k * BATCH:(k + 1) * BATCH].tolist() for k in range(STEPS)]
+    assert not set(sum(seen[0], [])) & set(sum(seen[1], []))
