@@ -65,6 +65,7 @@ __all__ = ["BlockShuffle", "ItemFields", "PackedDataset", "permute"]
 # 12 / 13% of the raw memmap baseline; 64 keeps a block's buffer at 6 MiB.
 BLOCK_TOKENS = 2**18
 ORDER_CHUNK = 8192  # epoch positions mapped to rows per step (and told to the reader's prefetch a step ahead)
+BALANCE_SPAN = 2**19  # with balance=: global positions (every rank's) whose windows one chunk deals, ~20 MB of rows
 _SPLIT_KEYS = ("rank", "world_size", "worker", "num_workers", "unit")
 
 
@@ -494,8 +495,11 @@ class PackedDataset(IterableDataset):
         units = np.arange(split["worker"] + split["num_workers"] * skip, rank_units(n, self.unit, world, rank),
                           split["num_workers"])
         self._done, self._block_iter = (skip, self._items_in(skip, split, n)), None
-        chunks = range(0, len(units), units_per_chunk)
         balanced = self._balanced(progress, n, world, self.unit)
+        if balanced is not None:  # every rank deals whole windows: a chunk spans about BALANCE_SPAN positions of all ranks
+            span = units_per_block * self.unit * world
+            units_per_chunk = min(units_per_chunk, units_per_block * max(1, BALANCE_SPAN // span))
+        chunks = range(0, len(units), units_per_chunk)
 
         def chunk_rows(c):
             positions, sizes = unit_positions(units[c:c + units_per_chunk], n, self.unit, world, rank)

@@ -141,6 +141,20 @@ def test_items_follow_epoch_rows_through_workers(sample_dataset, workers):
         assert got == [keys[r] for r in ds.epoch_rows(_split(1, 3, w, 2))]
 
 
+def test_small_chunks_deal_the_same_windows(sample_dataset, workers, monkeypatch):
+    """Blocks of 4 rows and chunks of one block: windows straddle chunks, and each chunk reads only the windows
+    it needs; the items are still those of the whole epoch's balanced order."""
+    keys = _all_keys(sample_dataset)
+    balance = Balance(cost=ATTENTION, rows_per_rank=2, window=3)
+    whole = [PackedDataset(sample_dataset, rank=r, world_size=3, balance=balance).epoch_rows(_split(r, 3))
+             for r in range(3)]
+    monkeypatch.setattr(data, "BLOCK_TOKENS", 4 * 1024)
+    monkeypatch.setattr(data, "BALANCE_SPAN", 8)
+    for r in range(3):
+        ds = PackedDataset(sample_dataset, rank=r, world_size=3, balance=balance)
+        assert [it["input_ids"].numpy().tobytes() for it in ds] == [keys[k] for k in whole[r]]
+
+
 @pytest.mark.parametrize("batch_size", [None, 2], ids=["items", "batch_size"])
 def test_resume_mid_epoch_is_exact(sample_dataset, batch_size):
     balance = Balance(cost=ATTENTION, rows_per_rank=4, window=3)
