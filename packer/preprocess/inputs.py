@@ -23,6 +23,7 @@ walked with the glob's root.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -61,11 +62,22 @@ class OutsideLink(str):
         return OutsideLink, (str(self), self.target, self.root)
 
 
+def _realpath(path: str) -> str | None:
+    """os.path.realpath, or None for a chain of links it cannot follow (it recurses once per link: a
+    100,000-deep chain raised RecursionError); planning then names the link (link_problem)."""
+    try:
+        return os.path.realpath(path)
+    except (RecursionError, OSError):
+        return None
+
+
 def _outside(child: str, root_real: str | None) -> str | None:
     """The target of `child` when it is a local symlink resolving outside `root_real`, else None."""
     if root_real is None or not os.path.islink(child):
         return None
-    target = os.path.realpath(child)
+    target = _realpath(child)
+    if target is None:
+        return None  # listed as itself: planning names the chain (link_problem)
     return None if target == root_real or target.startswith(root_real.rstrip(os.sep) + os.sep) else target
 
 
@@ -111,6 +123,22 @@ def _inside(real: str, root_real: str) -> bool:
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
+def link_problem(path: str) -> str | None:
+    """Why a local name that is a symbolic link leads to no file, or None: a loop or a chain deeper than
+    the system follows (40 links on Linux: ELOOP), or a link to nothing."""
+    if fs.is_uri(path) or not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return (f"a symbolic link loop, or a chain of links deeper than the system follows ({path} -> "
+                    f"{os.readlink(path)} -> ...): point the link at the file itself")
+        if e.errno == errno.ENOENT:
+            return f"a symbolic link to {os.readlink(path)}, which does not exist: fix or remove the link"
+    return None
+
+
 def _expand_one(item: str, root_real: str | None = None) -> list[str]:
     """The files `item` names; `root_real`: the real path of the glob it matched (its confinement)."""
     if root_real is None and not fs.is_uri(item) and glob.has_magic(item):
@@ -120,8 +148,10 @@ def _expand_one(item: str, root_real: str | None = None) -> list[str]:
         root_real = os.path.realpath(_glob_root(item))
         files = []
         for match in matches:
-            target = os.path.realpath(match)
-            if _inside(target, root_real):
+            target = _realpath(match)
+            if target is None:
+                files.append(match)  # a chain too deep to follow: planning names it (link_problem)
+            elif _inside(target, root_real):
                 files.extend(_expand_one(match, root_real))
             else:  # listed as itself, never followed: planning names it (or skips it), as in a directory
                 files.append(OutsideLink(match, target, root_real))
@@ -133,6 +163,10 @@ def _expand_one(item: str, root_real: str | None = None) -> list[str]:
         return sorted(_walk(item, place, {fs.identity(place): item}, root_real))
     if place.is_file() or fs.not_regular(place):  # a FIFO named here is refused when planned, like one in a directory
         return [item]
+    if root_real is not None and os.path.islink(item):
+        return [item]  # a glob's match: planning names it (or skips it), as in a directory
+    if (why := link_problem(item)) is not None:
+        raise FileNotFoundError(f"input {item}: {why}")
     if fs.is_uri(item):
         raise FileNotFoundError(f"input not found: {fs.redact(item)}")
     raise FileNotFoundError(f"input not found: {item} (give a file, a directory, a glob or a URI)")

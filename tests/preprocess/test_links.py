@@ -85,3 +85,42 @@ def test_a_build_refuses_a_glob_match_out_of_its_directory_or_skips_it(tmp_path)
     manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert [f["path"] for f in manifest["totals"]["files_skipped"]] == [str(corpus / "link.jsonl")]
     assert manifest["totals"]["docs_accepted"] == 80  # a.jsonl twice (once through the inside link), no secret
+
+
+def _chains(tmp_path):
+    d, chain = tmp_path / "links", tmp_path / "chain"
+    d.mkdir()
+    chain.mkdir()
+    (d / "real.jsonl").write_text(json.dumps({"text": "a document"}) + "\n", encoding="utf-8")
+    previous = "../links/real.jsonl"
+    for i in range(1500):  # far deeper than the 40 links the kernel follows, and than realpath's recursion
+        os.symlink(previous, chain / f"{i}")
+        previous = f"{i}"
+    os.symlink("../chain/1499", d / "deep.jsonl")
+    os.symlink("loop-b.jsonl", d / "loop-a.jsonl")
+    os.symlink("loop-a.jsonl", d / "loop-b.jsonl")
+    os.symlink("nothere.jsonl", d / "dangling.jsonl")
+    return d
+
+
+def test_a_link_chain_or_loop_is_named_as_one_not_as_input_not_found(tmp_path):
+    """Issue 35 item 6: named as an input, in a directory or matched by a glob."""
+    import pytest
+
+    from packer.preprocess.readers import FileError, plan_units
+
+    d = _chains(tmp_path)
+    for name, said in (("deep.jsonl", "a symbolic link loop, or a chain of links deeper than the system follows"),
+                       ("loop-a.jsonl", "a symbolic link loop"), ("dangling.jsonl", "a symbolic link to nothere.jsonl, "
+                                                                                    "which does not exist")):
+        with pytest.raises(FileNotFoundError) as e:
+            expand_inputs([str(d / name)])
+        assert said in str(e.value) and "input not found" not in str(e.value)
+        for listed in (expand_inputs([str(d / "*.jsonl")]), expand_inputs([str(d)])):  # listed, refused when planned
+            assert str(d / name) in listed
+            with pytest.raises(FileError, match=said.split(",")[0]):
+                plan_units([str(d / name)], 1 << 20)
+    skipped = []
+    assert len(plan_units(expand_inputs([str(d / "*.jsonl")]), 1 << 20, skipped_files=skipped)) == 1  # real.jsonl
+    assert sorted(s["path"] for s in skipped) == [str(d / n) for n in ("dangling.jsonl", "deep.jsonl", "loop-a.jsonl",
+                                                                        "loop-b.jsonl")]

@@ -29,7 +29,7 @@ import contextlib
 import os
 
 from packer.io import fs
-from packer.preprocess.inputs import OutsideLink, expand_inputs  # noqa: F401  (re-exported: readers.expand_inputs)
+from packer.preprocess.inputs import OutsideLink, expand_inputs, link_problem  # noqa: F401  (re-exported: readers.expand_inputs)
 from packer.preprocess.readers import arrow, jsonl, parquet, text
 from packer.preprocess.readers.common import (
     COMPRESSION,
@@ -83,6 +83,8 @@ def _not_readable(path: str, place) -> str | None:
     if isinstance(path, OutsideLink):
         return (f"a symbolic link to {path.target}, outside the input directory {path.root}: not followed (name "
                 "the target as an input to include it, or remove the link)")
+    if (why := link_problem(path)) is not None:  # a loop, a chain too deep, a link to nothing
+        return why
     kind = fs.not_regular(place)
     if kind == "directory":  # inputs.py lists a link that leads back to its own ancestor as itself
         return (f"symlink loop: it leads back to {os.path.realpath(path)}, a directory above it "
