@@ -458,26 +458,28 @@ def inspect(dataset, seq, raw, as_json):
         return
     if not 0 <= seq < len(ds):
         raise click.BadParameter(f"--seq {seq} is out of range: the dataset has {len(ds)} sequences (0..{len(ds) - 1})")
+    # Everything that can fail (the row, its mask, the tokenizer, each decode) runs before the first line
+    # is printed: an error is the only output, never after a partial result (issue 35).
     tokens, offsets = ds[seq]
     mask = ds.mask_views([seq])[0] if ds.has_loss_mask else None
     roles = ds.role_views([seq])[0] if getattr(ds, "has_role_ids", False) else None
-    trained = "" if mask is None else f", {int(mask.sum())} trained"
-    click.echo(f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents{trained}")
-    if mask is not None:
-        click.echo("legend: " + click.style("[untrained]", dim=True) + " loss mask 0 (context, never a target); "
-                   "the rest trained")
-    if roles is not None:
-        click.echo("roles: " + click.style("<role>", fg="magenta") + " opens each run of one role (manifest \"roles\": "
-                   + ", ".join(f"{name} {i}" for name, i in ds.roles.items()) + ")")
-    names = {i: name for name, i in (ds.roles or {}).items()}
     tok = None
     if not raw:
         from packer.encode.tokenizer import load_tokenizer
         from packer.store.manifest import tokenizer_file
 
         tok = load_tokenizer(str(tokenizer_file(ds.path, ds.manifest) or ds.path / "tokenizer.json"))
+    trained = "" if mask is None else f", {int(mask.sum())} trained"
+    lines = [f"sequence {seq}: {len(tokens)} tokens, {len(offsets) - 1} documents{trained}"]
+    if mask is not None:
+        lines.append("legend: " + click.style("[untrained]", dim=True) + " loss mask 0 (context, never a target); "
+                     "the rest trained")
+    if roles is not None:
+        lines.append("roles: " + click.style("<role>", fg="magenta") + " opens each run of one role (manifest "
+                     "\"roles\": " + ", ".join(f"{name} {i}" for name, i in ds.roles.items()) + ")")
+    names = {i: name for name, i in (ds.roles or {}).items()}
     for d, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        click.secho(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan")
+        lines.append(click.style(f"──── document {d}: tokens [{a}, {b}) ────", fg="cyan"))
         row_mask = mask[a:b] if mask is not None else None
         spans = _mask_spans(tokens[a:b], row_mask, roles[a:b] if roles is not None else None)
         shown, last = [], None
@@ -486,7 +488,8 @@ def inspect(dataset, seq, raw, as_json):
                 shown.append(click.style(f"<{names.get(role, role)}>", fg="magenta"))
             last = role
             shown.append(_show_span(ids, is_trained, tok))
-        click.echo(("" if tok else " ").join(shown))
+        lines.append(("" if tok else " ").join(shown))
+    click.echo("\n".join(lines))
 
 
 SHOWN_SHARDS = 5  # `packer inspect DIR` lists this many shards; --json lists them all

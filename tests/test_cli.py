@@ -414,3 +414,20 @@ def test_progress_counts_only_this_runs_work_and_moves_before_the_first_update(m
         time.sleep(0.5)  # no task finished yet
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("write: 0.00 tok of 100 tok (0%), "), lines  # the FIRST-second line
+
+
+def test_inspect_seq_prints_nothing_before_its_error(tmp_path):
+    """Issue 35 item 6: a swapped tokenizer.json refuses `inspect --seq` with the error alone, no partial
+    sequence line before it."""
+    out = tmp_path / "ds"
+    code, log = run_packer(["build", SAMPLE_INPUTS[0], "--tokenizer", TOKENIZER, "-o", str(out), "--context-length",
+                            "256", "--workers", "1"])
+    assert code == 0, log
+    code, shown = run_packer(["inspect", str(out), "--seq", "1"])
+    assert code == 0 and shown.startswith("sequence 1: 256 tokens"), shown
+    spec = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"]["vocab"]["a token added later"] = len(spec["model"]["vocab"])
+    (out / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    code, shown = run_packer(["inspect", str(out), "--seq", "1"])
+    lines = [line for line in shown.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("Error: ") and "tokenizer" in lines[0], shown
