@@ -37,9 +37,15 @@ end each sequence's attention at its second EOS. The manifest counts such docume
 seq_start_id, never from EOS.
 
 Read back by packer one block per row group: decoded into memory (Parquet is compressed), each row
-group's bytes checked against the shard's checksums before they are decoded. The checksums cut the
-file at the leading magic, each row group, and the footer (first 1). A streamed shard reads the
-footer, then one row group's bytes per block.
+group's bytes checked against the shard's checksums before they are decoded. So a local dataset is
+decoded whole when opened (2 to 6 bytes a token), and a damaged row group fails open_dataset itself,
+where the mapped formats fail at that block's first read. The checksums cut the file at the leading
+magic, each row group, and the footer (first 1). A streamed shard reads the footer at open, then one
+row group's bytes per block, decoded when the block is read.
+
+Figures (benchmark inline, 2026-12-05, the sample prose corpus x10 = 3.34M tokens, context 2048, one
+worker, a 2-core machine at load 8): build 2.84 / 5.46 s against arrow's 2.58 / 4.57 s in two rounds,
+shards 5.19 MB against 7.17 MB, open_dataset 147-190 ms (the decode) against arrow's 2 ms once cached.
 """
 
 from __future__ import annotations
