@@ -16,8 +16,9 @@ an entry of L^2 (to within L / 2 entries).
 
 Dealing (`deal_window`): a window of `steps` steps of `world * rows_per_rank` rows, given in their
 shuffled order, is dealt again inside itself. Rows sorted by cost (heaviest first; rows within the
-tie tolerance keep their shuffled order) are dealt snake-wise (round 0 left to right, round 1 right
-to left, ...) to "bins" that each end with about the same sum: the micro-batches of `unit` rows
+tie tolerance keep their shuffled order) are dealt in rounds to "bins" that each end with about the
+same sum (round 0 one row to each bin in order, every later round its heaviest rows to the bins lightest
+so far: LPT by rounds): the micro-batches of `unit` rows
 (unit > 1), else each rank's step (its rows, heaviest first, are its one-row micro-batches). The
 bins of one step are consecutive, and the steps are put in the order of their rows' mean shuffled
 step, so a row moves about as little as the dealing lets it. steps 2, world 2, rows_per_rank 1:
@@ -142,15 +143,15 @@ def deal_window(costs: np.ndarray, world: int, rows_per_rank: int, unit: int = 1
     order = np.lexsort((shuffled_step, -_tie_class(costs[:used])))  # heaviest first; ties in their shuffled order
     sorted_costs = costs[order]
     n_bins = n_steps * world  # a rank's step each
-    if unit > 1:  # micro-batches first (each within the spread of one row), then whole ones to ranks, snake-wise
-        micro_bin, within = _snake(used, used // unit)
+    if unit > 1:  # micro-batches first (each within the spread of one row), then whole ones to ranks, by rounds
+        micro_bin, within = _deal_rounds(sorted_costs, used // unit)
         sums = np.bincount(micro_bin, weights=sorted_costs)
         by_sum = np.lexsort((np.arange(len(sums)), -_tie_class(sums)))
         bins, micro = np.empty(len(sums), np.int64), np.empty(len(sums), np.int64)
-        bins[by_sum], micro[by_sum] = _snake(len(sums), n_bins)
+        bins[by_sum], micro[by_sum] = _deal_rounds(sums[by_sum], n_bins)
         bins, micro = bins[micro_bin], micro[micro_bin]
     else:  # a rank's rows are its one-row micro-batches, heaviest first
-        (bins, micro), within = _snake(used, n_bins), 0
+        (bins, micro), within = _deal_rounds(sorted_costs, n_bins), 0
     group = bins // world
     mean_step = np.bincount(group, weights=shuffled_step[order], minlength=n_steps)
     step = np.empty(n_steps, np.int64)
@@ -165,12 +166,22 @@ def _tie_class(costs: np.ndarray) -> np.ndarray:
     return np.floor(np.log(np.maximum(costs, 1e-300)) / math.log1p(TIE))
 
 
-def _snake(n: int, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """(bin, round) of each of n sorted items dealt snake-wise to n_bins bins (round r goes left to right
-    when r is even, else right to left): 0 1 2 2 1 0 0 1 ... for 3 bins."""
-    i = np.arange(n)
-    rnd, pos = i // n_bins, i % n_bins
-    return np.where(rnd % 2 == 0, pos, n_bins - 1 - pos), rnd
+def _deal_rounds(values: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bin, round) of each of the values (heaviest first) dealt in rounds of n_bins: round 0 one to each bin in
+    order, every later round its heaviest to the bin lightest so far (ties to the lower bin). A bin's sum stays
+    within the spread of the values of its rows' rounds of every other's: pairing ascending sums with
+    descending values spreads them no wider than the wider of the two. values [9 8 7 3 2 1], 3 bins:
+    round 0 -> bins 0 1 2 (sums 9 8 7), round 1: 3 to bin 2, 2 to bin 1, 1 to bin 0 (sums 10 10 10)."""
+    n = len(values)
+    rnd = np.arange(n) // n_bins
+    bins = np.empty(n, np.int64)
+    sums = np.zeros(n_bins)
+    for r in range(-(-n // n_bins)):
+        a, b = r * n_bins, min((r + 1) * n_bins, n)
+        lightest = np.argsort(sums, kind="stable")[: b - a]
+        bins[a:b] = lightest
+        sums[lightest] += values[a:b]
+    return bins, rnd
 
 
 def balanced_order(costs: np.ndarray, world: int, rows_per_rank: int, window: int, unit: int = 1) -> np.ndarray:

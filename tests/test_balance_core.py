@@ -90,7 +90,7 @@ def test_a_window_is_dealt_as_a_bijection_with_even_ranks_and_micro_batches(worl
     assert sorted(perm.tolist()) == list(range(n))
     tail = steps * world * rows
     assert perm[tail:].tolist() == list(range(tail, n))
-    spread = costs.max() - costs.min() + 2 * rows * TIE * costs.max()  # snake dealing: no two bins further apart
+    spread = costs.max() - costs.min() + 2 * rows * TIE * costs.max()  # dealt by rounds: no two bins further apart
     per_rank = step_costs(costs[perm], world, rows, unit)
     assert (per_rank.max(axis=1) - per_rank.min(axis=1) <= spread * 1.000001).all()
     micro_costs = costs[perm][:tail].reshape(steps, micro, world, unit).sum(axis=3)  # [step, micro, rank]
