@@ -34,6 +34,26 @@ is found from EOS tokens; boundaries are stored). `packed_seq_params(batch)` giv
 PackedSeqParams(qkv_format="thd") for a sample, a batch of `collate_thd`, or a default-collated
 [B, L] batch (its rows' cu_seqlens merged over the flattened B * L tokens).
 
+Context parallelism (GPTDatasetConfig(context_parallel_size=cp > 1)): Transformer Engine's THD attention
+gives each of the cp ranks two chunks of every document, so every document is laid out padded to a
+multiple of 2 * cp (packer's ItemFields(pad_multiple=2 * cp), docs/loading.md "Context-parallel layouts"),
+in TE's convention, as megatron-core 0.16.1's get_thd_batch_on_this_cp_rank(batch, cu_seqlens,
+cu_seqlens_padded, max_seqlen) takes it (Megatron-LM's get_batch pops those three from the batch for it).
+The same row at cp = 2, sequence_length 12:
+
+    tokens             [a a a p b b p p p p p p]     each document, then its own padding run
+    labels             [a a - - b - - - - - - -]     padding trains nothing (loss_mask 0)
+    position_ids       [0 1 2 0 0 1 0 1 0 1 2 3]     each document's as unpadded; padding runs from 0
+    cu_seqlens         [0, 3, 5, 9]                  int32: the real tokens of each (the tail: 4 of 4)
+    cu_seqlens_padded  [0, 4, 8, 12]                 int32: where each lies; every span a multiple of 4
+    max_seqlen         4                             the longest padded span
+
+Megatron-LM's SFTDataset pads the same way (each conversation to a multiple of 2 * cp) but counts the padding
+into the conversation's one cu_seqlens; here cu_seqlens counts the real tokens and cu_seqlens_padded the spans,
+TE's two-boundary form (Megatron-Bridge's cu_seqlens_unpadded / cu_seqlens are the same pair). A row grows
+by up to 2 * cp - 1 tokens a document: sequence_length must be a multiple of 2 * cp, and a row whose padded
+documents outgrow it is refused with its length (rows are padded, never cut). packed_seq_params passes both.
+
 megatron-core is imported only when PackedGPTDataset or packed_seq_params is used.
 """
 
@@ -67,6 +87,8 @@ def megatron_sample(item: dict) -> dict:
         "cu_seqlens": item["cu_seqlens"].to(torch.int32).clone(),
         "max_seqlen": torch.tensor(int(item["max_seqlen"]), dtype=torch.int32),
     }
+    if "cu_seqlens_padded" in item:  # pad_multiple: the documents' padded layout (TE's cu_seqlens_padded)
+        sample["cu_seqlens_padded"] = item["cu_seqlens_padded"].to(torch.int32).clone()
     if "attention_mask" in item:
         sample["attention_mask"] = ~item["attention_mask"][None]  # packer: True = may attend; Megatron: True = masked
     return sample
@@ -76,13 +98,15 @@ def collate_thd(samples: list[dict]) -> dict:
     """B samples as one micro-batch of Megatron-LM's packed (THD) shape: tokens, labels, loss_mask and
     position_ids [1, B * L] (the rows back to back), cu_seqlens int32 [1, n + 1] merged (row k's
     boundaries + k * L), max_seqlen int32 [1]; what Megatron-LM's get_batch takes with
-    micro-batch-size 1 and seq_length B * L. Samples with attention_mask need the default collate."""
+    micro-batch-size 1 and seq_length B * L. Samples with attention_mask need the default collate. With
+    cu_seqlens_padded (context parallelism) cu_seqlens runs on by each row's real tokens (its last entry) and
+    cu_seqlens_padded by its length L, as TE takes a flattened micro-batch."""
     if "attention_mask" in samples[0]:
         raise ValueError("collate_thd: samples carry attention_mask (create_attention_mask=True), which does not "
                          "flatten; set create_attention_mask=False for THD, or use torch's default collate")
     batch = {key: torch.cat([s[key] for s in samples])[None] for key in SAMPLE_FIELDS}
-    lengths = [len(s["tokens"]) for s in samples]
-    batch["cu_seqlens"] = _merged([s["cu_seqlens"] for s in samples], lengths)[None]
+    for key in ("cu_seqlens", "cu_seqlens_padded")[:1 + ("cu_seqlens_padded" in samples[0])]:
+        batch[key] = _merged([s[key] for s in samples], [int(s[key][-1]) for s in samples])[None]
     batch["max_seqlen"] = torch.stack([s["max_seqlen"] for s in samples]).max().reshape(1).to(torch.int32)
     return batch
 
@@ -97,23 +121,35 @@ def packed_seq_params(batch: dict):
                                                          each row's last boundary is its length L
 
     Trailing -1 entries of a row's cu_seqlens (NeMo's and Megatron-LM's collate padding) are dropped.
-    cu_seqlens_q = cu_seqlens_kv (int32, on the batch's device), max_seqlen_q = max_seqlen_kv (an int)."""
+    cu_seqlens_q = cu_seqlens_kv (int32, on the batch's device), max_seqlen_q = max_seqlen_kv (an int).
+    With cu_seqlens_padded (context parallelism) as get_thd_batch_on_this_cp_rank makes them:
+    cu_seqlens_q = cu_seqlens_kv the real tokens, cu_seqlens_q_padded = cu_seqlens_kv_padded the layout,
+    max_seqlen the longest padded span; without it the padded fields stay None (TE's faster kernel)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = batch["cu_seqlens"]
+    tokens = batch.get("tokens")
+    cu_seqlens = _merged_rows(batch["cu_seqlens"], tokens)
+    padded = batch.get("cu_seqlens_padded")
+    if padded is not None:
+        padded = _merged_rows(padded, tokens)
+    spans = cu_seqlens if padded is None else padded
+    max_seqlen = int((spans[1:] - spans[:-1]).max()) if len(spans) > 1 else 0
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
+                           max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+
+
+def _merged_rows(cu, tokens) -> torch.Tensor:
+    """One row's boundaries as they are; several rows' merged, each run on by its last boundary (cu_seqlens:
+    the row's real tokens; cu_seqlens_padded: its length L)."""
     rows = [cu] if cu.dim() == 1 else list(cu)
     rows = [r[r >= 0] if bool((r[1:] < 0).any()) else r for r in rows]
-    tokens = batch.get("tokens")
     if tokens is not None and tokens.dim() == 2 and tokens.shape[0] != len(rows):
         raise ValueError(f"packed_seq_params: {len(rows)} rows of cu_seqlens but tokens of shape {tuple(tokens.shape)}; "
                          "give a [B, L] batch with one cu_seqlens row each, or collate with packer.megatron.collate_thd")
     if len(rows) == 1:
-        cu_seqlens = rows[0].to(torch.int32)
-    else:
-        cu_seqlens = _merged(rows, [int(r[-1]) for r in rows])  # a row's last boundary is its length
-    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if len(cu_seqlens) > 1 else 0
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                           max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+        return rows[0].to(torch.int32)
+    return _merged(rows, [int(r[-1]) for r in rows])
 
 
 def _merged(cus: list, lengths: list[int]) -> torch.Tensor:
@@ -172,6 +208,7 @@ def _dataset_class():
             self.unique_description_hash = _md5(self.unique_description)
             self.sample_rows = sample_rows(indices, num_samples, config.random_seed)
             self.pad_id = int(dataset.manifest["config"].get("pad_id", 0))
+            self.pad_multiple = _pad_multiple(config)
 
         @staticmethod
         def numel_low_level_dataset(low_level_dataset) -> int:
@@ -183,18 +220,19 @@ def _dataset_class():
                 raise ValueError("PackedGPTDataset reads packer builds and makes its sample index in memory: give "
                                  "GPTDatasetConfig(blend=([packer dataset directory, ...], weights)) or blend_per_split, "
                                  "without mock data or fast_cache_load")
-            if (getattr(config, "context_parallel_size", None) or 1) > 1:
-                # TODO(megatron-cp): documents padded to 2 * cp (items' pad_multiple) and cu_seqlens_padded in the sample
-                raise ValueError(f"PackedGPTDataset: context_parallel_size={config.context_parallel_size}, but its samples "
-                                 "do not pad documents to a multiple of 2 * cp (cu_seqlens_padded) yet; train with "
-                                 "context_parallel_size=1")
+            multiple = _pad_multiple(config)
+            if multiple and config.sequence_length % multiple:
+                raise ValueError(f"{dataset_path}: GPTDatasetConfig(sequence_length={config.sequence_length}) is not a "
+                                 f"multiple of 2 * context_parallel_size = {multiple}, which every document and the "
+                                 f"padding after them are padded to; set sequence_length to a multiple of {multiple}")
             dataset = open_dataset(dataset_path)
             _check_length(dataset, config.sequence_length, dataset_path)
             return dataset
 
         @staticmethod
         def _key_config_attributes() -> list[str]:
-            return ["random_seed", "sequence_length", "split", "split_matrix", "create_attention_mask"]
+            return ["random_seed", "sequence_length", "split", "split_matrix", "create_attention_mask",
+                    "context_parallel_size"]
 
         def __len__(self) -> int:
             return len(self.sample_rows)
@@ -205,17 +243,35 @@ def _dataset_class():
             row = int(self.sample_rows[0 if idx is None else idx])
             (tokens,), (offsets,) = self.dataset.views([row])
             mask = self.dataset.mask_views([row]) if getattr(self.dataset, "has_loss_mask", False) else None
+            if self.pad_multiple:
+                self._check_padded_length(row, offsets)
             item = make_item(tokens, offsets, loss_mask=None if mask is None else mask[0],
                              pad_to=self.config.sequence_length, pad_id=self.pad_id,
-                             return_attention_mask=bool(self.config.create_attention_mask))
+                             return_attention_mask=bool(self.config.create_attention_mask),
+                             pad_multiple=self.pad_multiple)
             sample = megatron_sample(item)
             if idx is None:
                 sample["loss_mask"].zero_()
             return sample
 
+        def _check_padded_length(self, row: int, offsets):
+            k, lengths = self.pad_multiple, np.diff(np.asarray(offsets, dtype=np.int64))
+            padded = int((-(-lengths // k) * k).sum())
+            if padded > self.config.sequence_length:
+                raise ValueError(f"{self.dataset_path}: row {row} is {padded} tokens with its {len(lengths)} documents "
+                                 f"padded to multiples of 2 * context_parallel_size = {k}, more than GPTDatasetConfig("
+                                 f"sequence_length={self.config.sequence_length}); set sequence_length >= the context "
+                                 f"length plus {k - 1} a document (rows are padded, never cut)")
+
     PackedGPTDataset.__module__ = __name__
     PackedGPTDataset.__qualname__ = "PackedGPTDataset"  # pickles by name: module __getattr__ finds it
     return PackedGPTDataset
+
+
+def _pad_multiple(config) -> int | None:
+    """Every document's padded multiple: 2 * cp under context parallelism (TE's THD chunks), else None."""
+    cp = getattr(config, "context_parallel_size", None) or 1
+    return 2 * cp if cp > 1 else None
 
 
 def _describe(identifiers) -> str:

@@ -362,6 +362,193 @@ def test_megatron_sample_follows_the_shift_rule_on_seeded_random_rows():
     assert n_masked > 50 and n_multi > 50
 
 
-def test_context_parallelism_is_refused_until_documents_are_padded_for_it(chat_build):
-    with pytest.raises(ValueError, match=r"context_parallel_size=2, .* train with context_parallel_size=1"):
-        build_splits([chat_build], None, "100,0,0", [None, 0, 0], context_parallel_size=2)
+# -- context parallelism: documents padded to 2 * cp, TE's cu_seqlens / cu_seqlens_padded ----------------------
+
+CP = 2
+K = 2 * CP  # every document's padded multiple
+L_CP = 256  # a multiple of K, room for the chat build's rows (context 200) to grow by K - 1 a document
+
+
+def cp_length(*paths) -> int:
+    """The shortest sequence_length (a multiple of K) that holds every row of the builds with its documents padded."""
+    longest = 0
+    for path in paths:
+        ds = open_dataset(path)
+        for _, offsets in ds:
+            lengths = np.diff(np.asarray(offsets, dtype=np.int64))
+            longest = max(longest, int((-(-lengths // K) * K).sum()))
+    return -(-longest // K) * K
+
+
+def assert_cp_sample_is_row(sample, stored, offsets, stored_mask, pad_id, length, multiple=K):
+    """A cp sample token by token against the stored row alone (its tokens, offsets and loss mask): document d of
+    the row lies at the padded start P_d = sum of the earlier documents padded to `multiple`; position P_d + t holds its
+    token t with position id t and, when token t + 1 is in the document and trained, predicts it from
+    tokens[P_d : P_d + t + 1]; every other position is the pad id and trains nothing."""
+    lengths = np.diff(offsets)
+    padded = -(-lengths // multiple) * multiple
+    starts = np.concatenate([[0], np.cumsum(padded)])
+    tail = length - int(starts[-1])
+    assert sample["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(lengths), [lengths.sum() + tail] * (tail > 0)]).tolist()
+    assert sample["cu_seqlens_padded"].tolist() == starts.tolist() + [length] * (tail > 0)
+    assert sample["cu_seqlens_padded"].dtype == torch.int32 and (torch.diff(sample["cu_seqlens_padded"]) % multiple == 0).all()
+    assert int(sample["max_seqlen"]) == int(torch.diff(sample["cu_seqlens_padded"]).max())
+    tokens, labels, mask = sample["tokens"].tolist(), sample["labels"].tolist(), sample["loss_mask"].tolist()
+    positions = sample["position_ids"].tolist()
+    real = np.zeros(length, dtype=bool)
+    for d, (o, n) in enumerate(zip(offsets[:-1].tolist(), lengths.tolist())):
+        p = int(starts[d])
+        real[p:p + n] = True
+        for t in range(n):
+            assert tokens[p + t] == int(stored[o + t]) and positions[p + t] == t
+            trains = t + 1 < n and (stored_mask is None or stored_mask[o + t + 1] == 1)
+            assert mask[p + t] == float(trains) and labels[p + t] == (int(stored[o + t + 1]) if trains else IGNORE)
+            if trains:  # its context is the document's prefix, nothing before the padded start
+                assert tokens[p:p + t + 1] == [int(x) for x in stored[o:o + t + 1]]
+    assert all(tokens[i] == pad_id and mask[i] == 0.0 and labels[i] == IGNORE for i in np.flatnonzero(~real))
+    return int((~real).sum()) - tail  # padding between documents
+
+
+def test_context_parallel_samples_pad_each_document_and_train_packers_pairs(text_build, chat_build):
+    """context_parallel_size=2 over a blend of the text and the chat build: every sample is its stored row laid out
+    with each document padded to 4 (token by token against the stored bytes), and equals packer's own item with
+    ItemFields(pad_multiple=4) shifted to Megatron's labels."""
+    from packer.megatron import megatron_sample
+
+    paths = [text_build, chat_build]
+    length = cp_length(*paths)  # the text build's rows of many short documents grow past its context, 256
+    assert length > L
+    ds = [open_dataset(p) for p in paths]
+    items = [list(PackedDataset(str(p), shuffle=False, fields=ItemFields(pad_to=length, pad_multiple=K)))
+             for p in paths]
+    stored_masks = [None, ds[1].mask_views(np.arange(len(ds[1])))]
+    train, _, _ = build_splits(paths, [0.5, 0.5], "100,0,0", [120, 0, 0], sequence_length=length,
+                               context_parallel_size=CP)
+    gaps = multi = masked = 0
+    for k in range(len(train)):
+        sample = train[k]
+        d, _, row = rows_of(train, k)
+        (tokens,), (offsets,) = ds[d].views([row])
+        stored_mask = None if stored_masks[d] is None else stored_masks[d][row]
+        gaps += assert_cp_sample_is_row(sample, tokens, np.asarray(offsets), stored_mask,
+                                        train.datasets[d].pad_id, length)
+        expected = megatron_sample(items[d][row])
+        assert all(torch.equal(sample[key], expected[key]) for key in expected), k
+        multi += len(offsets) > 2
+        masked += stored_mask is not None and not stored_mask.all()
+    assert gaps > 100 and multi > 20 and masked > 20  # padding between documents, several documents, loss masks
+
+
+def test_context_parallel_packed_seq_params_as_megatron_makes_them(chat_build, monkeypatch):
+    """packed_seq_params of a cp sample equals megatron-core 0.16.1's own get_thd_batch_on_this_cp_rank (what
+    Megatron-LM's get_batch calls with the batch's cu_seqlens, cu_seqlens_padded, max_seqlen); its cp = 2 slicing,
+    run with a reference of Transformer Engine's thd_get_partitioned_indices (CUDA only: written from TE's
+    thd_partition_indices_kernel, common/fused_attn/context_parallel.cu, TE 2.x), takes the layout: each rank holds
+    its two chunks of every padded document and the ranks' trained labels are all the sample's, once."""
+    from megatron.core import utils as mcore_utils
+
+    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP,
+                               context_parallel_size=CP)
+    items = list(PackedDataset(str(chat_build), shuffle=False, fields=ItemFields(pad_to=L_CP, pad_multiple=K)))
+    rows = [int(r) for r in train.sample_rows[:4]]
+    samples = [train[k] for k in range(4)]
+    for sample, row in zip(samples, rows):
+        params = packed_seq_params(sample)
+        assert torch.equal(params.cu_seqlens_q, items[row]["cu_seqlens"]) and params.cu_seqlens_kv is params.cu_seqlens_q
+        assert torch.equal(params.cu_seqlens_q_padded, items[row]["cu_seqlens_padded"])
+        assert params.cu_seqlens_kv_padded is params.cu_seqlens_q_padded
+        assert params.max_seqlen_q == params.max_seqlen_kv == int(items[row]["max_seqlen"])
+    # Megatron's own: micro-batch 1 default-collated, cu_seqlens [1, n] -> [n] as Megatron-LM's get_batch squeezes
+    one = default_collate(samples[:1])
+    theirs_batch = {key: one[key] for key in ("tokens", "labels", "loss_mask", "position_ids")}
+    _, theirs = mcore_utils.get_thd_batch_on_this_cp_rank(dict(theirs_batch), one["cu_seqlens"][0],
+                                                          one["cu_seqlens_padded"][0], one["max_seqlen"],
+                                                          cp_size=1, cp_rank=0)
+    ours = packed_seq_params(one)
+    for field in ("qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
+                  "max_seqlen_q", "max_seqlen_kv"):
+        a, b = getattr(theirs, field), getattr(ours, field)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field
+
+    def partitioned_indices(cu_seqlens_padded, total_tokens, world_size, rank):
+        bounds = cu_seqlens_padded.tolist()
+        assert all(b % (2 * world_size) == 0 for b in bounds) and total_tokens % (2 * world_size) == 0  # TE asserts
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            chunk = (b - a) // (2 * world_size)
+            for c in (rank, 2 * world_size - 1 - rank):
+                out += range(a + c * chunk, a + (c + 1) * chunk)
+        return torch.tensor(out, dtype=torch.int32)
+
+    monkeypatch.setattr(mcore_utils, "tex", type("tex", (), {"thd_get_partitioned_indices": staticmethod(
+        partitioned_indices)}), raising=False)
+    monkeypatch.setattr(mcore_utils, "is_te_min_version", lambda *args, **kwargs: True)
+    trained = []
+    for rank in range(CP):
+        sliced, _ = mcore_utils.get_thd_batch_on_this_cp_rank(dict(theirs_batch), one["cu_seqlens"][0],
+                                                              one["cu_seqlens_padded"][0], one["max_seqlen"],
+                                                              cp_size=CP, cp_rank=rank)
+        assert sliced["tokens"].shape == (1, L_CP // CP)
+        trained += [(int(p), int(t)) for p, t, m in zip(sliced["position_ids"][0], sliced["labels"][0],
+                                                       sliced["loss_mask"][0]) if m]
+    whole = [(int(p), int(t)) for p, t, m in zip(one["position_ids"][0], one["labels"][0], one["loss_mask"][0]) if m]
+    assert sorted(trained) == sorted(whole) and len(whole) > 20
+
+
+def test_context_parallel_batches_merge_both_boundaries_as_packers_collates(chat_build):
+    """collate_thd and a default-collated [B, L] batch of cp samples: cu_seqlens runs on by each row's real tokens,
+    cu_seqlens_padded by its length, as packer's collate_varlen / collate_padded of the same padded items."""
+    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP,
+                               context_parallel_size=CP)
+    items = list(PackedDataset(str(chat_build), shuffle=False, fields=ItemFields(pad_to=L_CP, pad_multiple=K)))
+    rows = [int(r) for r in train.sample_rows[:3]]
+    samples = [train[k] for k in range(3)]
+    thd = collate_thd(samples)
+    varlen = collate_varlen([items[r] for r in rows])
+    params = packed_seq_params(thd)
+    assert torch.equal(thd["tokens"], varlen["input_ids"])
+    assert torch.equal(params.cu_seqlens_q, varlen["cu_seqlens"])
+    assert torch.equal(params.cu_seqlens_q_padded, varlen["cu_seqlens_padded"])
+    assert params.cu_seqlens_q_padded[-1] == 3 * L_CP and params.cu_seqlens_q[-1] < 3 * L_CP  # padding exercised
+    by_count = {}
+    for k in range(len(train)):
+        sample = train[k]
+        by_count.setdefault(len(sample["cu_seqlens"]), []).append((sample, int(train.sample_rows[k])))
+    group = max(by_count.values(), key=len)[:3]
+    assert len(group) == 3
+    stacked = packed_seq_params(default_collate([s for s, _ in group]))
+    padded = collate_padded([items[r] for _, r in group])
+    assert torch.equal(stacked.cu_seqlens_q, padded["cu_seqlens"])
+    assert torch.equal(stacked.cu_seqlens_q_padded, padded["cu_seqlens_padded"])
+
+
+def test_context_parallel_lengths_are_refused_in_one_line(chat_build):
+    with pytest.raises(ValueError, match=r"chat: GPTDatasetConfig\(sequence_length=258\) is not a multiple of 2 \* "
+                                         r"context_parallel_size = 4, .* set sequence_length to a multiple of 4"):
+        build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=258, context_parallel_size=CP)
+    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=200,
+                               context_parallel_size=CP)  # the context length: rows with padded documents outgrow it
+    with pytest.raises(ValueError, match=r"chat: row \d+ is \d+ tokens with its \d+ documents padded to multiples of "
+                                         r"2 \* context_parallel_size = 4, more than GPTDatasetConfig\(sequence_length=200\)"):
+        for k in range(len(train)):
+            train[k]
+
+
+def test_megatron_sample_with_padded_documents_on_seeded_random_rows():
+    """megatron_sample of make_item(pad_multiple=K) against the stored row alone, K in 2, 4, 8, over seeded random
+    rows of 1..6 documents with random loss masks."""
+    from packer.data import make_item
+    from packer.megatron import megatron_sample
+
+    rng = np.random.default_rng(3602)
+    gaps = 0
+    for k in (2, 4, 8):
+        for _ in range(60):
+            lengths = rng.integers(1, 12, rng.integers(1, 7))
+            tokens = rng.integers(0, 50, int(lengths.sum())).astype(np.uint16)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            mask = None if rng.random() < 0.25 else (rng.random(len(tokens)) < 0.7).astype(np.uint8)
+            length = int((-(-lengths // k) * k).sum()) + k * int(rng.integers(0, 3))
+            sample = megatron_sample(make_item(tokens, offsets, loss_mask=mask, pad_to=length, pad_id=7, pad_multiple=k))
+            gaps += assert_cp_sample_is_row(sample, tokens, offsets, mask, 7, length, multiple=k)
+    assert gaps > 100
