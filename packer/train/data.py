@@ -11,6 +11,8 @@ So the state of any one rank tells what the whole job consumed, and a job of ano
 num_workers continues the same order from there (`load_state_dict` of the StatefulDataLoader's state).
 `drop_last` first cuts N to a multiple of the world size (at most world_size - 1 dropped, different
 ones each epoch).
+With `balance=`, each window of steps of that order is dealt again by row cost (train/balance.py): a
+bijection of each window, so all of the above holds for it too.
 
 Speed: rows are read a block at a time (`ds.views`, one lookup) and built in one vectorized pass
 per field into a buffer from a small pool; item tensors are views of the block's, and the
