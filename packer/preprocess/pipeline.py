@@ -309,7 +309,6 @@ def _finalize(run: _Run) -> dict:
         if trained := trained_totals(counters, (), work):  # fine-tuning data: trained share per strategy
             add_trained(figures, trained["trained_tokens_in"])  # the strategies see every accepted example
         atomic.write_json(out / STATS, figures)
-        atomic.write_bytes(out / REPORT, report.html_page(figures).encode("utf-8"))
     atomic.copy_file(info.path, out / "tokenizer.json")  # the dataset decodes without its source
     for name, data in formats.derived_files(config.format, run.entries).items():  # arrow: HF datasets' files
         atomic.write_bytes(out / name, data)
@@ -338,6 +337,8 @@ def _finalize(run: _Run) -> dict:
                                                      config.context_length)
     if config.store_roles:  # what the shards' role_ids mean (docs/role_masks.md)
         manifest["roles"] = config.role_table
+    if n_docs:  # the page's header names the build from its manifest (packer/stats/report.py page_build)
+        atomic.write_bytes(out / REPORT, report.html_page(figures, report.page_build(manifest)).encode("utf-8"))
     for line in formats.build_notes(config.format, manifest):  # nemo: what its trainer does with EOS inside documents
         warnings.warn(line, stacklevel=2)
     failpoints.hit("finalize", 0)

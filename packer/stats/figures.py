@@ -341,7 +341,12 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
         lengths, documents_from = seg_len, "segments"
         seg_split = seg_len == L
     algorithm = config.get("algorithm", "ffd")
-    out = corpus_stats(lengths, L, batch_size=batch_size, seed=int(config.get("seed", 0)), algorithm=None)
+    # the strategies a build's own report shows: its stored rows as the one pack row, nothing packed again
+    out = corpus_stats(lengths, L, batch_size=batch_size, seed=int(config.get("seed", 0)), algorithm=None, algorithms=())
+    n_tokens, doc_tokens, bound = int(seg_len.sum()), out["lengths"]["tokens"], lower_bound([int(seg_len.sum())], L)
+    out["strategies"][f"pack_{algorithm}"] = _strategy(
+        n, n * L, n_tokens, doc_tokens - n_tokens, doc_tokens,
+        fill_rate=n_tokens / (n * L) if n else 1.0, lower_bound=bound, bins_over_lower_bound=n - bound)
     out["source"] = {"kind": "dataset", "inputs": [fs.redact(str(getattr(ds, "path", "")))], "sample": None,
                      "documents_from": documents_from}
     starts = np.concatenate([[0], np.cumsum(seq_docs)[:-1]]).astype(np.int64)

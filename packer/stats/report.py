@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from packer.stats.step_balance import STEP_BALANCE_HEAD, step_balance_rows, step_balance_title
-from packer.stats.svg import charts_svg
+from packer.stats.svg import charts_svg, panel_svgs
 
 REPORT_INCHES, REPORT_DPI = (12.0, 8.0), 100  # report PNG: 1200 x 800 pixels
 LABELS = {
@@ -229,9 +229,9 @@ def _step_balance_html(f: dict) -> str:
             f"{_html_table(STEP_BALANCE_HEAD, step_balance_rows(f))}")
 
 
-def html_page(f: dict) -> str:
-    """One HTML page with everything inline: tables, the charts as SVG (packer/stats/svg.py: the page
-    depends on stats.json and packer alone, so `packer verify` redraws it anywhere), and the JSON figures."""
+def _page_before_header(f: dict) -> str:
+    """The page as packer wrote it before 2026-12-05 (no build header, one 1200 x 800 chart): kept so
+    `packer verify` still redraws a dataset's page of then byte for byte (check_report)."""
     img = charts_svg(f, LABELS, _source_line(f))
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>packer stats</title>
@@ -249,6 +249,102 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td:nth-child(n+2){
 </body></html>
 """
     return page
+
+
+EXPLAINED = {  # summary rows a reader may not know, one line each (docs/stats.md has the longer story)
+    "length p50 / p90 / p99 / max": "Half, 90%, 99% of documents are at most this long (tokens, with eos/bos).",
+    "longer than the context": "Documents split into several sequences (--long-docs split keeps every token).",
+    "documents per sequence": "How many documents share one packed row: attention never crosses them.",
+    "single split piece only": "Rows holding one piece of a long document and nothing else.",
+    "trend, output order": "Correlation of a row's position with its fill and document count, in stored order: "
+                           "near 0 (inside the noise) means no early or late rows differ.",
+    "trend, packing order": "The same before the shuffle: FFD fills its first rows with long documents.",
+    "attention entries": "Query-key pairs attention computes: dense causal over the whole row against per-document "
+                         "(block-causal, what varlen attention does). Fewer is faster.",
+}
+CHART_NOTES = (  # one caption per chart, in charts order: what it shows and which way is better
+    "Document lengths (log scale); the dashed line is the context length.",
+    "Share of compute slots that are padding, per batching strategy: lower is better.",
+    "Fill rate of each packed sequence: higher is better (1 = no padding).",
+    "Mean documents per row along the dataset: flat is better (no part of an epoch unlike the rest).",
+)
+PAGE_STYLE = """body{font:15px system-ui,sans-serif;margin:1em auto;padding:0 1em;max-width:1250px}
+h1{font-size:1.4em;overflow-wrap:anywhere}.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
+td:nth-child(n+2){text-align:right}td.why{text-align:left;color:#555;font-size:.9em;min-width:12em}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 1em}dt{color:#555}dd{margin:0;overflow-wrap:anywhere}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,560px),1fr));gap:1em}
+figure{margin:0;min-width:0}figure svg{width:100%;height:auto;display:block}figcaption{color:#555;font-size:.9em}
+pre{overflow-x:auto}"""
+
+
+def page_build(manifest: dict | None) -> dict | None:
+    """What the page's header says about the build, from its manifest: only what is the same on every
+    run of the same command (no date, no output path, no encode engine: the page is byte-identical
+    whatever the engine and wherever it is built; the header shows where the page lies by itself)."""
+    if not manifest:
+        return None
+    config, tok = manifest.get("config", {}), manifest.get("tokenizer", {})
+    return {"tokenizer": str(tok.get("path", "?")), "tokenizer_sha256": str(tok.get("sha256", ""))[:12],
+            "vocab_size": tok.get("vocab_size"), "format": config.get("format", "arrow"),
+            "algorithm": config.get("algorithm", "ffd"), "long_docs": config.get("long_docs", "split"),
+            "inputs": len(manifest.get("inputs") or ())}
+
+
+def _header_html(f: dict, build: dict | None) -> str:
+    """The page's header: where it lies (its own folder, read by the browser), the build's settings,
+    and where the date and the engine are."""
+    rows = [("dataset directory", '<span id="where">the folder holding this page</span>')]
+    if build:
+        rows += [("tokenizer", html.escape(f"{build['tokenizer']} (vocab {build['vocab_size']:,}, sha256 "
+                                           f"{build['tokenizer_sha256']})" if build["vocab_size"] else build["tokenizer"])),
+                 ("format", html.escape(build["format"])),
+                 ("packing", html.escape(f"{build['algorithm']}, long documents {build['long_docs']}"))]
+    rows += [("context length", f"{f['context_length']:,}"), ("batch size, seed", f"{f['batch_size']}, {f['seed']}"),
+             ("inputs", html.escape(_source_line(f)))]
+    if build:
+        rows.append(("date, encode engine", "in manifest.json (<code>created_unix</code>, <code>tokenizer.encode_engine"
+                                            "</code>): this page is the same bytes whatever the engine and the day"))
+    items = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    script = ("<script>document.getElementById('where').textContent=decodeURIComponent("
+              r"location.pathname.replace(/\/[^\/]*$/,'')||'.')</script>")
+    return f"<dl>{items}</dl>{script}"
+
+
+def html_page(f: dict, build: dict | None = None) -> str:
+    """One HTML page with everything inline, readable on a phone: a header naming the build (`build`:
+    page_build(manifest), None for a raw corpus), the tables (they scroll sideways where the screen is
+    narrow; each figure that needs it says what it means), the charts as SVG, one per row on a narrow
+    screen (packer/stats/svg.py: the page depends on stats.json, the manifest and packer alone, so
+    `packer verify` redraws it anywhere), and the JSON figures."""
+    charts = "".join(f"<figure>{svg}<figcaption>{html.escape(note)}</figcaption></figure>"
+                     for svg, note in zip(panel_svgs(f, LABELS), CHART_NOTES))
+    summary = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td><td class=\"why\">"
+                      f"{html.escape(EXPLAINED.get(k, ''))}</td></tr>" for k, v in table_rows(f))
+    what = "dataset" if f["source"]["kind"] == "dataset" else "corpus"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>packer report</title>
+<style>{PAGE_STYLE}</style>
+</head><body>
+<h1>packer report: {what}</h1>
+{_header_html(f, build)}
+<h2>Padding by batching strategy</h2>
+<p>Compute slots: tokens a model processes, padding included. Padding: the share of them that trains nothing.</p>
+<div class="scroll">{_html_table(("strategy", "sequences", "compute slots", "padding", "tokens lost", "packing"), strategy_rows(f))}</div>
+<h2>Summary</h2>
+<div class="scroll"><table><thead><tr><th>figure</th><th>value</th><th>what it means</th></tr></thead><tbody>{summary}</tbody>\
+</table></div>{_scrolled(_sources_html(f))}{_scrolled(_step_balance_html(f))}
+<h2>Charts</h2>
+<div class="charts">{charts}</div>
+<details><summary>figures as JSON (schema {html.escape(f['schema'])})</summary><pre>{html.escape(json.dumps(f, indent=2))}</pre></details>
+</body></html>
+"""
+
+
+def _scrolled(section: str) -> str:
+    """A section's table in a box that scrolls sideways on a narrow screen."""
+    return section.replace("<table>", '<div class="scroll"><table>').replace("</table>", "</table></div>")
 
 
 def write_html(f: dict, path) -> None:
@@ -354,13 +450,17 @@ def check_report(path):
     """A dataset's report.html is the page its stats.json gives (deterministic); ValueError naming
     the file otherwise. Nothing to check without either file."""
     from packer.io import fs
-    from packer.store.manifest import REPORT, STATS, read_stats
+    from packer.store.manifest import MANIFEST, REPORT, STATS, read_manifest, read_stats
 
     path = fs.location(path)
     report, stats = path / REPORT, path / STATS
     if not (stats.is_file() and report.is_file()):  # the page is optional: only `packer run` wrote it before 2026-12
         return
-    page, want = report.read_bytes(), html_page(read_stats(stats)).encode("utf-8")
+    page, figures = report.read_bytes(), read_stats(stats)
+    if b'<meta name="viewport"' in page:  # written since 2026-12-05: the header names the build from its manifest
+        want = html_page(figures, page_build(read_manifest(path) if (path / MANIFEST).is_file() else None)).encode()
+    else:
+        want = _page_before_header(figures).encode("utf-8")
     if page != want and (b"<svg xmlns=" in page or _without_charts(page) != _without_charts(want)):
         raise ValueError(f"{fs.redact(report)}: not the page this dataset's stats.json gives (edited, or of another "
                          "build); rebuild, or delete it")

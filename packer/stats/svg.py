@@ -157,6 +157,17 @@ def _trend(f: dict) -> str:
     return p.svg()
 
 
+def panel_svgs(f: dict, labels: dict) -> list[str]:
+    """The same charts, each its own <svg> (its panel of the 1200 x 800 canvas as the viewBox), so a
+    page can set them side by side on a wide screen and one per row on a phone."""
+    drawn = [(_lengths(f), 0, 0), (_strategies(f, labels), 1, 0)]
+    if f.get("packing"):
+        drawn += [(_fill(f), 0, 1), (_trend(f), 1, 1)]
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="{col * PANEL_W} {40 + row * PANEL_H} {PANEL_W} '
+            f'{PANEL_H}" font-family="system-ui,sans-serif">{_rect(col * PANEL_W, 40 + row * PANEL_H, PANEL_W, PANEL_H, "#fff")}'
+            f'{panel}</svg>' for panel, col, row in drawn]
+
+
 def charts_svg(f: dict, labels: dict, title: str) -> str:
     """The four charts (the last two only for packed figures) as one <svg> element."""
     panels = [_lengths(f), _strategies(f, labels)]

@@ -4,6 +4,7 @@ charts: tests/stats/test_svg.py."""
 
 from __future__ import annotations
 
+import html
 import struct
 import sys
 
@@ -52,7 +53,7 @@ def test_html_is_self_contained(figures, tmp_path):
     path = tmp_path / "r.html"
     report.write_html(figures, path)
     page = path.read_text(encoding="utf-8")
-    assert page.count("<svg xmlns=") == 1 and "<img" not in page
+    assert page.count("<svg xmlns=") == 4 and "<img" not in page  # one per chart
     assert "http://" not in page.replace("https://json-schema", "").replace('"http://www.w3.org/2000/svg"', "")
     assert "<td>pad every document to the context</td><td>4</td><td>32</td><td>43.75%</td>" in page
     assert "packer.stats/1" in page and page.count("<rect") > 10
@@ -134,3 +135,62 @@ def test_run_writes_the_report_beside_the_shards(tmp_path):
     assert result.exit_code == 0, result.output
     page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     assert "report:" in result.output and "<svg xmlns=" in page and "pack, first-fit decreasing" in page
+
+
+MEASURE = """<script>
+const W = document.documentElement.clientWidth, out = [];
+for (const el of document.querySelectorAll('table, svg, figure, .scroll, dl, h1, h2, p, pre, details')) {
+  if (el.closest('.scroll') && el.tagName === 'TABLE') continue;  // a wide table scrolls inside its box
+  const r = el.getBoundingClientRect();
+  if (r.left < -1 || r.right > W + 1) out.push(el.tagName + ' ' + Math.round(r.left) + '..' + Math.round(r.right));
+}
+const lefts = [...document.querySelectorAll('figure')].map(f => Math.round(f.getBoundingClientRect().left));
+(window.parent || window).document.body.setAttribute('data-measured', JSON.stringify({W, page: document.documentElement.scrollWidth,
+  overflow: out, columns: new Set(lefts).size, charts: lefts.length,
+  scrollers: [...document.querySelectorAll('.scroll')].filter(s => s.scrollWidth > s.clientWidth).length}));
+</script>"""
+
+
+def _chromium():
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        if found := shutil.which(name):
+            return found
+    pytest.skip("no headless Chromium here (Debian/Ubuntu: apt-get install chromium); the page is checked in a real "
+                "browser only where one is installed")
+
+
+def test_report_opens_on_a_phone_and_a_desktop_in_a_real_browser(sample_dataset, tmp_path):
+    """report.html in headless Chromium at 1280 and 390 px wide: screenshots of both, no table or chart
+    wider than the screen (wide tables scroll in their own box), one chart per row on the phone."""
+    import json
+    import subprocess
+
+    chromium = _chromium()
+    page = (sample_dataset / "report.html").read_text(encoding="utf-8")
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    probe = tmp_path / "report.html"
+    probe.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--allow-file-access-from-files"]
+    measured = {}
+    for width in (1280, 390):
+        shot = tmp_path / f"report-{width}.png"
+        done = subprocess.run([chromium, *flags, f"--window-size={width},2400", "--screenshot=" + str(shot),
+                               (sample_dataset / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and _png_size(shot) == (width, 2400), done.stderr[-2000:]
+        # measured in a frame exactly `width` CSS pixels wide (headless windows are at least 500 px wide)
+        host = tmp_path / f"host-{width}.html"
+        host.write_text(f'<!doctype html><body style="margin:0"><iframe src="{probe.name}" style="border:0;width:{width}px;'
+                        'height:2400px"></iframe></body>', encoding="utf-8")
+        done = subprocess.run([chromium, *flags, "--window-size=1400,2400", "--dump-dom", host.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and 'data-measured="' in done.stdout, done.stderr[-2000:]
+        measured[width] = json.loads(html.unescape(done.stdout.split('data-measured="', 1)[1].split('"', 1)[0]))
+    for width, m in measured.items():
+        assert m["W"] == width and m["page"] <= width, m  # the page itself never scrolls sideways
+        assert m["overflow"] == [], m
+        assert m["charts"] == 4, m
+    assert measured[390]["columns"] == 1 and measured[1280]["columns"] == 2, measured
+    assert measured[390]["scrollers"] >= 1  # the strategy table is wider than a phone: it scrolls, whole
+    assert "dataset directory" in page and "tokenizer.json (vocab" in page and "context length" in page

@@ -83,15 +83,17 @@ def test_a_page_with_the_old_png_still_verifies_and_an_edit_does_not(figures, tm
     page = report.html_page(json.loads((tmp_path / "stats.json").read_text()))
     (tmp_path / "report.html").write_text(page, encoding="utf-8")
     report.check_report(tmp_path)
+    then = report._page_before_header(figures)  # the page before 2026-12-05: no header, one chart
     png = base64.b64encode(b"\x89PNG any bytes").decode()
-    old = re.sub(r"<svg xmlns=.*?</svg>", f'<img alt="charts" src="data:image/png;base64,{png}">', page, flags=re.S)
+    old = re.sub(r"<svg xmlns=.*?</svg>", f'<img alt="charts" src="data:image/png;base64,{png}">', then, flags=re.S)
     hint = re.sub(r"<svg xmlns=.*?</svg>", "<p><em>pictures need matplotlib, which is not installed: pip install "
-                  "&#x27;packer[plot]&#x27;</em></p>", page, flags=re.S)
-    for ok in (old, hint):
+                  "&#x27;packer[plot]&#x27;</em></p>", then, flags=re.S)
+    for ok in (then, old, hint):
         (tmp_path / "report.html").write_text(ok, encoding="utf-8")
         report.check_report(tmp_path)
-    for bad in (old.replace("<h2>Summary", "<h2>Summary!", 1), page.replace("<rect", "<rect ", 1), page + " "):
-        assert bad not in (page, old)
+    for bad in (old.replace("<h2>Summary", "<h2>Summary!", 1), page.replace("<rect", "<rect ", 1), page + " ",
+                then.replace("<rect", "<rect ", 1), page.replace("<td>", "<td> ", 1)):
+        assert bad not in (page, old, then)
         (tmp_path / "report.html").write_text(bad, encoding="utf-8")
         with pytest.raises(ValueError, match="not the page this dataset's stats.json gives"):
             report.check_report(tmp_path)
