@@ -194,9 +194,9 @@ def test_a_directory_or_file_others_may_write_is_never_read(kept, monkeypatch):
     assert rule_verdicts.get(data) is None  # the verdict: others may write it
     verdict.chmod(0o600)
     assert rule_verdicts.get(data) == ""
-    monkeypatch.setattr(os, "getuid", lambda: os.stat(d).st_uid + 1)  # as another user sees them
-    assert rule_verdicts.get(data) is None
-    monkeypatch.undo()
+    with monkeypatch.context() as other:
+        other.setattr(os, "getuid", lambda: os.stat(d).st_uid + 1)  # as another user sees them
+        assert rule_verdicts.get(data) is None
     link = d / "link"
     verdict.rename(link)
     verdict.symlink_to(link)
