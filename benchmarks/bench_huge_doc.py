@@ -42,12 +42,12 @@ this code; baseline builds 138-160 MB):
 Each case now holds the document once while it is encoded a 1 MiB piece at a time: JSONL, txt,
 records and chat in the line's or file's own buffer (a chat rendered with a stand-in for the long
 content, packer/encode/chat_long.py; it rendered and encoded the whole conversation as a str before); Parquet in its page, decompressed by packer's own page
-reader (packer/preprocess/readers/parquet_pages.py) into one buffer the value is handed on over.
+reader (packer/preprocess/readers/parquet/pages.py) into one buffer the value is handed on over.
 An Arrow IPC file is memory-mapped and its value handed on as a slice of the column's data buffer
 (a pyarrow scalar of it copied the 200 MB out of the map); a nested value (a chat's content) too,
 the chat then streamed as from JSONL. A Parquet chat's messages column (list<struct<role, content>>)
 is read by the page reader too, its rows put together from the leaves' levels
-(packer/preprocess/readers/page_levels.py): 744 MB (3.87) while pyarrow read the nested chunk,
+(packer/preprocess/readers/parquet/page_levels.py): 744 MB (3.87) while pyarrow read the nested chunk,
 337 (1.75) now, the build 58.7 s against 44.7 s (snappy_pieces, as below; both run back to back,
 2026-12-04). pyarrow held the compressed chunk (memory-mapped), the page and the decoded array side
 by side (a dictionary page: also a dense copy). Both Parquet cases are Snappy (pyarrow's default): one-shot

@@ -1,4 +1,4 @@
-"""packer's page reader on list columns (readers/page_levels.py) against pyarrow's path: chats
+"""packer's page reader on list columns (readers/parquet/page_levels.py) against pyarrow's path: chats
 (list<struct<string, ...>>) and lists of strings, in the layouts pyarrow writes, read as the same
 records, a huge value a Utf8Text in a HugeRecord; what it does not read falls back to pyarrow
 before a page is read; a chat build gives the same shard bytes either way."""
@@ -17,16 +17,9 @@ from conftest import TOKENIZER, sample_texts
 from packer.config import BuildConfig, Job
 from packer.io.utf8 import HugeRecord, Utf8Text
 from packer.preprocess.pipeline import build
-from packer.preprocess.readers import (
-    FileError,
-    SkipLog,
-    columns,
-    page_levels,
-    parquet,
-    parquet_pages,
-    plan_units,
-    read_records,
-)
+from packer.preprocess.readers import FileError, SkipLog, columns, plan_units, read_records
+from packer.preprocess.readers.parquet import page_levels, reader
+from packer.preprocess.readers.parquet import pages as parquet_pages
 
 HUGE = 2000  # HUGE_TEXT_BYTES in these tests
 
@@ -73,12 +66,12 @@ def _records(path, fields=("messages",)) -> list:
 
 def _both(path, monkeypatch, fields=("messages",)):
     """(records read with packer's page reader, with pyarrow's alone, the row groups read by pages)."""
-    groups, real = [], parquet.huge_record_chunks
+    groups, real = [], reader.huge_record_chunks
     with monkeypatch.context() as m:
-        m.setattr(parquet, "huge_record_chunks", lambda *a: groups.append(real(*a)) or groups[-1])
+        m.setattr(reader, "huge_record_chunks", lambda *a: groups.append(real(*a)) or groups[-1])
         new = _records(path, fields)
     with monkeypatch.context() as m:
-        m.setattr(parquet, "huge_record_chunks", lambda *a: {})
+        m.setattr(reader, "huge_record_chunks", lambda *a: {})
         old = _records(path, fields)
     return new, old, [i for g in groups for i in g]
 
@@ -245,10 +238,10 @@ def test_a_chat_build_gives_the_bytes_of_pyarrows_path(tmp_path, monkeypatch, sm
         path.parent.mkdir()
         pq.write_table(pa.table({"messages": _chats(int(dictionary)), "id": list(range(12))}), path,
                        use_dictionary=dictionary, row_group_size=4)
-        totals, groups, real = {}, [], parquet.huge_record_chunks
+        totals, groups, real = {}, [], reader.huge_record_chunks
         for name in ("pages", "pyarrow"):
             with monkeypatch.context() as m:
-                m.setattr(parquet, "huge_record_chunks",
+                m.setattr(reader, "huge_record_chunks",
                           (lambda *a: {}) if name == "pyarrow" else (lambda *a: groups.append(real(*a)) or groups[-1]))
                 job = Job(inputs=(str(path),), tokenizer=TOKENIZER, output=str(tmp_path / f"{name}-{dictionary}"),
                           workers=1, config=BuildConfig(context_length=512, input_kind="chat", max_doc_bytes=1 << 20))

@@ -24,7 +24,7 @@ from packer.io import failpoints
 from packer.preprocess.pipeline import build
 from packer.preprocess.readers import FileError, SkipLog, plan_units, read_unit
 from packer.preprocess.readers.columns import column_texts
-from packer.preprocess.readers.parquet import group_runs
+from packer.preprocess.readers.parquet.reader import group_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 

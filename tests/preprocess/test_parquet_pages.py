@@ -1,4 +1,4 @@
-"""packer's own Parquet page reader (readers/parquet_pages.py) against pyarrow's path: for every
+"""packer's own Parquet page reader (readers/parquet/pages.py) against pyarrow's path: for every
 codec, encoding, page version, nullability and text type pyarrow writes, the same texts, skips and
 examples row for row, huge values as Utf8Text; what it does not read falls back untouched; and a
 build gives the same shard bytes either way."""
@@ -15,19 +15,9 @@ from conftest import TOKENIZER, sample_texts
 from packer.config import BuildConfig, Job
 from packer.io.utf8 import Utf8Text
 from packer.preprocess.pipeline import build
-from packer.preprocess.readers import (
-    SkipLog,
-    columns,
-    page_headers,
-    page_levels,
-    page_streams,
-    parquet,
-    parquet_pages,
-    plan_units,
-    read_records,
-    read_unit,
-    snappy_pieces,
-)
+from packer.preprocess.readers import SkipLog, columns, plan_units, read_records, read_unit
+from packer.preprocess.readers.parquet import page_headers, page_levels, page_streams, reader, snappy_pieces
+from packer.preprocess.readers.parquet import pages as parquet_pages
 
 HUGE = 2000  # HUGE_TEXT_BYTES in these tests
 MAX_DOC_BYTES = 9000
@@ -121,7 +111,7 @@ def test_pages_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge, com
                                row_group_size=len(values) // 3 + 1)
                 new = _read(path)
                 with monkeypatch.context() as m:
-                    m.setattr(parquet, "huge_chunks", lambda *a: {})  # pyarrow's path alone
+                    m.setattr(reader, "huge_chunks", lambda *a: {})  # pyarrow's path alone
                     old = _read(path)
                 assert new[0] == old[0] and new[2:] == old[2:], (dictionary, version, nullable)
                 assert "Utf8Text" in new[1] and "Utf8Text" in old[1]
@@ -148,7 +138,7 @@ def test_a_chunk_without_a_huge_page_and_odd_chunks_go_to_pyarrow(tmp_path, monk
         assert _page_chunks(path) == 0, name
         with monkeypatch.context() as m:
             m.setattr(parquet_pages, "page_chunk", lambda *a: pytest.fail("read as a page chunk"))
-            m.setattr(parquet, "huge_chunks", lambda *a: {})
+            m.setattr(reader, "huge_chunks", lambda *a: {})
             old = _read(path)
         assert _read(path) == old
         assert old[0] == [v for v in texts if v and not v.isspace() and len(v.encode()) <= MAX_DOC_BYTES]
@@ -163,7 +153,7 @@ def test_rows_are_numbered_across_groups_read_either_way(tmp_path, small_huge):
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": values}), path, row_group_size=6)
     assert _page_chunks(path) == 1
-    assert parquet._runs(next(iter(plan_units([str(path)], 1 << 30))), {1: None}) == [(0, 1), (1, 2), (2, 3)]
+    assert reader._runs(next(iter(plan_units([str(path)], 1 << 30))), {1: None}) == [(0, 1), (1, 2), (2, 3)]
     texts, kinds, counts, examples = _read(path)
     assert texts == ["a", "b", "a", "b", "x" * 5000, "c", "c", "c"] and kinds[4] == "Utf8Text"
     assert [e["where"] for e in examples] == [f"{path} row {r}" for r in (1, 4, 7, 8, 10)]
@@ -245,7 +235,7 @@ def test_a_build_gives_the_bytes_of_pyarrows_path(tmp_path, monkeypatch, small_h
         for name in ("pages", "pyarrow"):
             with monkeypatch.context() as m:
                 if name == "pyarrow":
-                    m.setattr(parquet, "huge_chunks", lambda *a: {})
+                    m.setattr(reader, "huge_chunks", lambda *a: {})
                 job = Job(inputs=(str(path),), tokenizer=TOKENIZER, output=str(tmp_path / f"{name}-{dictionary}"),
                           workers=1, config=BuildConfig(context_length=256, max_doc_bytes=MAX_DOC_BYTES))
                 manifests[name] = build(job)["totals"]
@@ -270,7 +260,7 @@ def test_a_huge_snappy_page_is_decompressed_in_pieces(tmp_path, monkeypatch, sma
             pq.write_table(pa.table({"text": values}), path, use_dictionary=dictionary, data_page_version=version)
             new = _read(path, max_doc_bytes=1 << 20)
             with monkeypatch.context() as m:
-                m.setattr(parquet, "huge_chunks", lambda *a: {})
+                m.setattr(reader, "huge_chunks", lambda *a: {})
                 assert new == _read(path, max_doc_bytes=1 << 20)
             with monkeypatch.context() as m:
                 m.setattr(snappy_pieces, "decompress", lambda *a: None)
@@ -302,12 +292,12 @@ def test_records_read_as_pyarrow_reads_them(tmp_path, monkeypatch, small_huge):
                 pq.write_table(pa.table({"id": list(range(9)), "completion": completions, "prompt": prompts}), path,
                                compression=compression, use_dictionary=dictionary, data_page_version=version,
                                row_group_size=4, data_page_size=1000, write_batch_size=2)
-                read, real = [], parquet.huge_record_chunks
+                read, real = [], reader.huge_record_chunks
                 with monkeypatch.context() as m:
-                    m.setattr(parquet, "huge_record_chunks", lambda *a: read.append(real(*a)) or read[-1])
+                    m.setattr(reader, "huge_record_chunks", lambda *a: read.append(real(*a)) or read[-1])
                     new = _records(path)
                 with monkeypatch.context() as m:
-                    m.setattr(parquet, "huge_record_chunks", lambda *a: {})
+                    m.setattr(reader, "huge_record_chunks", lambda *a: {})
                     old = _records(path)
                 assert [(w, {k: t for k, (_, t) in r.items()}) for w, r in new] == [
                     (w, {k: t for k, (_, t) in r.items()}) for w, r in old]
@@ -330,13 +320,13 @@ def test_a_prompt_completion_build_gives_the_bytes_of_pyarrows_path(tmp_path, mo
     path.parent.mkdir()
     pq.write_table(pa.table({"prompt": ["Say it: ", _text(rng, 3000), None, "q"],
                              "completion": [_text(rng, 9000), "short", "x", " "]}), path, row_group_size=2)
-    totals, groups, read_groups = {}, [], parquet.huge_record_chunks
+    totals, groups, read_groups = {}, [], reader.huge_record_chunks
     for name in ("pages", "pyarrow"):
         with monkeypatch.context() as m:
             if name == "pyarrow":
-                m.setattr(parquet, "huge_record_chunks", lambda *a: {})
+                m.setattr(reader, "huge_record_chunks", lambda *a: {})
             else:
-                m.setattr(parquet, "huge_record_chunks", lambda *a: groups.append(read_groups(*a)) or groups[-1])
+                m.setattr(reader, "huge_record_chunks", lambda *a: groups.append(read_groups(*a)) or groups[-1])
             job = Job(inputs=(str(path),), tokenizer=TOKENIZER, output=str(tmp_path / name), workers=1,
                       config=BuildConfig(context_length=256, input_kind="prompt-completion", max_doc_bytes=1 << 20))
             totals[name] = build(job)["totals"]

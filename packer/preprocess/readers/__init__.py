@@ -5,7 +5,7 @@ codec, for the readers that allow one):
 
     .jsonl .json .ndjson   jsonl.py     one JSON object per line       units: byte ranges (~unit_bytes); compressed: one per file
     .txt                   text.py      one document per file, or blank-line separated (text_split); no records
-    .parquet               parquet.py   the text column / record columns   units: runs of row groups (~unit_bytes)
+    .parquet               parquet/     the text column / record columns   units: runs of row groups (~unit_bytes)
     .arrow                 arrow.py     Arrow IPC file or stream (HF save_to_disk data files): one per file
 
 A reader is a module with NAME, COMPRESSIBLE, plan(place, ...), texts(unit, place, ...),

@@ -170,7 +170,7 @@ def string_value(data):
 def value_text(data, is_binary: bool, at: str, skips: SkipLog, max_bytes: int):
     """_row_text of a value given as its bytes (any buffer; None: null): one over HUGE_TEXT_BYTES is
     handed on as a Utf8Text over that buffer, checked, never copied; a smaller one as a str (bytes
-    from a binary column). Shared by _huge_texts and packer's own Parquet page reader (parquet_pages)."""
+    from a binary column). Shared by _huge_texts and packer's own Parquet page reader (parquet/pages.py)."""
     value, n_bytes = None, 0
     if data is not None:
         n_bytes = len(data)

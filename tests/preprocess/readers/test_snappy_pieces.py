@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from conftest import sample_texts
 
-from packer.preprocess.readers import snappy_pieces
+from packer.preprocess.readers.parquet import snappy_pieces
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 
 from packer.io import fs
-from packer.preprocess.readers import page_levels, parquet_pages
 from packer.preprocess.readers.columns import (
     check_record_columns,
     check_text_column,
@@ -26,6 +25,7 @@ from packer.preprocess.readers.columns import (
     text_is_binary,
 )
 from packer.preprocess.readers.common import SkipLog, Unit
+from packer.preprocess.readers.parquet import page_levels, pages
 
 NAME = "parquet"
 COMPRESSIBLE = False  # Parquet compresses inside the file
@@ -70,7 +70,7 @@ def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str
             is_binary = text_is_binary(pf.schema_arrow.field(text_field).type)
             for start, end in _runs(unit, chunks):
                 if start in chunks:
-                    yield from parquet_pages.chunk_texts(raw, chunks[start], row, unit.path, skips, max_doc_bytes, is_binary)
+                    yield from pages.chunk_texts(raw, chunks[start], row, unit.path, skips, max_doc_bytes, is_binary)
                     row += chunks[start].n_rows
                     continue
                 batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=range(start, end), columns=[text_field])
@@ -80,12 +80,12 @@ def texts(unit: Unit, place, skips: SkipLog, *, text_field: str, text_split: str
 
 
 def huge_chunks(f, meta, unit: Unit, text_field: str) -> dict:
-    """Row group -> parquet_pages.Chunk of the unit's groups whose text column packer reads page by
+    """Row group -> pages.Chunk of the unit's groups whose text column packer reads page by
     page (one that may hold a value over HUGE_TEXT_BYTES); pyarrow reads the others."""
-    column = parquet_pages.column_index(meta, text_field)
+    column = pages.column_index(meta, text_field)
     if column is None:
         return {}
-    chunks = {i: parquet_pages.page_chunk(f, meta, i, column) for i in range(unit.start, unit.end)}
+    chunks = {i: pages.page_chunk(f, meta, i, column) for i in range(unit.start, unit.end)}
     return {i: chunk for i, chunk in chunks.items() if chunk is not None}
 
 
@@ -106,7 +106,7 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
     """(where, record) of each row of the unit's row groups: the present `fields` (the first one
     required: FileError naming `fix` without it), nulls left out (columns.column_records); a row
     group with a page over HUGE_TEXT_BYTES among string or list-of-string columns is read by
-    parquet_pages (page_levels)."""
+    pages (page_levels)."""
     import pyarrow.parquet as pq
 
     with fs.open_arrow(place) as f:
@@ -127,7 +127,7 @@ def records(unit: Unit, place, skips: SkipLog, *, fields: tuple[str, ...], max_d
 
 
 def huge_record_chunks(f, pf, unit: Unit, present: list[str]) -> dict:
-    """Row group -> {field: parquet_pages.Chunk, or page_levels.ListChunks} of the unit's groups whose
+    """Row group -> {field: pages.Chunk, or page_levels.ListChunks} of the unit's groups whose
     record columns packer reads: every present field a flat string column or a list of strings or of
     structs of strings (page_levels.list_column) it can read, one of their leaves with a page over
     HUGE_TEXT_BYTES."""
@@ -138,10 +138,10 @@ def huge_record_chunks(f, pf, unit: Unit, present: list[str]) -> dict:
     leaves = [j for c in fields.values() for j in (c.columns if isinstance(c, page_levels.ListColumn) else [c])]
     out = {}
     for i in range(unit.start, unit.end):
-        huge = {j: parquet_pages.page_chunk(f, meta, i, j) for j in leaves}
+        huge = {j: pages.page_chunk(f, meta, i, j) for j in leaves}
         if not any(huge.values()):
             continue
-        chunks = {j: h or parquet_pages.page_chunk(f, meta, i, j, huge=False) for j, h in huge.items()}
+        chunks = {j: h or pages.page_chunk(f, meta, i, j, huge=False) for j, h in huge.items()}
         if all(chunks.values()):
             out[i] = {name: page_levels.ListChunks(c, tuple(chunks[j] for j in c.columns))
                       if isinstance(c, page_levels.ListColumn) else chunks[c] for name, c in fields.items()}
@@ -151,7 +151,7 @@ def huge_record_chunks(f, pf, unit: Unit, present: list[str]) -> dict:
 def _record_column(meta, field):
     """The leaf column index of a flat string field, the page_levels.ListColumn of a list one, or None."""
     if is_string_column(field.type):
-        return parquet_pages.column_index(meta, field.name)
+        return pages.column_index(meta, field.name)
     return page_levels.list_column(meta, field)
 
 

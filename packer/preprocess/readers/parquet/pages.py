@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.io import memory
-from packer.preprocess.readers import page_headers, page_streams, snappy_pieces
 from packer.preprocess.readers.columns import value_text
 from packer.preprocess.readers.common import HUGE_TEXT_BYTES, FileError
+from packer.preprocess.readers.parquet import page_headers, page_streams, snappy_pieces
 
 CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "LZ4_RAW": "lz4_raw",
           "BROTLI": "brotli"}  # the footer's name -> pyarrow's

@@ -30,9 +30,9 @@ import itertools
 from dataclasses import dataclass
 
 from packer.io.utf8 import HugeRecord, Utf8Text
-from packer.preprocess.readers import parquet_pages
 from packer.preprocess.readers.columns import string_value
 from packer.preprocess.readers.common import FileError
+from packer.preprocess.readers.parquet import pages
 
 _END = object()
 
@@ -51,7 +51,7 @@ class ListColumn:
 
 @dataclass(frozen=True)
 class ListChunks:
-    """A row group's chunks of a ListColumn's leaves (parquet_pages.Chunk, in its columns' order)."""
+    """A row group's chunks of a ListColumn's leaves (pages.Chunk, in its columns' order)."""
 
     column: ListColumn
     chunks: tuple
@@ -91,7 +91,7 @@ def list_column(meta, field) -> ListColumn | None:
 
 
 def chunk_records(f, chunks: dict, first_row: int, path: str):
-    """column_records of a row group whose `chunks` (field -> parquet_pages.Chunk of a flat string
+    """column_records of a row group whose `chunks` (field -> pages.Chunk of a flat string
     column, or ListChunks; in the fields' order) packer reads: (where, record) per row, nulls left out,
     a value over HUGE_TEXT_BYTES a Utf8Text over its page and its record a HugeRecord (bad UTF-8
     raises, as pyarrow's to_pylist does)."""
@@ -106,7 +106,7 @@ def chunk_records(f, chunks: dict, first_row: int, path: str):
 
 def _flat_rows(f, chunk, path: str):
     """(value, whether it is a Utf8Text) of each row of a flat string chunk."""
-    for data in parquet_pages.chunk_values(f, chunk, path):
+    for data in pages.chunk_values(f, chunk, path):
         value = None if data is None else string_value(data)
         yield value, isinstance(value, Utf8Text)
 
@@ -145,7 +145,7 @@ def _list_rows(f, lists: ListChunks, path: str):
 def _entries(f, chunk, path: str):
     """(repetition level, definition level, value: a memoryview, or None below max_def) of each
     value of a list's leaf chunk, page after page."""
-    for reps, defs, values in parquet_pages.chunk_pages(f, chunk, path):
+    for reps, defs, values in pages.chunk_pages(f, chunk, path):
         values = iter(values)
         for rep, level in zip(reps.tolist(), defs.tolist()):
             yield rep, level, next(values) if level == chunk.max_def else None
