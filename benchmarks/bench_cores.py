@@ -57,7 +57,9 @@ def _build(inputs, out: Path, workers: int, threads: int | None, one_core: bool)
            "--unit-bytes", str(2 * 2**20), "--quiet"]
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"build failed (workers {workers}, threads {threads}): {done.stderr[-2000:]}")
     return time.perf_counter() - t
 
 

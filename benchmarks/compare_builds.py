@@ -12,7 +12,8 @@ gzip JSONL and blank-line .txt; context 1024, small shards so there are several)
 arrow and memmap at 1 and 2 workers, plus bfd, truncate and drop (with --pack-group) variants, two named
 sources, and the fine-tuning kinds (chat, prompt-completion, auto) on sample_data's records. Prints one row per case.
 
-Against a REV before block checksums (2026-12-03), the new build's shard-*.sums files are listed as added
+report.html is compared as what check_report accepts (the page its stats.json and manifest give,
+either layout), stats.json byte for byte. Against a REV before block checksums (2026-12-03), the new build's shard-*.sums files are listed as added
 and its manifest and ownership record compared without them (the `checksums_*` keys, format_version 2);
 every file, checksums included, is also compared between this checkout's builds at 1 and 2 workers.
 """
@@ -90,9 +91,16 @@ def _files(out: Path) -> dict[str, bytes]:
                     m.pop(k, None)
                 m.get("tokenizer", {}).pop("encode_engine", None)  # which engine ran (since 2026-12-03): same ids
                 data = json.dumps(m, sort_keys=True).encode()
+            elif p.name == "report.html":  # its layout changed on 2026-12-05 (a header, phone layout): compared as
+                sys.path.insert(0, str(ROOT))  # "the page its stats.json and manifest give", checked by this
+                from packer.stats.report import check_report  # checkout (a page of before: as it was then drawn)
+
+                check_report(out)
+                data = b"the page of its stats.json (packer.stats.report.check_report)"
             elif p.name == ".packer-owned.json":  # without what differs run to run: modification times,
                 m = json.loads(data)  # and the manifest's hash (its volatile keys; compared above without them)
                 m.get("files", {}).pop("manifest.json", None)
+                m.get("files", {}).pop("report.html", None)  # its hash: the page is compared by check_report above
                 for entry in m.get("files", {}).values():
                     entry.pop("mtime_ns", None)
                 data = json.dumps(m, sort_keys=True).encode()
