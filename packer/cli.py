@@ -129,6 +129,10 @@ def _print_summary(manifest: dict, output: str):
     t, location, output = manifest["totals"], output, redact(output)
     if manifest.get("already_complete"):
         click.echo(f"{output}: dataset already complete; nothing to do (use --overwrite to rebuild)")
+    if manifest.get("resumed"):
+        r = manifest["resumed"]
+        click.echo(f"resumed:   an earlier run had tokenized {r['units']:,} units and written {r['shards']:,} shards; "
+                   "this run did the rest")
     skipped = sum(t["docs_skipped"].values())
     click.echo(
         f"documents: {t['docs_accepted']:,} accepted of {t['docs_read']:,} read"

@@ -245,6 +245,7 @@ def test_sigterm_stops_with_one_line_and_the_same_command_resumes(tmp_path):
     n_units = len(list((out / "_work" / "units").glob("*.json"))) if (out / "_work").exists() else None
     assert len(said) == 1 and said[0].endswith(" units) done by an earlier run") and "(2 of " in said[0], resumed.stderr
     assert n_units is None or f"(2 of {n_units} units)" in said[0]
+    assert "resumed:   an earlier run had tokenized 2 units and written 0 shards; this run did the rest" in resumed.stdout
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
 

@@ -418,11 +418,20 @@ def _build_locked(job: Job, files, info, out, named, keep_work: bool, overwrite:
                                  "(byte-identical), or restore the file")
         if overwrite and work.exists() and not resume.same_work(work, expected):
             owned.remove_work(out, record)  # another command's unfinished work: the old dataset stays
+        earlier = _earlier_work(work)
         manifest = _build_into(job, files, info, out, work, record, expected, progress, named, overwrite)
         owned.publish(out, manifest, record)
         if not keep_work:
             owned.remove_work(out, record)
-    return manifest
+    return {**manifest, "resumed": earlier} if earlier else manifest  # `resumed` is not written: the summary's
+
+
+def _earlier_work(work) -> dict | None:
+    """What an earlier run of this build left finished in `work` (None: nothing, a fresh build):
+    {"units": tokenized units, "shards": written shards}."""
+    done = {kind: sum(1 for p in (work / kind).iterdir() if p.name.endswith(".json")) if (work / kind).is_dir() else 0
+            for kind in ("units", "shards")}
+    return done if any(done.values()) else None
 
 
 def _owned_record(out) -> dict:
