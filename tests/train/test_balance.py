@@ -195,6 +195,25 @@ def test_elastic_resume_reads_every_row_once(sample_dataset, workers, batch_size
         PackedDataset(sample_dataset, seed=3, rank=0, world_size=2).load_state_dict(state)
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=2, max_size=3),
+       takes=st.lists(st.integers(1, 9), min_size=2, max_size=2), window=st.integers(1, 6), micro=st.integers(1, 3))
+def test_any_chain_of_elastic_resumes_reads_every_row_once(sample_dataset, workers, shapes, takes, window, micro):
+    """Jobs of any ranks x workers, each stopped after a few batches and resumed by the next: with balancing no
+    row is read twice or skipped over the chain."""
+    keys = _all_keys(sample_dataset)
+    balance = Balance(cost=ATTENTION, rows_per_rank=2 * micro, window=window)
+
+    def make(**kw):
+        return PackedDataset(sample_dataset, seed=8, batch_size=2, collate_fn=_keys_of, balance=balance, **kw)
+
+    parts, state = [], None
+    for (world, n_workers), take in zip(shapes, takes[: len(shapes) - 1] + [None]):
+        got, state = run_job(make, world, n_workers, take, resume=state)
+        parts.append(got)
+    _check_once(parts, keys)
+
+
 def test_a_blend_keeps_its_samples(sample_dataset):
     """Over a blend (upsampled: rows repeat) balancing deals the same samples: the epoch's multiset is unchanged."""
     def rows(balance):
