@@ -1,4 +1,4 @@
-"""Step balance: what a packed row costs to train (tokens and attended pairs, from its offsets), and a
+"""Step balance: what a packed row costs to train (tokens and squared document lengths, from its offsets), and a
 dealing of rows to ranks and micro-batches that makes every rank's step cost about the same.
 
 A leaf (numpy only) so that the loader (packer/train/balance.py) and the stats (packer/stats/) share it.
@@ -15,12 +15,12 @@ for AV a layer forward, x3 with backward: 12 d_model n_layers a causal pair = 6 
 an entry of L^2 (to within L / 2 entries).
 
 Dealing (`deal_window`): a window of `steps` steps of `world * rows_per_rank` rows, given in their
-shuffled order, is dealt again inside itself. Rows sorted by cost (heaviest first; rows within the
-tie tolerance keep their shuffled order) are dealt in rounds to "bins" that each end with about the
-same sum (round 0 one row to each bin in order, every later round its heaviest rows to the bins lightest
-so far: LPT by rounds): the micro-batches of `unit` rows
-(unit > 1), else each rank's step (its rows, heaviest first, are its one-row micro-batches). The
-bins of one step are consecutive, and the steps are put in the order of their rows' mean shuffled
+shuffled order, is dealt again inside itself. Rows sorted by cost (heaviest first; rows within the tie
+tolerance keep their shuffled order) are dealt in rounds to "bins" that each end with about the same
+sum (round 0 one row to each bin in order, every later round its heaviest rows to the bins lightest so
+far: LPT by rounds). The bins are the micro-batches of `unit` rows when unit > 1 (dealt in turn, whole,
+to the ranks' steps), else each rank's step (its rows, heaviest first, are its one-row micro-batches).
+The bins of one step are consecutive, and the steps are put in the order of their rows' mean shuffled
 step, so a row moves about as little as the dealing lets it. steps 2, world 2, rows_per_rank 1:
 
     shuffled costs (steps 0 | 1)   [1 9 | 8 2]     sorted  9 8 2 1  -> bins [9] [8] [2] [1]
