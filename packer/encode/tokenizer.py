@@ -116,14 +116,12 @@ class TokenizerInfo:
 def resolve_tokenizer(name_or_path: str) -> str:
     """A tokenizer.json path or URI, a directory holding one, or a hub name already in the local HF
     cache ("gpt2", "org/name"; looked up offline, never downloaded) -> the tokenizer.json path."""
-    if fs.is_uri(name_or_path):  # s3://, gs://, ... (packer/io/fs.py): read, never downloaded to disk
-        loc = fs.location(name_or_path)
-        if isinstance(loc, fs.RemotePath):
-            for candidate in (loc, loc / "tokenizer.json"):
-                if candidate.is_file():
-                    return str(candidate)
-            raise FileNotFoundError(f"tokenizer not found: {fs.redact(name_or_path)} (neither a tokenizer.json nor a directory holding one)")
-        name_or_path = str(loc)  # file:// -> its path
+    if fs.is_uri(name_or_path):  # s3://, gs://, file://, ... (packer/io/fs.py): read, never downloaded to disk
+        loc = fs.location(name_or_path)  # a Path or a RemotePath: the same two questions of either
+        for candidate in (loc, loc / "tokenizer.json"):
+            if candidate.is_file():
+                return str(candidate)
+        raise FileNotFoundError(f"tokenizer not found: {fs.redact(name_or_path)} (neither a tokenizer.json nor a directory holding one)")
     if os.path.isfile(name_or_path):
         return name_or_path
     if os.path.isfile(os.path.join(name_or_path, "tokenizer.json")):

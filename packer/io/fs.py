@@ -447,6 +447,15 @@ _KINDS = ((stat_module.S_ISDIR, "directory"), (stat_module.S_ISFIFO, "FIFO (name
           (stat_module.S_ISBLK, "block device"))
 
 
+def link_target(loc) -> str | None:
+    """Where a local symbolic link points (os.readlink), else None: a file, a missing one, or any remote
+    object (a store has no links, so it is not asked)."""
+    loc = location(loc)
+    if isinstance(loc, RemotePath) or not os.path.islink(loc):
+        return None
+    return os.readlink(loc)
+
+
 def not_regular(loc) -> str | None:
     """What a local path is when it exists and is not a regular file ('FIFO (named pipe)',
     'socket', 'character device', 'block device', 'directory'; links followed), else None: a

@@ -357,7 +357,7 @@ def files_root(path, generation: str):
     path/_work/previous/, where the old one stays whole (hard links) under the same manifest.json:
     the old manifest stays in `path` until the new one replaces it, last and atomically, so a reader
     sees the old dataset or the new one at every instant, a kill mid-publish included."""
-    if isinstance(path, fs.RemotePath):  # an object store keeps no previous/: no links to make it cheaply
+    if fs.is_remote(path):  # an object store keeps no previous/: no links to make it cheaply
         return path
     previous = path.joinpath(*PREVIOUS)
     if (previous / MANIFEST).is_file() and generation_of(previous) == generation:

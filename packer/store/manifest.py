@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import stat
 from pathlib import Path
 
 from packer.io import fs
@@ -47,17 +45,11 @@ def require_regular(file):
     link reads bytes from outside the dataset's directory. A missing file passes (the caller says
     it is missing); a remote object is always a plain object."""
     file = fs.location(file)
-    if isinstance(file, fs.RemotePath):
-        return
-    try:
-        mode = os.lstat(file).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(mode):
-        raise ValueError(f"{file}: a symbolic link (to {os.readlink(file)}), not a file of the dataset: a dataset's "
+    if (target := fs.link_target(file)) is not None:
+        raise ValueError(f"{file}: a symbolic link (to {target}), not a file of the dataset: a dataset's "
                          "files are regular files inside its directory; put the file itself there, or rebuild")
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"{file}: a {fs.not_regular(file) or 'special file'}, not a regular file (reading it could "
+    if (kind := fs.not_regular(file)) is not None:
+        raise ValueError(f"{file}: a {kind}, not a regular file (reading it could "
                          "block forever); restore the dataset's file, or rebuild")
 
 

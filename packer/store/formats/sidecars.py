@@ -57,7 +57,7 @@ def load_npy(path, name: str, dtype: str, n: int, per: str, raw=None) -> np.ndar
     source = io.BytesIO(memoryview(raw)) if raw is not None else fs.for_numpy(path)
     try:
         with _HEADER_LOCK:
-            values = np.load(source, mmap_mode=None if raw is not None or isinstance(path, fs.RemotePath) else "r",
+            values = np.load(source, mmap_mode=None if isinstance(source, io.BytesIO) else "r",  # bytes, or a path to map
                              allow_pickle=False)
     except (ValueError, EOFError, SyntaxError) as e:  # a damaged header (read by ast.literal_eval)
         raise ValueError(f"{fs.redact(path)}: not a readable .npy file ({e}; truncated or corrupt?)") from None
