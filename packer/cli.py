@@ -389,7 +389,12 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_
     if plot_path:
         report.write_png(figures, plot_path)
     if html_path:
-        report.write_html(figures, html_path)
+        build = None
+        if figures["source"]["kind"] == "dataset":  # one built DATASET: its header names the build, as its report.html
+            from packer.store.manifest import read_manifest
+
+            build = report.page_build(read_manifest(fs.location(inputs[0])))
+        report.write_html(figures, html_path, build)
 
 
 PICK_AMONG = 64  # show-mask without --seq looks at this many rows for a typical one

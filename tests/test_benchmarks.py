@@ -1,5 +1,5 @@
 """Every script in benchmarks/ runs: each one's smallest mode (`--smoke`, seconds long), so a benchmark
-cannot rot unseen (bench_stream.py crashed for weeks on a manifest check: its shard copies kept the
+cannot rot unseen (bench_stream.py crashed on main on a manifest check: its shard copies kept the
 original checksums file). A new script is picked up by the glob and must have --smoke too.
 
 The default run takes the quick ones (35-50 s together on 2 busy shared cores); the ones whose

@@ -294,7 +294,8 @@ def page_build(manifest: dict | None) -> dict | None:
 def _header_html(f: dict, build: dict | None) -> str:
     """The page's header: where it lies (its own folder, read by the browser), the build's settings,
     and where the date and the engine are."""
-    rows = [("dataset directory", '<span id="where">the folder holding this page</span>')]
+    where = "dataset directory" if build else "this page's folder"
+    rows = [(where, '<span id="where">the folder holding this page</span>')]
     if build:
         rows += [("tokenizer", html.escape(f"{build['tokenizer']} (vocab {build['vocab_size']:,}, sha256 "
                                            f"{build['tokenizer_sha256']})" if build["vocab_size"] else build["tokenizer"])),
@@ -347,10 +348,10 @@ def _scrolled(section: str) -> str:
     return section.replace("<table>", '<div class="scroll"><table>').replace("</table>", "</table></div>")
 
 
-def write_html(f: dict, path) -> None:
-    """`html_page(f)` as a file."""
+def write_html(f: dict, path, build: dict | None = None) -> None:
+    """`html_page(f, build)` as a file."""
     with open(path, "w", encoding="utf-8") as out:
-        out.write(html_page(f))
+        out.write(html_page(f, build))
 
 
 MIXTURE_HEAD = ("source", "rows", "tokens", "weight", "sequence share", "token share", "repetition")

@@ -122,7 +122,8 @@ def test_stats_command_writes_plot_and_html(sample_dataset, tmp_path):
                                     "--html", str(tmp_path / "s.html")])
     assert out.exit_code == 0, out.output
     assert _png_size(tmp_path / "s.png") == (1200, 800)
-    assert "<svg xmlns=" in (tmp_path / "s.html").read_text(encoding="utf-8")
+    page = (tmp_path / "s.html").read_text(encoding="utf-8")
+    assert "<svg xmlns=" in page and "<dt>dataset directory</dt>" in page and "tokenizer.json (vocab" in page
 
 
 def test_run_writes_the_report_beside_the_shards(tmp_path):
