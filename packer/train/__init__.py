@@ -1,10 +1,11 @@
 """The torch side: rows -> items and batches, PackedDataset, online packing, bucketing, attention, a tiny model."""
 
-try:  # every torch face (packer.data, packer.attention, packer.hf) comes through here first
+try:  # every torch face (packer.data, .attention, .hf, .megatron, .torchtitan) comes through here first
     import torch  # noqa: F401
 except ImportError as error:
     if error.name not in (None, "torch"):  # torch is there but something it needs is not: its own error says what
         raise
     raise ModuleNotFoundError(
-        f"packer's loader and attention (packer.data, packer.attention, packer.hf) need torch, which does not import "
-        f"here ({error}): pip install 'packer[torch]' (building, stats and verify need no torch)", name="torch") from None
+        f"packer's loader, attention and trainer faces (packer.data, .attention, .hf, .megatron, .torchtitan) need "
+        f"torch, which does not import here ({error}): pip install 'packer[torch]' (building, stats and verify need "
+        "no torch)", name="torch") from None
