@@ -40,7 +40,7 @@ import random
 import threading
 import time
 
-from packer.io import fs
+from packer.io.redact import redact, redact_text
 
 ATTEMPTS = None  # no count of tries: the deadline bounds them
 BASE_SECONDS = 0.1
@@ -89,7 +89,7 @@ def wait_seconds(attempt: int) -> float:
 
 
 def _cause(error: BaseException) -> str:
-    text = fs.redact_text(str(error)).splitlines()[0] if str(error) else ""
+    text = redact_text(str(error)).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
 
 
@@ -143,14 +143,14 @@ def retried(call, where, start: int | None = None, stop: int | None = None, on_e
             if not is_transient(e):
                 if not reword:
                     raise
-                error = type(e)(f"{fs.redact(where)}{span}: {_cause(e)}; check the dataset's URI and credentials")
-                error.where = fs.redact(where)  # what a caller names: the file, never its credentials
+                error = type(e)(f"{redact(where)}{span}: {_cause(e)}; check the dataset's URI and credentials")
+                error.where = redact(where)  # what a caller names: the file, never its credentials
                 raise error from None
             wait = wait_seconds(attempt)
             spent = time.monotonic() - began
             if attempt == rule.attempts or spent + wait >= rule.deadline:
                 tries = f"at most {rule.attempts} tries " if rule.attempts else "retried "
-                raise OSError(f"{fs.redact(where)}{span}: read failed {attempt} times over {spent:.1f} s "
+                raise OSError(f"{redact(where)}{span}: read failed {attempt} times over {spent:.1f} s "
                               f"({_cause(e)}; {tries}within {rule.deadline:g} s, each try at most "
                               f"{rule.timeout:g} s); check the store is reachable, then resume from the loader's "
                               "state_dict") from None
