@@ -87,7 +87,6 @@ class PackedTitanDataset(IterableDataset):
         self.packed.load_state_dict(state)
 
 
-
 def titan_dataloader(dataset: PackedTitanDataset, local_batch_size: int, **loader_kwargs):
     """Batches of `local_batch_size` samples, ({"input": [B, seq_len], "positions": [B, seq_len]}, labels [B, seq_len]):
     torchtitan's ParallelAwareDataloader (its state keyed by dp rank) where torchtitan imports, else torchdata's

@@ -230,6 +230,18 @@ def test_dp_ranks_disjoint_and_covering(dataset, world):
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
+def test_infinite_goes_on_with_the_next_epochs_order(dataset):
+    """infinite=True (the default): after an epoch, the next epoch's seeded order (its rows again, each once,
+    shuffled anew), the one PackedTitanDataset(epoch=1) gives; not the same order again."""
+    n = len(open_dataset(dataset))
+    endless = PackedTitanDataset(dataset, seq_len=seq_len_of(dataset), seed=4)
+    samples = [row_key(inputs) for inputs, _ in itertools.islice(endless, 2 * n)]
+    first, second = samples[:n], samples[n:]
+    assert sorted(first) == sorted(second) and len(set(first)) == n
+    assert first != second
+    assert second == [row_key(inputs) for inputs, _ in one_epoch(dataset, seed=4, epoch=1)[0]]
+
+
 def _batches(loader, n):
     return [(b[0]["input"].clone(), b[0]["positions"].clone(), b[1].clone()) for b in itertools.islice(loader, n)]
 
