@@ -198,6 +198,28 @@ def test_megatron_bridge_collate_trains_packers_pairs_on_a_chat_build_but_after_
     assert totals["docs_inner_eos"] == totals["docs_accepted"]  # every conversation: messages end "<eos>\n"
 
 
+@pytest.mark.parametrize("which", ["text_build", "chat_build"])
+def test_nemo_columns_are_packers_items(which, request):
+    """The columns as written, against packer's items: input_ids the row, seq_start_id its documents' starts, and
+    loss_mask[j] = 1 exactly where the pair (input_ids[j] -> input_ids[j + 1]) trains, i.e. packer's label at j + 1
+    is set: 0 at each document's last token and the row's end (a reader without cu_seqlens, which treats the row as
+    one sequence, trains no pair across a boundary)."""
+    from packer.data import PackedDataset
+
+    out = request.getfixturevalue(which)
+    items = list(PackedDataset(out, shuffle=False))
+    rows = [r for file in sorted(out.glob("*.idx.parquet")) for r in pq.read_table(file).to_pylist()]
+    assert len(rows) == len(items)
+    n_ends = 0
+    for row, item in zip(rows, items):
+        labels = item["labels"].tolist()
+        assert row["input_ids"] == item["input_ids"].tolist()
+        assert row["seq_start_id"] == item["cu_seqlens"][:-1].tolist()
+        assert row["loss_mask"] == [int(j + 1 < len(labels) and labels[j + 1] != -100) for j in range(len(labels))]
+        n_ends += len(row["seq_start_id"]) > 1
+    assert n_ends >= 3  # rows of several documents: boundaries inside rows exercised
+
+
 def test_the_reference_collate_is_megatron_bridges_own(chat_build, tmp_path, monkeypatch):
     """Where Megatron-Bridge imports (0.3.1: GPTSFTPackedDataset over the legacy .npy of the same row dicts,
     the collate v0.6.0 keeps for pad_seq_to_mult=1 but for padding cu_seqlens with -1 instead of repeats),
