@@ -228,13 +228,15 @@ def _table_rows(table: pa.Table, where: str) -> tuple[Rows, np.ndarray]:
             return None
         got, values = _parts(columns[name])
         if not np.array_equal(got, bounds):
-            raise ValueError(f"{where}: column {name} does not have the row lengths of its partner (corrupt shard)")
+            raise ValueError(f"{where}: column {name} does not have the row lengths of its partner (corrupt shard); "
+                             "rebuild the dataset")
         return values
 
     lengths, per_row = np.diff(token_bounds), np.diff(segment_bounds)
     row_of_segment = np.repeat(np.arange(len(per_row)), per_row)
     if (per_row < 1).any() or (starts < 0).any() or (starts >= lengths[row_of_segment]).any():
-        raise ValueError(f"{where}: seq_start_id names a segment outside its row, or a row has none (corrupt shard)")
+        raise ValueError(f"{where}: seq_start_id names a segment outside its row, or a row has none (corrupt shard); "
+                         "rebuild the dataset")
     first_tokens = token_bounds[:-1][row_of_segment] + starts
     nemo, first = aligned("loss_mask", token_bounds), aligned("loss_mask_first", segment_bounds)
     mask = None
@@ -315,7 +317,7 @@ def _footer(read, size, path, sums) -> tuple[bytes, int]:
                              "replaced); rebuild the dataset")
         return bytes(read(path, int(cuts[-2]), total)), total
     if total < 12:
-        raise ValueError(f"{where}: {total} bytes, too short for a Parquet file (truncated?)")
+        raise ValueError(f"{where}: {total} bytes, too short for a Parquet file (truncated?); rebuild the dataset")
     tail = bytes(read(path, total - 8, total))
     (n,) = struct.unpack("<I", tail[:4])
     if tail[4:] != MAGIC or n + 12 > total:
