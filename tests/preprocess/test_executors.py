@@ -254,3 +254,32 @@ def test_inline_sets_the_threads_and_puts_them_back(monkeypatch):
     assert ex.map(_threads_env, [(0,)]) == [(str(usable_cores()), "true" if usable_cores() > 1 else "false")]
     ex.close()
     assert os.environ.get("RAYON_NUM_THREADS") is None
+
+
+def _pid_and_threads(_):
+    return os.getpid(), os.environ.get("RAYON_NUM_THREADS")
+
+
+def _fails(_):
+    raise ValueError("no such column")
+
+
+def test_a_pool_runs_a_single_call_here_and_starts_no_process(monkeypatch):
+    """One call (a tiny build's one unit, one shard): run in this process on one worker's threads,
+    labelled as a pool's call; two calls start the pool, whose workers are other processes."""
+    from packer.preprocess.executors import usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    ex = LocalExecutor(2)
+    try:
+        done = []
+        assert ex.map(_pid_and_threads, [(0,)], on_done=done.append) == [(os.getpid(), str(usable_cores()))] == done
+        assert ex.map(_pid_and_threads, []) == []
+        assert not ex._pool._processes  # nothing started
+        assert os.environ.get("RAYON_NUM_THREADS") is None  # put back
+        with pytest.raises(ValueError, match="^_fails, item 0: no such column$"):
+            ex.map(_fails, [(0,)])
+        pids = {pid for pid, _ in ex.map(_pid_and_threads, [(0,), (1,), (2,)])}
+        assert os.getpid() not in pids and ex._pool._processes
+    finally:
+        ex.close()
