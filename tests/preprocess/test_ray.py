@@ -3,9 +3,11 @@ worker deaths retried, persistent failures named, nothing left running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pkgutil
+import signal
 import time
 from pathlib import Path
 
@@ -177,3 +179,185 @@ def test_a_stall_fails_naming_the_pending_calls_instead_of_hanging(ray_session, 
             ex.map(time.sleep, [(5,), (0,)])
     finally:
         ex.close()
+
+
+# -- two nodes on 127.0.0.1, started as docs/remote.md says (Ray >= 2.5x: token authentication) ---------------
+
+CLUSTER_BUILD = ["--context-length", "1024", "--shard-size", "200000", "--unit-bytes", "400000"]  # 9 units, 4 shards
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    out = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            cmd = open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace").replace("\0", " ")
+        except (OSError, IndexError, ValueError):
+            continue
+        out[int(p)] = (ppid, cmd)
+    return out
+
+
+def _cluster_processes(temp: str, socket_suffix: str | None = None) -> list[int]:
+    """Pids of the processes `ray start` left under the session directory `temp` (GCS, raylets, agents, monitors) and
+    their children (task workers, whose titles no longer name it); with socket_suffix, one raylet's ("raylet.1")."""
+    procs = _processes()
+    if socket_suffix is not None:
+        return [p for p, (_, cmd) in procs.items() if "/raylet/raylet " in cmd + " " and temp in cmd
+                and f"/sockets/{socket_suffix} " in cmd]
+    roots = {p for p, (_, cmd) in procs.items() if temp in cmd}
+    return sorted({p for p, (ppid, _) in procs.items() if ppid in roots} | roots)
+
+
+def _ray_cli(args, env, timeout=120):
+    import subprocess
+    import sys
+
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    return subprocess.run([ray_cli, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def two_nodes():
+    """A head and a second node on 127.0.0.1, each its own `ray start` with 1 CPU, the second with its own HOME
+    (another machine: no ~/.ray/auth_token of the head's), started as docs/remote.md says: the head's token made
+    with `ray get-auth-token --generate`, RAY_AUTH_MODE=token everywhere, the token handed to the second node in
+    RAY_AUTH_TOKEN. Stopped by pid at the end (never `ray stop`, which stops every Ray on the machine)."""
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    head_home, node_home, temp = (os.path.join(root, name) for name in ("head", "node", "t"))
+    os.makedirs(node_home)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != failpoints.ENV}
+    base["RAY_USAGE_STATS_ENABLED"] = "0"
+    head_env = {**base, "HOME": head_home}
+    port = _free_port()
+    try:
+        result = _ray_cli(["get-auth-token", "--generate"], head_env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        token = open(os.path.join(head_home, ".ray", "auth_token")).read().strip()
+        common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=80000000",
+                  "--disable-usage-stats", f"--dashboard-agent-listen-port={_free_port()}"]
+        result = _ray_cli(["start", "--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
+                           f"--dashboard-port={_free_port()}", *common],
+                          {**head_env, "RAY_AUTH_MODE": "token"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        # What docs/remote.md said before: a second node without the head's token is refused.
+        refused = _ray_cli(["start", f"--address=127.0.0.1:{port}", *common], {**base, "HOME": node_home}, timeout=60)
+        assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
+        result = _ray_cli(["start", f"--address=127.0.0.1:{port}", *common],
+                          {**base, "HOME": node_home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert len(_cluster_processes(temp, "raylet.1")) == 1  # the second node's raylet
+        yield {"address": f"127.0.0.1:{port}", "temp": temp,
+               "driver_env": {**head_env, "RAY_AUTH_MODE": "token"}}  # the driver on the head: its ~/.ray/auth_token
+    finally:
+        for _ in range(3):  # children first, then the daemons; again for any a dying parent started
+            for p in reversed(_cluster_processes(temp)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            time.sleep(0.5)
+        assert _cluster_processes(temp) == []
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster_local_files(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cluster-local") / "out"
+    result = CliRunner().invoke(main, ["build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER, "--output", str(out),
+                                       *CLUSTER_BUILD, "--workers", "2", "-q"])
+    assert result.exit_code == 0, result.output
+    return _files(out)
+
+
+def _cluster_build(cluster, out, watch=None):
+    """`packer build ... --executor ray --ray-address HEAD:PORT` in a subprocess (this process holds no Ray session),
+    `watch(process)` called every 0.1 s while it runs; returns its output."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "packer", "build", *SAMPLE_INPUTS, "--tokenizer", TOKENIZER,
+                                "--output", str(out), *CLUSTER_BUILD, "--executor", "ray",
+                                "--ray-address", cluster["address"]],
+                               env=cluster["driver_env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    while process.poll() is None and time.time() < deadline:
+        if watch is not None:
+            watch(process)
+        time.sleep(0.1)
+    if process.poll() is None:
+        process.kill()
+    output = process.communicate()[0]
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+def _tasks_on(raylet: int) -> list[int]:
+    """The raylet's worker processes running a packer task now (a worker's title: ray::_run_task)."""
+    return [p for p, (ppid, cmd) in _processes().items() if ppid == raylet and cmd.startswith("ray::_run_task")]
+
+
+@pytest.mark.slow  # two `ray start`s and a build through them: ~40-90 s on the busy 2-core box
+def test_a_two_node_cluster_started_as_documented_builds_byte_identical(two_nodes, tmp_path, cluster_local_files):
+    (raylet,) = _cluster_processes(two_nodes["temp"], "raylet.1")
+    ran = set()
+    _cluster_build(two_nodes, tmp_path / "out", watch=lambda _: ran.update(_tasks_on(raylet)))
+    assert ran  # the second node ran packer tasks
+    assert _files(tmp_path / "out") == cluster_local_files
+
+
+@pytest.mark.slow
+def test_the_second_nodes_raylet_killed_mid_build_leaves_the_output_byte_identical(two_nodes, tmp_path,
+                                                                                  cluster_local_files):
+    """SIGKILL to the second node's raylet while a packer task runs on it: Ray retries the lost tasks on the head."""
+    (raylet,) = _cluster_processes(two_nodes["temp"], "raylet.1")
+    killed = []
+
+    def kill_on_first_task(process):
+        if not killed and _tasks_on(raylet):
+            os.kill(raylet, signal.SIGKILL)
+            killed.append(process.poll() is None)  # the build was still running
+
+    _cluster_build(two_nodes, tmp_path / "out", watch=kill_on_first_task)
+    assert killed == [True]
+    assert _files(tmp_path / "out") == cluster_local_files
+
+
+def test_the_documented_cluster_commands_carry_the_token_and_parse():
+    """The fast twin of the two tests above: docs/remote.md's cluster block, line by line. Every `ray start` runs with
+    RAY_AUTH_MODE=token and its flags parse with the installed Ray's own `ray start` (click), the worker node's with
+    the head's token, the build with RAY_AUTH_MODE=token and an explicit --ray-address (where Ray 2.60 does not
+    turn token mode on by itself); the token is made first, as the fixture above makes it."""
+    import re
+    import shlex
+
+    from ray.scripts.scripts import start
+
+    text = (Path(__file__).parents[2] / "docs" / "remote.md").read_text(encoding="utf-8")
+    section = text.split("## Running on a Ray cluster", 1)[1]
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "ray start" in b)
+    lines = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    commands = []
+    for line in lines:
+        words = shlex.split(line.replace('"$TOKEN"', "TOKEN"))
+        env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=.*", w))
+        commands.append((env, [w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)]))
+    assert commands[0] == ({}, ["ray", "get-auth-token", "--generate"])
+    starts = [(env, argv) for env, argv in commands if argv[:2] == ["ray", "start"]]
+    assert len(starts) == 2 and all(env.get("RAY_AUTH_MODE") == "token" for env, _ in starts)
+    (head_env, head), (node_env, node) = starts
+    assert "--head" in head and "RAY_AUTH_TOKEN" in node_env and "--address=HEAD_IP:6379" in node
+    for argv in (head, node):
+        params = start.make_context("start", argv[2:]).params  # raises on a flag this Ray does not have
+        assert params["head"] == ("--head" in argv)
+    (build_env, build), = [(env, argv) for env, argv in commands if argv[0] == "packer"]
+    assert build_env.get("RAY_AUTH_MODE") == "token" and "--ray-address" in build and "ray" in build
