@@ -362,13 +362,24 @@ def _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, jso
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON (schema: packer/stats/stats_schema.json).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the charts as a PNG (needs packer[plot]).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+@click.option("--cost", default=None, metavar="PER_TOKEN,PER_PAIR", help="Built dataset: the step-balance table's "
+              "cost model, a token and an entry of each document's L^2 (default: an 8B dense model, 4.8e10,786432).")
+@click.option("--model-params", type=float, default=None, help="Built dataset: the step-balance cost of a dense "
+              "model of this many parameters, with --model-d and --model-layers (packer.data.CostModel.for_model).")
+@click.option("--model-d", type=click.IntRange(min=1), default=None, help="With --model-params: its d_model.")
+@click.option("--model-layers", type=click.IntRange(min=1), default=None, help="With --model-params: its layers.")
 @_mixture_options
 def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_docs, json_path, plot_path, html_path,
-          weights, mix, mix_by, num_samples, budget_tokens, **corpus):
+          cost, model_params, model_d, model_layers, weights, mix, mix_by, num_samples, budget_tokens, **corpus):
     """Padding waste of batching strategies and what packing saves: of a raw corpus
-    (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR). With --weights or
-    --mix: the effective mixture of a blend instead (docs/mixtures.md)."""
+    (INPUT... --tokenizer PATH --context-length N) or of a built dataset (one DIR, with its step-balance
+    table). With --weights or --mix: the effective mixture of a blend instead (docs/mixtures.md)."""
+    from packer.stats.step_balance import cost_model
+
+    balance_cost = cost_model(cost=cost, n_params=model_params, d_model=model_d, n_layers=model_layers)
     if weights or mix:
+        if balance_cost is not None:
+            raise click.UsageError("--cost/--model-* set a built dataset's step-balance table; a mixture has none")
         return _print_mixture(inputs, weights, mix, mix_by, num_samples, budget_tokens, json_path, plot_path, html_path)
     if not inputs:
         raise click.UsageError("give INPUT... (a raw corpus) or one built DATASET, or --mix NAME=PATH:WEIGHT")
@@ -377,7 +388,7 @@ def stats(inputs, tokenizer, context_length, batch_size, sample, online, buffer_
 
     config = BuildConfig(context_length=context_length, **corpus) if context_length else None
     figures = measure(inputs, tokenizer=tokenizer, config=config, batch_size=batch_size, sample=sample, online=online,
-                      buffer_docs=buffer_docs)
+                      buffer_docs=buffer_docs, cost=balance_cost)
     click.echo(report.format_table(figures))
     if "online" in figures:
         o = figures["online"]

@@ -148,14 +148,18 @@ def is_dataset(inputs) -> bool:
 
 
 def measure(inputs, *, tokenizer=None, config=None, batch_size: int = 8, sample: int | None = None,
-            online: bool = False, buffer_docs: int = 10_000) -> dict:
+            online: bool = False, buffer_docs: int = 10_000, cost=None) -> dict:
     """Figures (schema: packer/stats/stats_schema.json) of a dataset directory or URI, or of raw
-    inputs (then `tokenizer` and a `config` with the context length are required)."""
+    inputs (then `tokenizer` and a `config` with the context length are required). `cost`: a dataset's
+    step-balance cost model (packer.balance.CostModel; None: the default)."""
     if is_dataset(inputs):
         if tokenizer or config is not None or sample or online:
             raise ValueError(f"{fs.redact(inputs[0])} is a built dataset: its tokenizer and context length come from "
                              "its manifest; drop --tokenizer/--context-length/--sample/--online")
-        return figures.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size)
+        return figures.dataset_stats(open_dataset(inputs[0]), batch_size=batch_size, cost=cost)
+    if cost is not None:
+        raise ValueError("--cost/--model-* set the step-balance table of a built dataset; a raw corpus has none "
+                         "(build it, then packer stats DIR --cost ...): drop them")
     if not tokenizer or config is None:
         raise ValueError("a raw corpus needs --tokenizer PATH and --context-length N (or give one built dataset directory)")
     trained = None

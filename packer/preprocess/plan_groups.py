@@ -9,7 +9,7 @@
         │  (seeded), cut into shards greedily
         ▼
     _work/plan/bucket-BBBBBB-JJJJJ.npz  one shard's plan (a packer.preprocess.plan.Plan with one shard)
-    _work/plan/bucket-BBBBBB.json, .stats.npz   per-shard counts, per-sequence fill/docs (for stats.json)
+    _work/plan/bucket-BBBBBB.json, .stats.npz   per-shard counts, per-sequence tokens/docs/split/squares (stats.json)
         │  driver: numbers the shards bucket after bucket, source after source
         ▼
     _work/plan.npz    the index: shard -> bucket, counts per shard, per-source sequence and shard ranges
@@ -50,6 +50,10 @@ INDEX = "plan.npz"
 # the context (for stats).
 PIECE = np.dtype([("unit", "<u4"), ("start", "<u8"), ("len", "<u4"), ("doc", "<u4"), ("bin", "<u4"), ("split", "u1")])
 _DEAL, _SHUFFLE = 0x6465616C, 0x73687566  # tags that keep the two kinds of rng streams apart
+# Per sequence in a bucket's .stats.npz: tokens, pieces (documents in the row; with --long-docs split a piece
+# of a long document counts as one), pieces of documents longer than the context, and the sum of the pieces'
+# squared lengths (the row's attention pairs: its step-balance cost, packer/stats/step_balance.py).
+SEQUENCE_STATS = ("seq_tokens", "seq_docs", "seq_split", "seq_sq")
 
 
 @dataclass(frozen=True)
@@ -119,18 +123,20 @@ class PlanIndex:
         return plan_dir / _shard_name(int(self.shard_bucket[shard]), int(self.shard_local[shard]))
 
     def sequence_stats(self, plan_dir) -> dict:
-        """Per-sequence tokens, pieces and split pieces in output order (O(sequences), for stats.json)."""
+        """Per-sequence tokens, pieces, split pieces and squared piece lengths in output order (O(sequences),
+        for stats.json); no seq_sq when a bucket's file has none (planned by a packer before it)."""
         parts = list(self.bucket_stats(plan_dir))
-        keys = ("seq_tokens", "seq_docs", "seq_split")
-        out = {k: np.concatenate([p[k] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64) for k in keys}
-        return out
+        keys = [k for k in SEQUENCE_STATS if all(k in p for p in parts)]
+        return {k: np.concatenate([p[k] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+                for k in keys}
 
     def bucket_stats(self, plan_dir):
         """sequence_stats one bucket at a time, in output order: {"seq_tokens", "seq_docs", "seq_split"}
-        (int32 arrays over the bucket's sequences), one bucket's file in memory at a time."""
+        (int32 arrays over the bucket's sequences) and "seq_sq" (int64: the sum of its pieces' squared
+        lengths, a row's attention pairs), one bucket's file in memory at a time."""
         for b in range(self.n_buckets):
             with np.load(fs.for_numpy(plan_dir / f"bucket-{b:06d}.stats.npz")) as z:
-                yield {k: z[k] for k in ("seq_tokens", "seq_docs", "seq_split")}
+                yield {k: z[k] for k in SEQUENCE_STATS if k in z.files}
 
     def save(self, path):
         atomic.save_npz(path, **{k: np.asarray(getattr(self, k)) for k in self.__dataclass_fields__})
@@ -316,6 +322,8 @@ def plan_bucket(task: BucketTask, config, work: fs.Place) -> dict:
     piece_len = cols["len"].astype(np.int64)
     seq_tokens = np.add.reduceat(piece_len, seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
     seq_split = np.add.reduceat(cols["split"].astype(np.int64), seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
+    piece_sq = piece_len * piece_len
+    seq_sq = np.add.reduceat(piece_sq, seq_starts[:-1]) if n_bins else np.zeros(0, np.int64)
     shard_starts = _shard_boundaries(seq_tokens, config.shard_size)
     shards = []
     for j, (s0, s1) in enumerate(zip(shard_starts[:-1].tolist(), shard_starts[1:].tolist())):
@@ -326,8 +334,8 @@ def plan_bucket(task: BucketTask, config, work: fs.Place) -> dict:
                         shard_starts=np.array([0, s1 - s0], dtype=np.int64))
         shards.append({"sequences": s1 - s0, "tokens": int(seq_tokens[s0:s1].sum()), "pieces": p1 - p0})
     atomic.save_npz(plan_dir / f"bucket-{task.bucket:06d}.stats.npz", seq_tokens=seq_tokens.astype(np.int32),
-                    seq_docs=seq_counts.astype(np.int32), seq_split=seq_split.astype(np.int32))
-    result = {"bucket": task.bucket, "shards": shards, "piece_sq_sum": int((piece_len * piece_len).sum())}
+                    seq_docs=seq_counts.astype(np.int32), seq_split=seq_split.astype(np.int32), seq_sq=seq_sq)
+    result = {"bucket": task.bucket, "shards": shards, "piece_sq_sum": int(piece_sq.sum())}
     atomic.write_json(done, result)
     return result
 

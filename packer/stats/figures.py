@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.balance import row_tokens_pairs
+from packer.balance import Balance, CostModel, row_tokens_pairs
 from packer.binpack import lower_bound, pack, split_documents
 from packer.io import fs
 from packer.stats.step_balance import step_balance
@@ -279,14 +279,18 @@ def plan_stats(doc_lengths, plan, sequences: dict, context_length: int, *, algor
                batch_size: int = 8, inputs=()) -> dict:
     """Figures of a build from its plan's summaries, never its pieces: `plan` (a packer.preprocess.plan_groups
     PlanIndex: n_sequences, n_tokens, piece_sq_sum), `sequences` (per sequence in output order:
-    seq_tokens, seq_docs = pieces, seq_split = pieces of documents longer than the context), and the
-    lengths of all accepted documents. Nothing is packed again, so only the build's own algorithm
-    has a pack row."""
+    seq_tokens, seq_docs = pieces, seq_split = pieces of documents longer than the context, seq_sq = the
+    sum of its pieces' squared lengths), and the lengths of all accepted documents. Nothing is packed
+    again, so only the build's own algorithm has a pack row. The step-balance table (default cost model)
+    is the one `packer stats DIR` draws from the stored rows: a row's segments are its plan's pieces."""
     out = corpus_stats(doc_lengths, context_length, batch_size=batch_size, seed=seed, algorithm=None, algorithms=(),
                        inputs=inputs)
     seq_docs, seq_tokens, seq_split = sequences["seq_docs"], sequences["seq_tokens"], sequences["seq_split"]
-    return add_plan_packing(out, plan, composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), context_length),
-                            algorithm)
+    add_plan_packing(out, plan, composition(seq_docs, seq_tokens, (seq_docs == 1) & (seq_split == 1), context_length),
+                     algorithm)
+    if "seq_sq" in sequences:  # a plan of a packer before it has none: no table
+        out["step_balance"] = step_balance(seq_tokens, sequences["seq_sq"], seed=seed)
+    return out
 
 
 def add_plan_packing(out: dict, plan, composed: dict, algorithm: str) -> dict:
@@ -317,9 +321,10 @@ def _stored_doc_ids(ds) -> np.ndarray | None:
     return ds.doc_ids() if hasattr(ds, "doc_ids") and ds.manifest.get("shards") else None
 
 
-def dataset_stats(ds, *, batch_size: int = 8) -> dict:
+def dataset_stats(ds, *, batch_size: int = 8, cost: CostModel | None = None) -> dict:
     """Figures of a built dataset (an open_dataset reader): the strategies from its documents'
-    lengths, and the composition, fill, trend and attention cost of its stored sequences."""
+    lengths, and the composition, fill, trend and attention cost of its stored sequences; its step
+    balance under `cost` (None: the default CostModel)."""
     config = ds.manifest["config"]
     L = int(config["context_length"])
     n = len(ds)
@@ -365,7 +370,8 @@ def dataset_stats(ds, *, batch_size: int = 8) -> dict:
                                         [s.get("docs_skipped", {}) for s in named])
     if (trained := dataset_trained(ds)) is not None:
         add_trained(out, trained)
-    out["step_balance"] = step_balance(*row_tokens_pairs(rows), seed=int(config.get("seed", 0)))
+    balance = Balance(cost=cost) if cost is not None else Balance()
+    out["step_balance"] = step_balance(*row_tokens_pairs(rows), seed=int(config.get("seed", 0)), balance=balance)
     return out
 
 

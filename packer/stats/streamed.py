@@ -14,7 +14,8 @@ float sums in the last bits (within 1e-12 relative: tests/stats/test_stats_scale
 the distinct lengths, L + 1 fill counts, and one chunk of lengths or one bucket's summaries.
 
 finalize_stats takes the arrays (figures.plan_stats, the bytes builds always had) up to
-STREAM_ABOVE documents and sequences, and these summaries above.
+STREAM_ABOVE documents and sequences, and these summaries above. The step-balance table is the same on
+both paths: it deals at most step_balance.SAMPLE_ROWS sampled rows, gathered bucket by bucket here.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from packer.io import fs
 from packer.stats import figures
 from packer.stats.figures import FILL_BINS, LENGTH_BINS, PERCENTILES, TREND_GROUPS
+from packer.stats.step_balance import RowSample
 
 # Largest count of documents (and of sequences) whose stats.json is computed from whole arrays (the
 # lengths, the units' parts while concatenated, the sort; every sequence's summary): 50M web-like
@@ -243,7 +245,12 @@ def finalize_stats(unit_lengths, plan, plan_dir, context_length: int, *, algorit
     if n_documents <= STREAM_ABOVE and plan.n_sequences <= STREAM_ABOVE:
         lengths = np.concatenate(list(unit_lengths()) or [np.zeros(0, np.int64)])
         return figures.plan_stats(lengths, plan, plan.sequence_stats(plan_dir), context_length, **kw)
-    sums = SequenceSums(plan.n_sequences, context_length)
+    sums, rows, squares = SequenceSums(plan.n_sequences, context_length), RowSample(plan.n_sequences, seed), True
     for part in plan.bucket_stats(plan_dir):
         sums.add(part["seq_tokens"], part["seq_docs"], part["seq_split"])
-    return streamed_plan_stats(length_histogram(unit_lengths()), plan, sums, context_length, **kw)
+        if squares := squares and "seq_sq" in part:  # the step-balance table from a bounded sample of the rows
+            rows.add(part["seq_tokens"], part["seq_sq"])
+    out = streamed_plan_stats(length_histogram(unit_lengths()), plan, sums, context_length, **kw)
+    if squares:  # as figures.plan_stats: step_balance over the same sampled rows
+        out["step_balance"] = rows.figures()
+    return out

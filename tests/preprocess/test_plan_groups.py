@@ -111,6 +111,24 @@ def test_many_groups_keep_every_token_once(tmp_path, group):
     assert index.n_sequences == len(rows) and len(rows) >= 2 * (lengths.sum() // 8) // 2
 
 
+@pytest.mark.parametrize("long_docs", ["split", "truncate", "drop"])
+def test_sequence_stats_are_the_rows_sums(tmp_path, long_docs):
+    """Each sequence's summary (what stats.json and its step-balance table read) against its pieces in the
+    shard plans: tokens, pieces, and the sum of the pieces' squared lengths (a split long document's pieces
+    each count as a document of the row); several groups and buckets, long documents included."""
+    units = [np.random.default_rng(7).integers(1, 20, size=int(n)) for n in (90, 0, 130, 70)]
+    index, plans = _streamed(tmp_path, units, pack_group=60, seed=4, long_docs=long_docs)
+    got = index.sequence_stats(tmp_path / "work" / PLAN_DIR)
+    rows = _rows(plans)
+    assert index.n_buckets > 1 and any(len(row) > 1 for row in rows) and max(np.concatenate(units)) > 8
+    assert got["seq_tokens"].tolist() == [sum(n for *_, n in row) for row in rows]
+    assert got["seq_docs"].tolist() == [len(row) for row in rows]
+    assert got["seq_sq"].tolist() == [sum(n * n for *_, n in row) for row in rows]
+    assert int(got["seq_sq"].sum()) == index.piece_sq_sum
+    parts = list(index.bucket_stats(tmp_path / "work" / PLAN_DIR))
+    assert len(parts) == index.n_buckets and all(p["seq_sq"].dtype == np.int64 for p in parts)
+
+
 def test_shuffle_is_a_bijection_of_the_grouped_bins(tmp_path):
     """The bins are exactly those of packing each group alone (pack_groups), each once, in an
     order that mixes the groups: the first shard already holds bins of several groups."""

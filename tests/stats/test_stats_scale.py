@@ -152,7 +152,8 @@ class _Plan:
         return iter(self.parts)
 
     def sequence_stats(self, plan_dir):
-        return {k: np.concatenate([p[k] for p in self.parts]).astype(np.int64) for k in ("seq_tokens", "seq_docs", "seq_split")}
+        keys = ("seq_tokens", "seq_docs", "seq_split", "seq_sq")
+        return {k: np.concatenate([p[k] for p in self.parts]).astype(np.int64) for k in keys}
 
 
 def _plan_of(lengths, L, rng) -> _Plan:
@@ -167,12 +168,13 @@ def _plan_of(lengths, L, rng) -> _Plan:
     tokens = np.minimum(tokens, L)  # close enough for a fake plan: finalize reads only the summaries
     docs = np.bincount(seq, minlength=n)
     split = np.bincount(seq, weights=lengths[piece_doc] > L, minlength=n).astype(np.int64)
+    sq = np.bincount(seq, weights=piece_len.astype(np.float64) ** 2, minlength=n).astype(np.int64)
     perm = rng.permutation(n)
-    tokens, docs, split = tokens[perm], docs[perm], split[perm]
+    tokens, docs, split, sq = tokens[perm], docs[perm], split[perm], sq[perm]
     parts, a = [], 0
     for m in _buckets(n, rng):
         parts.append({"seq_tokens": tokens[a : a + m].astype(np.int32), "seq_docs": docs[a : a + m].astype(np.int32),
-                      "seq_split": split[a : a + m].astype(np.int32)})
+                      "seq_split": split[a : a + m].astype(np.int32), "seq_sq": sq[a : a + m]})
         a += m
     return _Plan(parts, int(tokens.sum()), int((piece_len.astype(np.int64) ** 2).sum()))
 
@@ -196,6 +198,7 @@ def test_finalize_stats_streamed_equals_arrays_on_a_million_documents(monkeypatc
     assert _differences(_json(summaries), _json(arrays)) == []
     assert summaries["packing"]["trend_output_order"]["fill_correlation"] is not None
     assert summaries["lengths"]["long_documents_share"] > 0
+    assert summaries["step_balance"] == arrays["step_balance"] and len(arrays["step_balance"]["cases"]) == 4
 
 
 @pytest.mark.parametrize("long_docs", ["split", "drop"])
