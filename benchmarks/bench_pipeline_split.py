@@ -1,0 +1,295 @@
+"""Where does a build's time go: the engine's encode, or packer's own work around it?
+
+    python benchmarks/bench_pipeline_split.py                 # 3 corpora x 2 tokenizers x 1, 2 workers
+    python benchmarks/bench_pipeline_split.py --mb 60 --repeat 3
+    python benchmarks/bench_pipeline_split.py --smoke         # seconds (tests/test_benchmarks.py runs it)
+
+Corpora, made here from what this machine holds (deterministic on one machine; documents cut at
+DOC_CHARS, about 11 KB as the issue's held-out set), each --mb of JSONL:
+
+    english        /usr/share/doc (text, and HTML turned to text) and the English man pages
+    code           the Python standard library's sources
+    multilingual   man pages in every other language under /usr/share/man, and every installed
+                   .mo catalog's translations
+
+Tokenizers trained here on a sample of all three (`tokenizers`' BpeTrainer, --vocab tokens):
+GPT-2 style (ByteLevel with its regex) and NFC Qwen 2 style (NFC, the Qwen 2 Split, ByteLevel);
+`auto` picks tiktoken for both.
+
+Rows, per corpus, tokenizer and worker count (cores = workers x engine threads, the cores rule):
+
+    encode_batch_fast   tokenizers over the same texts in memory, 1 MiB batches, RAYON_NUM_THREADS = cores
+    engine alone        tiktoken's encode_ordinary_batch, the build's ranks and split regex, num_threads =
+                        cores, the same batches (no NFC: for the Qwen tokenizer the normalization is
+                        packer's work here)
+    build               the whole `packer build` process, split by stage, timed inside it:
+        start-up          interpreter, imports, the tokenizer loaded and its engine probed, units cut
+        tokenize          the stage (read, parse, hash, normalize, encode, unit files), and in it
+                          "not the engine": the stage less the engine alone
+        plan, write       the stages
+        finish            stats, report, manifest, publish, exit
+
+and the ratios: build / encode_batch_fast (the baseline's seconds over the build's: the issue's
+targets >= 3.0 GPT-2 style, >= 2.5 Qwen NFC) and build / engine alone (the engine's seconds over
+the build's, target >= 0.85). With --repeat N each row runs N times in rounds and each ratio is the
+median of its rounds (paired: a round's rows ran minutes apart at most).
+
+Figures: none yet from a quiet machine. The figures in docs/engines.md's table are labelled with the
+load they were taken under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import html.parser
+import itertools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_engines  # noqa: E402  (corpus families, the tokenizer trainer, the baseline)
+
+DOC_CHARS = 11_000
+N_FILES = 4
+SEED_SAMPLE = 8  # train on every SEED_SAMPLE-th document
+
+
+class _Text(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.parts, self._skip = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+
+def _html_text(raw: str) -> str:
+    parser = _Text()
+    parser.feed(raw)
+    return "\n".join(line.strip() for line in "".join(parser.parts).splitlines() if line.strip())
+
+
+def _english():
+    docs = (_html_text(t) if "<html" in t[:2000].lower() else t for t in bench_engines._docs())
+    man = (t for t in _man_pages(english=True))
+    return _round_robin(docs, man)
+
+
+def _man_pages(english: bool):
+    root = Path("/usr/share/man")
+    for path in sorted(root.rglob("*.gz")):
+        if (path.relative_to(root).parts[0].startswith("man")) != english:
+            continue
+        try:
+            raw = gzip.decompress(path.read_bytes()).decode("utf-8")
+        except (OSError, UnicodeDecodeError, EOFError):
+            continue
+        yield "\n".join(bench_engines._TROFF.sub("", line) for line in raw.splitlines() if not line.startswith('.\\"'))
+
+
+def _round_robin(*families):
+    families = list(families)
+    while families:
+        for family in list(families):
+            text = next(family, None)
+            if text is None:
+                families.remove(family)
+            else:
+                yield text
+
+
+CORPORA = {
+    "english": _english,
+    "code": bench_engines._python_sources,
+    "multilingual": lambda: _round_robin(_man_pages(english=False), bench_engines._translations()),
+}
+
+
+def write_corpus(d: Path, kind: str, n_bytes: int) -> list[str]:
+    """JSONL of `kind`'s documents (each at most DOC_CHARS), about n_bytes of UTF-8 text, in N_FILES files."""
+    d.mkdir(parents=True, exist_ok=True)
+    files = [open(d / f"part-{i}.jsonl", "w", encoding="utf-8") for i in range(N_FILES)]
+    written, k = 0, 0
+    for text in CORPORA[kind]():
+        for start in range(0, len(text), DOC_CHARS):
+            doc = text[start:start + DOC_CHARS]
+            if doc.strip():
+                files[k % N_FILES].write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+                written += len(doc.encode("utf-8"))
+                k += 1
+        if written >= n_bytes:
+            break
+    for f in files:
+        f.close()
+    return [f.name for f in files]
+
+
+ENGINE_ALONE = textwrap.dedent("""
+    import json, sys, time
+    import tiktoken
+    from packer.encode.engines import byte_level
+    files, path, threads = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    texts = [json.loads(line)["text"] for f in files for line in open(f, encoding="utf-8")]
+    batches, cur, n = [], [], 0
+    for t in texts:  # the stage's batches: 1024 documents or ~1 MiB
+        cur.append(t); n += len(t)
+        if n >= 1 << 20 or len(cur) >= 1024:
+            batches.append(cur); cur, n = [], 0
+    batches.append(cur)
+    vocab = byte_level.ranked_vocab_at(path)
+    enc = tiktoken.Encoding("alone", pat_str=byte_level.FAST_FORMS.get(vocab.pattern, vocab.pattern),
+                            mergeable_ranks=vocab.ranks, special_tokens={})
+    t = time.perf_counter()
+    n_tokens = sum(sum(map(len, enc.encode_ordinary_batch(b, num_threads=threads))) for b in batches)
+    print(json.dumps({"seconds": time.perf_counter() - t, "tokens": n_tokens}))
+""")
+
+# The build, in-process, each stage timed where pipeline.py calls it (module attributes looked up at
+# call time); "t0" is when this script's first line ran, so the parent's wall less it is the interpreter's start.
+BUILD = textwrap.dedent("""
+    import time
+    t0 = time.perf_counter()
+    import json, sys
+    marks = {}
+    def timed(module, name, label):
+        inner = getattr(module, name)
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                marks[label] = (start - t0, time.perf_counter() - t0)
+        setattr(module, name, wrapper)
+    from packer import cli
+    from packer.preprocess import owned, pipeline
+    for name, label in (("_tokenize_stage", "tokenize"), ("_plan_stage", "plan"), ("_write_stage", "write"),
+                        ("_finalize", "finalize")):
+        timed(pipeline, name, label)
+    timed(owned, "publish", "publish")
+    try:
+        cli.main(sys.argv[1:], standalone_mode=False)
+    finally:
+        marks["end"] = (time.perf_counter() - t0,) * 2
+        print(json.dumps(marks))
+""")
+
+
+def _env(threads: int | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": bench_engines._pythonpath(ROOT)}
+    if threads:
+        env.update(RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true" if threads > 1 else "false")
+    return env
+
+
+def _python(code: str, args: list[str], threads: int | None = None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=_env(threads))
+    if proc.returncode:
+        raise SystemExit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _build(files, tokenizer: str, out: Path, workers: int, unit_bytes: int) -> dict:
+    """The whole build process: its wall seconds and each stage's, by _split."""
+    args = ["build", *files, "--tokenizer", tokenizer, "-o", str(out), "--workers", str(workers),
+            "--unit-bytes", str(unit_bytes), "--quiet", "--overwrite"]
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", BUILD, *args], capture_output=True, text=True, env=_env(), cwd=ROOT)
+    seconds = time.perf_counter() - t
+    if proc.returncode:
+        raise SystemExit(proc.stdout + proc.stderr)
+    marks = json.loads(proc.stdout.strip().splitlines()[-1])
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"seconds": seconds, "tokens": manifest["totals"]["tokens_in"], **_split(seconds, marks),
+            "engine": manifest["tokenizer"]["encode_engine"]["name"]}
+
+
+def _split(seconds: float, marks: dict) -> dict:
+    """Stage seconds from the marks (start, end since the script began): start-up is everything before
+    the tokenize stage (the interpreter's start, seconds less the script's own span, included)."""
+    began = seconds - marks["end"][0]
+    tokenize, plan, write = marks["tokenize"], marks["plan"], marks["write"]
+    return {"start-up": began + tokenize[0], "tokenize": tokenize[1] - tokenize[0], "plan": plan[1] - plan[0],
+            "write": write[1] - write[0], "finish": marks["end"][0] - write[1]}
+
+
+STAGES = ("start-up", "tokenize", "plan", "write", "finish")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=float, default=20, help="MB of UTF-8 text per corpus (default 20)")
+    parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
+    parser.add_argument("--corpora", default=",".join(CORPORA), help=f"of {', '.join(CORPORA)}")
+    parser.add_argument("--tokenizers", default="gpt2,qwen", help="gpt2 (GPT-2 style), qwen (NFC Qwen 2 style)")
+    parser.add_argument("--vocab", type=int, default=50_000, help="tokens of each trained tokenizer")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; ratios are medians of paired rounds")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.vocab, args.repeat, args.tokenizers, args.corpora = 0.1, 1000, 1, "qwen", "code"
+    import tiktoken
+    import tokenizers
+
+    from packer.encode.engines.threads import threads_per_worker, usable_cores
+
+    print(f"machine: {platform.machine()}, {usable_cores()} usable cores, load {os.getloadavg()[0]:.2f}, "
+          f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        corpora = {kind: write_corpus(d / kind, kind, int(args.mb * 1e6)) for kind in args.corpora.split(",")}
+        sample = d / "sample.jsonl"
+        with open(sample, "w", encoding="utf-8") as f:
+            lines = (line for files in corpora.values() for p in files for line in open(p, encoding="utf-8"))
+            f.writelines(itertools.islice(lines, 0, None, SEED_SAMPLE))
+        bench_engines.VOCAB = args.vocab
+        t = time.perf_counter()
+        styles = {"gpt2": "gpt2-style", "qwen": "qwen-style NFC"}
+        toks = {styles[s]: bench_engines.train(d / f"{s}.json", s, [str(sample)]) for s in args.tokenizers.split(",")}
+        print(f"corpora: {', '.join(f'{k} {sum(os.path.getsize(p) for p in v) / 1e6:.1f} MB' for k, v in corpora.items())}"
+              f" (documents of at most {DOC_CHARS:,} characters); tokenizers ({args.vocab:,} tokens) trained in "
+              f"{time.perf_counter() - t:.0f} s")
+        head = "".join(f"{s:>10}" for s in STAGES)
+        print(f"{'corpus':<13}{'tokenizer':<16}{'workers':>8}{'cores':>6}{'batch_fast':>11}{'engine':>8}{'build':>8}"
+              f"  |{head}{'not engine':>11}  |{'build/batch_fast':>17}{'build/engine':>13}")
+        for kind, files in corpora.items():
+            size = sum(os.path.getsize(p) for p in files)
+            unit_bytes = max(size // (4 * N_FILES), 1 << 16)
+            for name, path in toks.items():
+                for workers in map(int, args.workers.split(",")):
+                    cores = min(workers * threads_per_worker(workers), usable_cores())
+                    rounds = []
+                    for _ in range(args.repeat):
+                        base = _python(bench_engines.BASELINE, [json.dumps(files), path], threads=cores)
+                        alone = _python(ENGINE_ALONE, [json.dumps(files), path, str(cores)])
+                        built = _build(files, path, d / "out", workers, unit_bytes)
+                        assert built["engine"] == "tiktoken", built["engine"]
+                        rounds.append((base, alone, built))
+                    base, alone, built = (min((r[i] for r in rounds), key=lambda r: r["seconds"]) for i in range(3))
+                    vs_base = statistics.median(b["seconds"] / r["seconds"] for b, _, r in rounds)
+                    vs_alone = statistics.median(a["seconds"] / r["seconds"] for _, a, r in rounds)
+                    stages = "".join(f"{built[s]:>10.2f}" for s in STAGES)
+                    print(f"{kind:<13}{name:<16}{workers:>8}{cores:>6}{base['seconds']:>11.2f}{alone['seconds']:>8.2f}"
+                          f"{built['seconds']:>8.2f}  |{stages}{built['tokenize'] - alone['seconds']:>11.2f}  |"
+                          f"{vs_base:>17.2f}{vs_alone:>13.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
