@@ -552,3 +552,54 @@ def test_megatron_sample_with_padded_documents_on_seeded_random_rows():
             sample = megatron_sample(make_item(tokens, offsets, loss_mask=mask, pad_to=length, pad_id=7, pad_multiple=k))
             gaps += assert_cp_sample_is_row(sample, tokens, offsets, mask, 7, length, multiple=k)
     assert gaps > 100
+
+
+def cp_thd_case(build, n_rows, device, dtype, heads=4, kv_heads=2, head_dim=32, seed=0):
+    """q [T, H, D], k, v [T, K, D] over n_rows cp = 2 samples collated by collate_thd, their PackedSeqParams and
+    each document's real tokens as (start in the padded layout, count)."""
+    train, _, _ = build_splits([build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP, context_parallel_size=CP)
+    params = packed_seq_params(collate_thd([train[k] for k in range(n_rows)]))
+    real, padded = params.cu_seqlens_q.tolist(), params.cu_seqlens_q_padded.tolist()
+    spans = [(p, b - a) for a, b, p in zip(real[:-1], real[1:], padded[:-1])]
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(padded[-1], h, head_dim, generator=g).to(device, dtype) for h in (heads, kv_heads, kv_heads))
+    return q, k, v, params, spans
+
+
+def assert_real_tokens_attend_per_document(out, q, k, v, spans, tolerance):
+    """At every real token, `out` equals its document's real tokens alone (float64 causal reference)."""
+    cu = torch.tensor([0] + np.cumsum([n for _, n in spans]).tolist(), dtype=torch.int32)
+    pick = torch.cat([torch.arange(p, p + n) for p, n in spans])
+    reference = per_document_reference(*(x[pick.to(x.device)] for x in (q, k, v)), cu)
+    assert (out[pick.to(out.device)].double().cpu() - reference).abs().max() < tolerance
+
+
+def test_context_parallel_layout_attends_per_document_cpu(chat_build):
+    """The CPU twin of gpu_check's TE step for the cp layout: packer's varlen_attention over the layout's segments
+    (masks.padded_segments of PackedSeqParams' cu_seqlens_q / cu_seqlens_q_padded) gives every real token exactly
+    its document's attention, the padding between documents seen by none."""
+    from packer import masks
+    from packer.attention import varlen_attention
+
+    q, k, v, params, spans = cp_thd_case(chat_build, 3, "cpu", torch.float32)
+    segments = masks.padded_segments(params.cu_seqlens_q, params.cu_seqlens_q_padded)
+    assert len(spans) > 5 and len(segments) > len(spans) + 1  # padding between documents exercised
+    out = varlen_attention(q, k, v, segments, params.max_seqlen_q)
+    assert_real_tokens_attend_per_document(out, q, k, v, spans, 1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs it)")
+def test_transformer_engine_thd_attention_takes_the_context_parallel_layout_cuda(chat_build):
+    """Transformer Engine's DotProductAttention in THD given the cp = 2 samples' PackedSeqParams (cu_seqlens_q real,
+    cu_seqlens_q_padded the layout, as Megatron's TEDotProductAttention passes them), on one GPU: every real token
+    equals its document alone. (The layout's split over cp ranks needs cp GPUs; not run here.)"""
+    te = pytest.importorskip("transformer_engine.pytorch", reason="transformer_engine does not import here")
+
+    q, k, v, params, spans = cp_thd_case(chat_build, 4, "cuda", torch.bfloat16)
+    attention = te.DotProductAttention(q.shape[1], q.shape[2], num_gqa_groups=k.shape[1],
+                                       attn_mask_type="padding_causal", qkv_format="thd", attention_dropout=0.0)
+    cu, cu_padded = params.cu_seqlens_q.cuda(), params.cu_seqlens_q_padded.cuda()
+    out = attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded,
+                    cu_seqlens_kv_padded=cu_padded, max_seqlen_q=params.max_seqlen_q,
+                    max_seqlen_kv=params.max_seqlen_kv).reshape(q.shape)
+    assert_real_tokens_attend_per_document(out, q, k, v, spans, 2e-2)
