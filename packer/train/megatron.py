@@ -105,8 +105,8 @@ def collate_thd(samples: list[dict]) -> dict:
         raise ValueError("collate_thd: samples carry attention_mask (create_attention_mask=True), which does not "
                          "flatten; set create_attention_mask=False for THD, or use torch's default collate")
     batch = {key: torch.cat([s[key] for s in samples])[None] for key in SAMPLE_FIELDS}
-    for key in ("cu_seqlens", "cu_seqlens_padded")[:1 + ("cu_seqlens_padded" in samples[0])]:
-        batch[key] = _merged([s[key] for s in samples], [int(s[key][-1]) for s in samples])[None]
+    for key in ["cu_seqlens"] + ["cu_seqlens_padded"] * ("cu_seqlens_padded" in samples[0]):
+        batch[key] = _merged([s[key] for s in samples], [int(s[key][-1]) for s in samples])[None]  # by its last entry
     batch["max_seqlen"] = torch.stack([s["max_seqlen"] for s in samples]).max().reshape(1).to(torch.int32)
     return batch
 
