@@ -13,10 +13,13 @@ written is not kept: the directory only ever saves time, it never changes a toke
 
 Only the verdict is kept, never what an engine encodes with. Rule 1 also kept a passed file's ranks
 (`.ranks.npz`, to spare the merges' replay, ~0.2 s per 50,000 tokens); rewritten with valid CRCs (ids
-swapped or shifted, the split regex replaced) they changed every later build's ids. Checking kept
-ranks against the file costs what making them does (the merges must be read either way; 2026-12-05,
-sample tokenizer: 20 ms to make, 21 ms to check), so the ranks are made from the tokenizer.json on
-every build (byte_level.ranked_vocab_at) and a verdict binds to the file by its name, the sha256.
+swapped or shifted, the split regex replaced) they changed every later build's ids. Kept ranks can be
+checked against the loaded tokenizer's vocabulary (every id), but not their order without the file's
+merges, and two merged tokens swapped with their ids (which binds to the vocabulary) changed sample
+ids unseen by the probe; reading the merges is most of what making the ranks costs (2026-12-05,
+sample tokenizer, 16,384 tokens: parse 9 ms, ranks made 20 ms in all, a vocabulary check alone 12
+ms). So the ranks are made from the tokenizer.json on every build (byte_level.ranked_vocab_at) and
+a verdict binds to the file by its name, the sha256.
 
 A verdict is read only from a directory and a file of this user's alone: owned by this uid, no group
 or other write bit, not a link (another user's, or one others may write, is absent: neither read nor
