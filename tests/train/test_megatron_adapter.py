@@ -442,9 +442,9 @@ def test_context_parallel_samples_pad_each_document_and_train_packers_pairs(text
 def test_context_parallel_packed_seq_params_as_megatron_makes_them(chat_build, monkeypatch):
     """packed_seq_params of a cp sample equals megatron-core 0.16.1's own get_thd_batch_on_this_cp_rank (what
     Megatron-LM's get_batch calls with the batch's cu_seqlens, cu_seqlens_padded, max_seqlen); its cp = 2 slicing,
-    run with a reference of Transformer Engine's thd_get_partitioned_indices (CUDA only: written from TE's
-    thd_partition_indices_kernel, common/fused_attn/context_parallel.cu, TE 2.x), takes the layout: each rank holds
-    its two chunks of every padded document and the ranks' trained labels are all the sample's, once."""
+    run with a reference of Transformer Engine's thd_get_partitioned_indices (CUDA only: written from TE's kernel
+    thd_partition_indices_kernel, common/fused_attn; megatron asks for TE >= 1.10), takes the layout: every padded
+    span divisible by 2 * cp (as TE asserts), each rank half the tokens, the ranks' trained labels the sample's, once."""
     from megatron.core import utils as mcore_utils
 
     train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP,
