@@ -175,6 +175,22 @@ def labels(input_ids, offsets, loss_mask=None):
     return out
 
 
+def next_token_labels(labels):
+    """labels [.., T] moved left by one, -100 last: each position's own target, the convention of trainers whose
+    loss takes no shift (Megatron, torchtitan), where packer's labels[t] is position t - 1's target.
+
+        labels             [-100, t1, t2, -100, t4, -100]
+        next_token_labels  [t1, t2, -100, t4, -100, -100]
+    """
+    if _is_torch(labels):
+        out = _torch().full_like(labels, IGNORE_INDEX)
+    else:
+        labels = np.asarray(labels, dtype=np.int64)
+        out = np.full_like(labels, IGNORE_INDEX)
+    out[..., :-1] = labels[..., 1:]
+    return out
+
+
 def _mask_untrained(out, loss_mask, n: int):
     """-100 in out[:n] (a row's n tokens) where loss_mask is 0."""
     if len(loss_mask) != n:

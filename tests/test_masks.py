@@ -114,6 +114,25 @@ def test_batch_versions_equal_rows_stacked():
         ]
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_next_token_labels_are_each_positions_own_target(backend):
+    """[-100, t1, t2, -100, t4, -100] -> [t1, t2, -100, t4, -100, -100]; and on random rows, [B, L] too: position t's
+    label is the token it predicts (t + 1 in its document, trained) or -100, the same type out as in."""
+    torch = pytest.importorskip("torch") if backend == "torch" else None
+    wrap = torch.as_tensor if torch else np.asarray
+    got = masks.next_token_labels(wrap([-100, 11, 12, -100, 14, -100]))
+    assert type(got) is type(wrap([0])) and got.tolist() == [11, 12, -100, 14, -100, -100]
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        rows = [_random_offsets(rng) for _ in range(int(rng.integers(1, 4)))]
+        length = max(int(o[-1]) for o in rows) + int(rng.integers(0, 3))
+        ids_BL = rng.integers(0, 50, size=(len(rows), length))
+        next_BL = masks.next_token_labels(wrap(masks.batch_labels(ids_BL, rows))).tolist()
+        for ids, offsets, got in zip(ids_BL.tolist(), rows, next_BL):
+            ends = set(offsets[1:].tolist())  # no target from a document's last token, nor past the row's end
+            assert got == [ids[t + 1] if t + 1 not in ends and t + 1 < offsets[-1] else -100 for t in range(length)]
+
+
 def test_merge_offsets_concatenates_rows():
     assert masks.merge_offsets([[0, 3, 4], [0, 2]]).tolist() == [0, 3, 4, 6]
     assert masks.merge_offsets([[0, 3, 4], [0, 2]], lengths=[6, 2]).tolist() == [0, 3, 4, 6, 8]

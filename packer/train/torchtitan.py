@@ -36,9 +36,7 @@ _OURS = ("rank", "world_size", "fields", "batch_size", "collate_fn")
 
 def titan_sample(item: dict) -> tuple[dict, torch.Tensor]:
     """torchtitan's (inputs, labels) of one packer item (PackedDataset's, any fields)."""
-    labels = torch.full_like(item["labels"], masks.IGNORE_INDEX)
-    labels[:-1] = item["labels"][1:]
-    return {"input": item["input_ids"], "positions": item["position_ids"]}, labels
+    return {"input": item["input_ids"], "positions": item["position_ids"]}, masks.next_token_labels(item["labels"])
 
 
 class PackedTitanDataset(IterableDataset):
