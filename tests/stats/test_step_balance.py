@@ -103,7 +103,7 @@ def test_a_builds_report_has_the_table_packer_stats_draws(sample_dataset, tmp_pa
     assert written["step_balance"]["cases"][1]["tokens"]["busy_fraction"] == pytest.approx(_busy_by_loop(shuffled, 64),
                                                                                              abs=1e-12)
     page = (sample_dataset / "report.html").read_text(encoding="utf-8")
-    assert "the default, an 8B dense model" in _section(page)
+    assert "(the default: an 8B dense model; packer stats DIR --cost or --model-* for yours)" in _section(page)
     out = CliRunner().invoke(main, ["stats", str(sample_dataset), "--html", str(tmp_path / "p.html")])
     assert out.exit_code == 0, out.output
     assert _section(page) == _section((tmp_path / "p.html").read_text(encoding="utf-8"))
