@@ -26,7 +26,6 @@ import struct
 import numpy as np
 
 from packer.config import BuildConfig
-from packer.encode.records import RECORD_BATCH, RecordEncoder, kind_of_fields
 from packer.encode.text import encode_parts, encode_texts
 from packer.encode.tokenizer import TokenizerInfo, load_encoder
 from packer.io import atomic, fs
@@ -153,6 +152,8 @@ def unit_kind(unit: Unit, config: BuildConfig) -> str:
     """config.input_kind; under auto, the kind the unit's file shows by its fields (its reader's field_names)."""
     if config.input_kind != "auto":
         return config.input_kind
+    from packer.encode.records import kind_of_fields  # records only: a text build does not import them (start-up)
+
     return kind_of_fields(field_names(unit, max_doc_bytes=config.max_doc_bytes), config)
 
 
@@ -179,6 +180,8 @@ def _tokenize_into(unit, info, config, skips, tokens: _NpyAppender, lengths: _Np
 
 def _records_into(unit, info, config, skips, tokens, lengths, mask, kind: str, roles=None, eos=None) -> tuple[int, int]:
     """Records of the unit -> ids, lengths and mask, in batches of RECORD_BATCH (packer/encode/records.py)."""
+    from packer.encode.records import RECORD_BATCH, RecordEncoder
+
     encoder = RecordEncoder(kind, info, config, encode_texts)
     fields = encoder.fields()
     fix = {"chat": "choose the column with --messages-field", "prompt-completion": "choose it with --prompt-field",
