@@ -129,6 +129,29 @@ def test_sequence_stats_are_the_rows_sums(tmp_path, long_docs):
     assert len(parts) == index.n_buckets and all(p["seq_sq"].dtype == np.int64 for p in parts)
 
 
+def test_a_plan_without_squares_gives_stats_without_the_table(tmp_path, monkeypatch):
+    """A resumed build whose buckets were planned by a packer before seq_sq: stats.json as before, no
+    step-balance table, on both of finalize's paths (the other buckets' squares are not half used)."""
+    from packer.stats import streamed
+
+    units = [np.random.default_rng(8).integers(1, 20, size=int(n)) for n in (90, 130, 70)]
+    index, _ = _streamed(tmp_path, units, pack_group=60, seed=4)
+    plan_dir = tmp_path / "work" / PLAN_DIR
+
+    def stats():
+        return streamed.finalize_stats(lambda: iter(units), index, plan_dir, 8, algorithm="ffd", seed=4,
+                                       n_documents=290)
+
+    assert len(stats()["step_balance"]["cases"]) == 3  # 8 and 64 ranks, 64 x 4 rows: not 512 ranks
+    with np.load(plan_dir / "bucket-000001.stats.npz") as z:
+        old = {k: z[k] for k in z.files if k != "seq_sq"}
+    np.savez(plan_dir / "bucket-000001.stats.npz", **old)
+    assert sorted(index.sequence_stats(plan_dir)) == ["seq_docs", "seq_split", "seq_tokens"]
+    arrays = stats()
+    monkeypatch.setattr(streamed, "STREAM_ABOVE", 0)
+    assert "step_balance" not in arrays and "step_balance" not in stats() and arrays["packing"]["sequences"] > 64
+
+
 def test_shuffle_is_a_bijection_of_the_grouped_bins(tmp_path):
     """The bins are exactly those of packing each group alone (pack_groups), each once, in an
     order that mixes the groups: the first shard already holds bins of several groups."""
