@@ -30,7 +30,7 @@ def missing() -> str | None:
     try:
         import tiktoken  # noqa: F401
     except ImportError:
-        return "tiktoken is not installed (pip install 'packer[fast]')"
+        return "tiktoken is not installed (pip install tiktoken; it is one of packer's own dependencies)"
     return None
 
 
