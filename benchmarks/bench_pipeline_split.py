@@ -3,6 +3,7 @@
     python benchmarks/bench_pipeline_split.py                 # 3 corpora x 2 tokenizers x 1, 2 workers
     python benchmarks/bench_pipeline_split.py --mb 60 --repeat 3
     python benchmarks/bench_pipeline_split.py --nfc 5         # also the NFC check, paired (packer/encode/nfc.py)
+    python benchmarks/bench_pipeline_split.py --corpus DIR    # keep the corpora in DIR, or read them from there
     python benchmarks/bench_pipeline_split.py --smoke         # seconds (tests/test_benchmarks.py runs it)
 
 Corpora, made here from what this machine holds (deterministic on one machine; documents cut at
@@ -300,6 +301,8 @@ def main():
     parser.add_argument("--tokenizers", default="gpt2,qwen", help="gpt2 (GPT-2 style), qwen (NFC Qwen 2 style)")
     parser.add_argument("--vocab", type=int, default=50_000, help="tokens of each trained tokenizer")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; ratios are medians of paired rounds")
+    parser.add_argument("--corpus", type=Path, help="keep the corpora in DIR/KIND: written there when absent, else read "
+                        "from there (--mb ignored): the same texts on a quiet machine")
     parser.add_argument("--nfc", type=int, default=0, metavar="ROUNDS",
                         help="also the NFC check against normalizing every non-ASCII text, ROUNDS paired rounds")
     parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
@@ -315,7 +318,9 @@ def main():
           f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        corpora = {kind: write_corpus(d / kind, kind, int(args.mb * 1e6)) for kind in args.corpora.split(",")}
+        keep = args.corpus or d
+        corpora = {kind: sorted(map(str, (keep / kind).glob("part-*.jsonl"))) if args.corpus and (keep / kind).is_dir()
+                   else write_corpus(keep / kind, kind, int(args.mb * 1e6)) for kind in args.corpora.split(",")}
         sample = d / "sample.jsonl"
         with open(sample, "w", encoding="utf-8") as f:
             lines = (line for files in corpora.values() for p in files for line in open(p, encoding="utf-8"))
