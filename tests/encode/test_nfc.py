@@ -139,3 +139,13 @@ def test_the_tiktoken_engine_on_an_nfc_tokenizer_equals_tokenizers(qwen_nfc):
     got = encoder.encode_ids(texts, np.int64)
     want = hf.encode_batch(load_tokenizer(qwen_nfc), texts, np.int64)
     assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
+
+
+def test_a_lone_surrogate_is_refused_whether_or_not_the_text_is_nfc(qwen_nfc):
+    """Skipping the normalizer must not let a lone surrogate through: tiktoken refuses it as the normalizer did."""
+    from packer.encode.tokenizer import load_encoder
+
+    encoder = load_encoder(qwen_nfc, "tiktoken")
+    for text in ["a\ud800b", "caf\u00e9 \ud800", "cafe\u0301 \udfff", "x" * 20_000 + "e\u0301 \ud800" + "y" * 9000]:
+        with pytest.raises(TypeError, match="lone surrogate"):
+            encoder.encode_ids(["fine", text], np.uint32)
