@@ -76,11 +76,9 @@ SAMPLE_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")  # [L] each; c
 def megatron_sample(item: dict) -> dict:
     """A packer item (packer/train/items.py: input_ids, labels, position_ids, cu_seqlens, max_seqlen,
     optionally attention_mask) as Megatron's THD sample (the module docstring draws it)."""
-    input_ids = item["input_ids"]
-    labels = torch.full_like(item["labels"], masks.IGNORE_INDEX)
-    labels[:-1] = item["labels"][1:]  # packer's target of position i + 1 is Megatron's target of position i
+    labels = masks.next_token_labels(item["labels"])  # packer's target of position i + 1 is Megatron's of i
     sample = {
-        "tokens": input_ids.clone(),
+        "tokens": item["input_ids"].clone(),
         "labels": labels,
         "loss_mask": (labels != masks.IGNORE_INDEX).to(torch.float32),
         "position_ids": item["position_ids"].clone(),
