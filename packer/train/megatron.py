@@ -168,7 +168,7 @@ def sample_rows(indices: np.ndarray, num_samples: int | None, seed: int) -> np.n
     indices = np.asarray(indices, dtype=np.int64)
     epochs = 1 if not num_samples or not len(indices) else -(-int(num_samples) // len(indices))
     rng = np.random.RandomState(seed)
-    return np.concatenate([rng.permutation(indices) for _ in range(epochs)]) if epochs else indices
+    return np.concatenate([rng.permutation(indices) for _ in range(epochs)])
 
 
 def _check_length(dataset, sequence_length: int, where: str):
