@@ -192,7 +192,7 @@ def _dataset_class():
         Built by BlendedMegatronDatasetBuilder(PackedGPTDataset, sizes, is_built_on_rank, GPTDatasetConfig(
         blend=([packer dataset directory, ...], weights), split=..., sequence_length=L >= each build's
         context length, ...)). `sample_rows[k]` is the stored row of sample k; sample None (Megatron's
-        padding sample) is row 0 with loss_mask all 0."""
+        padding sample) is sample 0 (its row, sample_rows[0]) with loss_mask all 0."""
 
         def __init__(self, dataset, dataset_path, indices, num_samples, index_split, config):
             super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
