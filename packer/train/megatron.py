@@ -196,7 +196,6 @@ def _dataset_class():
 
         def __init__(self, dataset, dataset_path, indices, num_samples, index_split, config):
             super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
-            _check_length(dataset, config.sequence_length, dataset_path)
             if num_samples and not len(indices):
                 raise ValueError(f"{dataset_path}: the {index_split.name} split of split={config.split!r} holds none of "
                                  f"its {len(dataset)} rows, and {num_samples} samples were asked of it; give that split a "
