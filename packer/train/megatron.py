@@ -178,15 +178,65 @@ def _check_length(dataset, sequence_length: int, where: str):
                          f"{dataset.context_length} (rows are padded to it, never cut)")
 
 
-@functools.cache
-def _dataset_class():
+def _open_build(dataset_path: str, config):
+    """PackedGPTDataset.build_low_level_dataset: the packer build at dataset_path, opened once per build and
+    checked against the config (the sequence length holds its rows, and is a multiple of 2 * cp under context
+    parallelism)."""
+    if dataset_path is None or getattr(config, "fast_cache_load", False):
+        raise ValueError("PackedGPTDataset reads packer builds and makes its sample index in memory: give "
+                         "GPTDatasetConfig(blend=([packer dataset directory, ...], weights)) or blend_per_split, "
+                         "without mock data or fast_cache_load")
+    multiple = _pad_multiple(config)
+    if multiple and config.sequence_length % multiple:
+        raise ValueError(f"{dataset_path}: GPTDatasetConfig(sequence_length={config.sequence_length}) is not a "
+                         f"multiple of 2 * context_parallel_size = {multiple}, which every document and the "
+                         f"padding after them are padded to; set sequence_length to a multiple of {multiple}")
+    dataset = open_dataset(dataset_path)
+    _check_length(dataset, config.sequence_length, dataset_path)
+    return dataset
+
+
+def _check_split(dataset, dataset_path, indices, num_samples, index_split, config):
+    if num_samples and not len(indices):
+        raise ValueError(f"{dataset_path}: the {index_split.name} split of split={config.split!r} holds none of "
+                         f"its {len(dataset)} rows, and {num_samples} samples were asked of it; give that split a "
+                         "larger share or a size of 0")
+
+
+def _row_sample(dataset, row: int, config, pad_id: int, pad_multiple: int | None) -> dict:
+    """The THD sample of stored row `row` (megatron_sample of its item padded to config.sequence_length)."""
+    (tokens,), (offsets,) = dataset.views([row])
+    mask = dataset.mask_views([row]) if getattr(dataset, "has_loss_mask", False) else None
+    if pad_multiple:
+        _check_padded_length(dataset, row, offsets, pad_multiple, config.sequence_length)
+    item = make_item(tokens, offsets, loss_mask=None if mask is None else mask[0], pad_to=config.sequence_length,
+                     pad_id=pad_id, return_attention_mask=bool(config.create_attention_mask),
+                     pad_multiple=pad_multiple)
+    return megatron_sample(item)
+
+
+def _check_padded_length(dataset, row: int, offsets, k: int, sequence_length: int):
+    lengths = np.diff(np.asarray(offsets, dtype=np.int64))
+    padded = int((-(-lengths // k) * k).sum())
+    if padded > sequence_length:
+        raise ValueError(f"{dataset.path}: row {row} is {padded} tokens with its {len(lengths)} documents "
+                         f"padded to multiples of 2 * context_parallel_size = {k}, more than GPTDatasetConfig("
+                         f"sequence_length={sequence_length}); set sequence_length >= the context "
+                         f"length plus {k - 1} a document (rows are padded, never cut)")
+
+
+def _megatron_dataset():
     try:
         from megatron.core.datasets.megatron_dataset import MegatronDataset
     except ImportError as error:
         raise ModuleNotFoundError(f"packer.megatron.PackedGPTDataset needs megatron-core, which does not import here "
                                   f"({error}): pip install megatron-core", name="megatron") from None
+    return MegatronDataset
 
-    class PackedGPTDataset(MegatronDataset):
+
+@functools.cache
+def _dataset_class():
+    class PackedGPTDataset(_megatron_dataset()):
         """A packer build as a MegatronDataset: one sample per stored row (packer/train/megatron.py draws it).
 
         Built by BlendedMegatronDatasetBuilder(PackedGPTDataset, sizes, is_built_on_rank, GPTDatasetConfig(
@@ -196,10 +246,7 @@ def _dataset_class():
 
         def __init__(self, dataset, dataset_path, indices, num_samples, index_split, config):
             super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
-            if num_samples and not len(indices):
-                raise ValueError(f"{dataset_path}: the {index_split.name} split of split={config.split!r} holds none of "
-                                 f"its {len(dataset)} rows, and {num_samples} samples were asked of it; give that split a "
-                                 "larger share or a size of 0")
+            _check_split(dataset, dataset_path, indices, num_samples, index_split, config)
             self.unique_identifiers["generation"] = dataset.generation  # a rebuilt dataset never hits a stale cache
             self.unique_description = _describe(self.unique_identifiers)
             self.unique_description_hash = _md5(self.unique_description)
@@ -207,24 +254,8 @@ def _dataset_class():
             self.pad_id = int(dataset.manifest["config"].get("pad_id", 0))
             self.pad_multiple = _pad_multiple(config)
 
-        @staticmethod
-        def numel_low_level_dataset(low_level_dataset) -> int:
-            return len(low_level_dataset)  # splits cut rows
-
-        @staticmethod
-        def build_low_level_dataset(dataset_path: str, config):
-            if dataset_path is None or getattr(config, "fast_cache_load", False):
-                raise ValueError("PackedGPTDataset reads packer builds and makes its sample index in memory: give "
-                                 "GPTDatasetConfig(blend=([packer dataset directory, ...], weights)) or blend_per_split, "
-                                 "without mock data or fast_cache_load")
-            multiple = _pad_multiple(config)
-            if multiple and config.sequence_length % multiple:
-                raise ValueError(f"{dataset_path}: GPTDatasetConfig(sequence_length={config.sequence_length}) is not a "
-                                 f"multiple of 2 * context_parallel_size = {multiple}, which every document and the "
-                                 f"padding after them are padded to; set sequence_length to a multiple of {multiple}")
-            dataset = open_dataset(dataset_path)
-            _check_length(dataset, config.sequence_length, dataset_path)
-            return dataset
+        numel_low_level_dataset = staticmethod(len)  # splits cut rows
+        build_low_level_dataset = staticmethod(_open_build)
 
         @staticmethod
         def _key_config_attributes() -> list[str]:
@@ -237,28 +268,11 @@ def _dataset_class():
         def __getitem__(self, idx) -> dict:
             # One row at a time, as Megatron's samplers ask: 0.63 ms a sample of 4096 against the stock
             # GPTDataset's 0.46 on the same build (busy 2-core box, 2026-12-05, 180 samples, second pass).
-            row = int(self.sample_rows[0 if idx is None else idx])
-            (tokens,), (offsets,) = self.dataset.views([row])
-            mask = self.dataset.mask_views([row]) if getattr(self.dataset, "has_loss_mask", False) else None
-            if self.pad_multiple:
-                self._check_padded_length(row, offsets)
-            item = make_item(tokens, offsets, loss_mask=None if mask is None else mask[0],
-                             pad_to=self.config.sequence_length, pad_id=self.pad_id,
-                             return_attention_mask=bool(self.config.create_attention_mask),
-                             pad_multiple=self.pad_multiple)
-            sample = megatron_sample(item)
+            sample = _row_sample(self.dataset, int(self.sample_rows[0 if idx is None else idx]), self.config,
+                                 self.pad_id, self.pad_multiple)
             if idx is None:
                 sample["loss_mask"].zero_()
             return sample
-
-        def _check_padded_length(self, row: int, offsets):
-            k, lengths = self.pad_multiple, np.diff(np.asarray(offsets, dtype=np.int64))
-            padded = int((-(-lengths // k) * k).sum())
-            if padded > self.config.sequence_length:
-                raise ValueError(f"{self.dataset_path}: row {row} is {padded} tokens with its {len(lengths)} documents "
-                                 f"padded to multiples of 2 * context_parallel_size = {k}, more than GPTDatasetConfig("
-                                 f"sequence_length={self.config.sequence_length}); set sequence_length >= the context "
-                                 f"length plus {k - 1} a document (rows are padded, never cut)")
 
     PackedGPTDataset.__module__ = __name__
     PackedGPTDataset.__qualname__ = "PackedGPTDataset"  # pickles by name: module __getattr__ finds it
