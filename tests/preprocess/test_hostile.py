@@ -107,7 +107,7 @@ def _bad_files(tmp_path):
     d.mkdir()
     (d / "ok.jsonl").write_bytes(good)
     os.symlink(d / "absent.jsonl", d / "gone.jsonl")  # inside d: a link out of it is never followed
-    yield d, d / "gone.jsonl", "cannot open the file"
+    yield d, d / "gone.jsonl", "a symbolic link to " + str(d / "absent.jsonl") + ", which does not exist"
 
 
 def test_bad_files_fail_with_one_line_or_are_skipped(tmp_path):
