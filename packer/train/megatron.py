@@ -51,8 +51,9 @@ The same row at cp = 2, sequence_length 12:
 Megatron-LM's SFTDataset pads the same way (each conversation to a multiple of 2 * cp) but counts the padding
 into the conversation's one cu_seqlens; here cu_seqlens counts the real tokens and cu_seqlens_padded the spans,
 TE's two-boundary form (Megatron-Bridge's cu_seqlens_unpadded / cu_seqlens are the same pair). A row grows
-by up to 2 * cp - 1 tokens a document: sequence_length must be a multiple of 2 * cp, and a row whose padded
-documents outgrow it is refused with its length (rows are padded, never cut). packed_seq_params passes both.
+by up to 2 * cp - 1 tokens a document: sequence_length must be a multiple of 2 * cp, and a split holding a row
+whose padded documents outgrow it is refused when it is built, naming the row (rows are padded, never cut; the
+split's offsets are read once for it). packed_seq_params passes both.
 
 megatron-core is imported only when PackedGPTDataset or packed_seq_params is used.
 """
@@ -65,12 +66,13 @@ import numpy as np
 import torch
 
 from packer import masks
-from packer.store.dataset import open_dataset
+from packer.store.dataset import open_dataset, read_rows
 from packer.train.items import make_item
 
 __all__ = ["PackedGPTDataset", "collate_thd", "megatron_sample", "packed_seq_params"]  # noqa: F822 (lazy: below)
 
 SAMPLE_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")  # [L] each; cu_seqlens and max_seqlen beside
+ROWS_A_READ = 1 << 16  # rows whose offsets the context-parallel length check reads at a time
 
 
 def megatron_sample(item: dict) -> dict:
@@ -197,32 +199,59 @@ def _open_build(dataset_path: str, config):
 
 
 def _check_split(dataset, dataset_path, indices, num_samples, index_split, config):
+    """The split's rows fit the config, refused at construction, not mid-training: the split holds a row when
+    samples are asked of it, and under context parallelism every row fits sequence_length with its documents
+    padded to 2 * cp."""
     if num_samples and not len(indices):
         raise ValueError(f"{dataset_path}: the {index_split.name} split of split={config.split!r} holds none of "
                          f"its {len(dataset)} rows, and {num_samples} samples were asked of it; give that split a "
                          "larger share or a size of 0")
+    multiple = _pad_multiple(config)
+    if multiple and num_samples != 0:
+        _check_padded_rows(dataset, dataset_path, np.asarray(indices, np.int64), multiple, config.sequence_length)
+
+
+def _check_padded_rows(dataset, where, rows: np.ndarray, k: int, sequence_length: int):
+    """Every row of `rows` with its documents padded to multiples of k within sequence_length, from their offsets
+    (read ROWS_A_READ at a time, vectorised; the first read of a block checks it, as any read does)."""
+    first, longest = None, 0
+    for a in range(0, len(rows), ROWS_A_READ):
+        _, offsets = read_rows(dataset, rows[a:a + ROWS_A_READ])
+        padded, documents = _padded_row_lengths(offsets, k)
+        longest = max(longest, int(padded.max()))
+        over = np.flatnonzero(padded > sequence_length)
+        if first is None and len(over):
+            first = (int(rows[a + over[0]]), int(padded[over[0]]), int(documents[over[0]]))
+    if first is not None:
+        row, padded, documents = first
+        raise ValueError(f"{where}: row {row} is {padded} tokens with its {documents} documents padded to multiples of "
+                         f"2 * context_parallel_size = {k}, more than GPTDatasetConfig(sequence_length="
+                         f"{sequence_length}) (rows are padded, never cut); set sequence_length >= "
+                         f"{longest} (this split's longest padded row), or rebuild with a context length "
+                         f"leaving room (a row of context C and D documents pads to at most C + {k - 1} * D)")
+
+
+def _padded_row_lengths(offsets: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(length, documents) of each row (its offsets 0 ... T) with every document padded to a multiple of k:
+    sum(ceil(len / k) * k) over its documents, int64. Offsets [0, 3, 5] and [0, 4], k = 4 -> ([8, 4], [2, 1])."""
+    counts = np.fromiter(map(len, offsets), np.int64, len(offsets))
+    flat = np.concatenate(offsets).astype(np.int64)
+    ends = np.cumsum(counts)
+    lengths = np.diff(flat)
+    lengths[ends[:-1] - 1] = 0  # the step from one row's last offset to the next row's 0
+    padded = -(-lengths // k) * k
+    return np.add.reduceat(np.append(padded, 0), ends - counts), counts - 1
 
 
 def _row_sample(dataset, row: int, config, pad_id: int, pad_multiple: int | None) -> dict:
-    """The THD sample of stored row `row` (megatron_sample of its item padded to config.sequence_length)."""
+    """The THD sample of stored row `row` (megatron_sample of its item padded to config.sequence_length; under
+    context parallelism the row was checked to fit at construction)."""
     (tokens,), (offsets,) = dataset.views([row])
     mask = dataset.mask_views([row]) if getattr(dataset, "has_loss_mask", False) else None
-    if pad_multiple:
-        _check_padded_length(dataset, row, offsets, pad_multiple, config.sequence_length)
     item = make_item(tokens, offsets, loss_mask=None if mask is None else mask[0], pad_to=config.sequence_length,
                      pad_id=pad_id, return_attention_mask=bool(config.create_attention_mask),
                      pad_multiple=pad_multiple)
     return megatron_sample(item)
-
-
-def _check_padded_length(dataset, row: int, offsets, k: int, sequence_length: int):
-    lengths = np.diff(np.asarray(offsets, dtype=np.int64))
-    padded = int((-(-lengths // k) * k).sum())
-    if padded > sequence_length:
-        raise ValueError(f"{dataset.path}: row {row} is {padded} tokens with its {len(lengths)} documents "
-                         f"padded to multiples of 2 * context_parallel_size = {k}, more than GPTDatasetConfig("
-                         f"sequence_length={sequence_length}); set sequence_length >= the context "
-                         f"length plus {k - 1} a document (rows are padded, never cut)")
 
 
 def _megatron_dataset():

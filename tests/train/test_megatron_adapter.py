@@ -526,12 +526,39 @@ def test_context_parallel_lengths_are_refused_in_one_line(chat_build):
     with pytest.raises(ValueError, match=r"chat: GPTDatasetConfig\(sequence_length=258\) is not a multiple of 2 \* "
                                          r"context_parallel_size = 4, .* set sequence_length to a multiple of 4"):
         build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=258, context_parallel_size=CP)
-    train, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=200,
-                               context_parallel_size=CP)  # the context length: rows with padded documents outgrow it
-    with pytest.raises(ValueError, match=r"chat: row \d+ is \d+ tokens with its \d+ documents padded to multiples of "
-                                         r"2 \* context_parallel_size = 4, more than GPTDatasetConfig\(sequence_length=200\)"):
-        for k in range(len(train)):
-            train[k]
+    # At the context length, rows whose padded documents outgrow it are refused when the dataset is built, naming
+    # the first such row of the split, its padded length and the longest (the row found by brute force here).
+    ds = open_dataset(chat_build)
+    padded = [sum(-(-n // K) * K for n in np.diff(np.asarray(offsets, np.int64)).tolist()) for _, offsets in ds]
+    over = [r for r, n in enumerate(padded) if n > 200]
+    assert over and max(padded) > 200
+    first = over[0]
+    documents = len(ds[first][1]) - 1
+    with pytest.raises(ValueError, match=rf"chat: row {first} is {padded[first]} tokens with its {documents} documents "
+                                         r"padded to multiples of 2 \* context_parallel_size = 4, more than "
+                                         rf"GPTDatasetConfig\(sequence_length=200\) .* set sequence_length >= "
+                                         rf"{max(padded)} .* at most C \+ 3 \* D\)$"):
+        build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=200, context_parallel_size=CP)
+    # each split checks its own rows: the rows before the first too long build, with no sample asked of the rest
+    assert first > 0
+    train, valid, _ = build_splits([chat_build], None, f"{first},{len(padded) - first},0", [None, 0, 0],
+                                   sequence_length=200, context_parallel_size=CP)
+    assert sorted(train.sample_rows.tolist()) == list(range(first)) and valid.num_samples == 0
+
+
+def test_padded_row_lengths_on_seeded_random_rows():
+    """_padded_row_lengths (vectorised over many rows) against each row's documents padded one by one."""
+    from packer.train.megatron import _padded_row_lengths
+
+    assert [x.tolist() for x in _padded_row_lengths([np.array([0, 3, 5]), np.array([0, 4])], 4)] == [[8, 4], [2, 1]]
+    rng = np.random.default_rng(5)
+    for k in (1, 2, 4, 8):
+        rows = [np.concatenate([[0], np.cumsum(rng.integers(1, 20, rng.integers(0, 8)))]).astype(np.int32)
+                for _ in range(200)]
+        got, documents = _padded_row_lengths(rows, k)
+        assert got.tolist() == [sum(-(-int(n) // k) * k for n in np.diff(r)) for r in rows]
+        assert documents.tolist() == [len(r) - 1 for r in rows]
+        assert any(len(r) == 1 for r in rows) and any(len(r) > 3 for r in rows)  # empty and many-document rows
 
 
 def test_megatron_sample_with_padded_documents_on_seeded_random_rows():
