@@ -24,6 +24,7 @@ position i - 1). A row [a a a | b b] (offsets [0, 3, 5]) at sequence_length 6, p
     position_ids  int64   [L]    [0 1 2 0 1 0]        restart per document (padding too)
     cu_seqlens    int32   [n+1]  [0, 3, 5, 6]         packer's: the row's offsets, then the padding's end
     max_seqlen    int32   []     3                    a 0-d tensor, as Megatron-LM's SFTDataset gives
+    n_boundaries  int32   []     4                    len(cu_seqlens): the entries that are boundaries
     attention_mask bool [1, L, L]                     only with create_attention_mask: True = masked out
                                                       (Megatron's sense), block-causal per document
 
@@ -32,7 +33,10 @@ So the trained pairs (tokens[start..i], labels[i]) where loss_mask[i] = 1 are ex
 GPTDatasetConfig's reset_position_ids, reset_attention_mask and eod_mask_loss are not used (nothing
 is found from EOS tokens; boundaries are stored). `packed_seq_params(batch)` gives Megatron-Core's
 PackedSeqParams(qkv_format="thd") for a sample, a batch of `collate_thd`, or a default-collated
-[B, L] batch (its rows' cu_seqlens merged over the flattened B * L tokens).
+[B, L] batch (its rows' cu_seqlens merged over the flattened B * L tokens). max_seqlen and n_boundaries
+are host ints (CPU tensors; the default collate stacks them, [B], still on the CPU): keep them there when the
+rest of a batch moves to the GPU, and packed_seq_params reads nothing back from the device (megatron-core's
+get_thd_batch_on_this_cp_rank reads max_seqlen[0].item() the same way).
 
 Context parallelism (GPTDatasetConfig(context_parallel_size=cp > 1)): Transformer Engine's THD attention
 gives each of the cp ranks two chunks of every document, so every document is laid out padded to a
@@ -86,6 +90,7 @@ def megatron_sample(item: dict) -> dict:
         "position_ids": item["position_ids"].clone(),
         "cu_seqlens": item["cu_seqlens"].to(torch.int32).clone(),
         "max_seqlen": torch.tensor(int(item["max_seqlen"]), dtype=torch.int32),
+        "n_boundaries": torch.tensor(len(item["cu_seqlens"]), dtype=torch.int32),
     }
     if "cu_seqlens_padded" in item:  # pad_multiple: the documents' padded layout (TE's cu_seqlens_padded)
         sample["cu_seqlens_padded"] = item["cu_seqlens_padded"].to(torch.int32).clone()
@@ -97,7 +102,7 @@ def megatron_sample(item: dict) -> dict:
 def collate_thd(samples: list[dict]) -> dict:
     """B samples as one micro-batch of Megatron-LM's packed (THD) shape: tokens, labels, loss_mask and
     position_ids [1, B * L] (the rows back to back), cu_seqlens int32 [1, n + 1] merged (row k's
-    boundaries + k * L), max_seqlen int32 [1]; what Megatron-LM's get_batch takes with
+    boundaries + k * L), max_seqlen and n_boundaries int32 [1] (CPU); what Megatron-LM's get_batch takes with
     micro-batch-size 1 and seq_length B * L. Samples with attention_mask need the default collate. With
     cu_seqlens_padded (context parallelism) cu_seqlens runs on by each row's real tokens (its last entry) and
     cu_seqlens_padded by its length L, as TE takes a flattened micro-batch."""
@@ -106,8 +111,9 @@ def collate_thd(samples: list[dict]) -> dict:
                          "flatten; set create_attention_mask=False for THD, or use torch's default collate")
     batch = {key: torch.cat([s[key] for s in samples])[None] for key in SAMPLE_FIELDS}
     for key in ["cu_seqlens"] + ["cu_seqlens_padded"] * ("cu_seqlens_padded" in samples[0]):
-        batch[key] = _merged([s[key] for s in samples], [int(s[key][-1]) for s in samples])[None]  # by its last entry
+        batch[key] = _merged([s[key] for s in samples])[None]  # each row by its last entry
     batch["max_seqlen"] = torch.stack([s["max_seqlen"] for s in samples]).max().reshape(1).to(torch.int32)
+    batch["n_boundaries"] = torch.tensor([batch["cu_seqlens"].shape[1]], dtype=torch.int32)
     return batch
 
 
@@ -120,45 +126,65 @@ def packed_seq_params(batch: dict):
           cu_seqlens [B, n + 1])                         flattened B * L tokens (tokens.reshape(1, -1)):
                                                          each row's last boundary is its length L
 
-    Trailing -1 entries of a row's cu_seqlens (NeMo's and Megatron-LM's collate padding) are dropped.
     cu_seqlens_q = cu_seqlens_kv (int32, on the batch's device), max_seqlen_q = max_seqlen_kv (an int).
     With cu_seqlens_padded (context parallelism) as get_thd_batch_on_this_cp_rank makes them:
     cu_seqlens_q = cu_seqlens_kv the real tokens, cu_seqlens_q_padded = cu_seqlens_kv_padded the layout,
-    max_seqlen the longest padded span; without it the padded fields stay None (TE's faster kernel)."""
+    max_seqlen the longest padded span; without it the padded fields stay None (TE's faster kernel).
+
+    No device-to-host read where the batch carries max_seqlen and n_boundaries on the CPU, as packer's samples
+    and collates do: max_seqlen is read there, each row's boundaries are its first n_boundaries entries, and rows
+    merge on their device. Trailing -1 entries of a row's cu_seqlens (NeMo's and Megatron-LM's collate padding)
+    are cut at its n_boundaries; a batch without n_boundaries is searched for them (a read of cu_seqlens, a
+    device sync where it lies on a GPU), and one without max_seqlen has it computed from the boundaries (the same)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    tokens = batch.get("tokens")
-    cu_seqlens = _merged_rows(batch["cu_seqlens"], tokens)
+    tokens, counts = batch.get("tokens"), _host_ints(batch.get("n_boundaries"))
+    cu_seqlens = _merged_rows(batch["cu_seqlens"], tokens, counts)
     padded = batch.get("cu_seqlens_padded")
     if padded is not None:
-        padded = _merged_rows(padded, tokens)
-    spans = cu_seqlens if padded is None else padded
-    max_seqlen = int((spans[1:] - spans[:-1]).max()) if len(spans) > 1 else 0
+        padded = _merged_rows(padded, tokens, counts)
+    if batch.get("max_seqlen") is not None:
+        max_seqlen = max(_host_ints(batch["max_seqlen"]))
+    else:
+        spans = cu_seqlens if padded is None else padded
+        max_seqlen = int((spans[1:] - spans[:-1]).max()) if len(spans) > 1 else 0
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
                            cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
                            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
 
 
-def _merged_rows(cu, tokens) -> torch.Tensor:
+def _host_ints(value) -> list[int] | None:
+    """An int, or a tensor of them (read where it lies: on the CPU, no device sync), as a list."""
+    if value is None or isinstance(value, int):
+        return value if value is None else [value]
+    return torch.as_tensor(value).reshape(-1).tolist()
+
+
+def _merged_rows(cu, tokens, counts: list[int] | None) -> torch.Tensor:
     """One row's boundaries as they are; several rows' merged, each run on by its last boundary (cu_seqlens:
-    the row's real tokens; cu_seqlens_padded: its length L)."""
+    the row's real tokens; cu_seqlens_padded: its length L). counts: each row's n_boundaries (None: cut at -1)."""
     rows = [cu] if cu.dim() == 1 else list(cu)
-    rows = [r[r >= 0] if bool((r[1:] < 0).any()) else r for r in rows]
     if tokens is not None and tokens.dim() == 2 and tokens.shape[0] != len(rows):
         raise ValueError(f"packed_seq_params: {len(rows)} rows of cu_seqlens but tokens of shape {tuple(tokens.shape)}; "
                          "give a [B, L] batch with one cu_seqlens row each, or collate with packer.megatron.collate_thd")
+    if counts is None:
+        rows = [r[r >= 0] if bool((r[1:] < 0).any()) else r for r in rows]
+    elif len(counts) != len(rows):
+        raise ValueError(f"packed_seq_params: {len(counts)} n_boundaries for {len(rows)} rows of cu_seqlens; give one "
+                         "a row (packer's samples and collates carry them), or none")
+    else:
+        rows = [r[:n] for r, n in zip(rows, counts)]  # a view: no read
     if len(rows) == 1:
         return rows[0].to(torch.int32)
-    return _merged(rows, [int(r[-1]) for r in rows])
+    return _merged(rows)
 
 
-def _merged(cus: list, lengths: list[int]) -> torch.Tensor:
-    """Rows' cu_seqlens [0, 3, 4], [0, 2] of rows of 4 and 2 tokens -> [0, 3, 4, 6] (int32)."""
-    out, start = [cus[0].new_zeros(1, dtype=torch.int32)], 0
-    for cu, n in zip(cus, lengths):
-        out.append((cu[1:] + start).to(torch.int32))
-        start += n
-    return torch.cat(out)
+def _merged(cus: list) -> torch.Tensor:
+    """Rows' cu_seqlens [0, 3, 4], [0, 2] of rows of 4 and 2 tokens -> [0, 3, 4, 6] (int32), on their device:
+    each row moved on by the sum of the last boundaries before it, computed there (no read)."""
+    last = torch.stack([cu[-1] for cu in cus]).to(torch.int64)
+    shifts = torch.cumsum(last, 0) - last
+    return torch.cat([cus[0].new_zeros(1, dtype=torch.int32)] + [(cu[1:] + s).to(torch.int32) for cu, s in zip(cus, shifts)])
 
 
 # -- the dataset (megatron-core imported on first use) ----------------------------------------

@@ -198,6 +198,76 @@ def test_packed_seq_params_carry_packers_cu_seqlens(text_build, chat_build):
         packed_seq_params({"cu_seqlens": tail, "tokens": torch.zeros(2, L, dtype=torch.int64)})
 
 
+HOST = ("max_seqlen", "n_boundaries")  # what a trainer keeps on the CPU when the rest of a batch moves to the GPU
+
+
+class DeviceTensor(torch.Tensor):
+    """A CPU tensor standing for one on a GPU, with its values: what would read a GPU tensor back to the host
+    (item, tolist, bool, int, numpy, cpu) raises."""
+
+    READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__index__, torch.Tensor.__float__, torch.Tensor.numpy, torch.Tensor.cpu}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls.READS:
+            raise RuntimeError(f"a device-to-host read: {func.__name__}")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def on_device(batch, device):
+    """The batch as a trainer moves it: every tensor but the host ints to `device` ("meta": shapes only, any read
+    raises; "values": DeviceTensor)."""
+    move = (lambda t: t.as_subclass(DeviceTensor)) if device == "values" else (lambda t: t.to(device))
+    return {key: value if key in HOST else move(value) for key, value in batch.items()}
+
+
+def assert_params_equal(got, expected, device):
+    assert got.qkv_format == "thd" and got.max_seqlen_q == got.max_seqlen_kv == expected.max_seqlen_q
+    assert isinstance(got.max_seqlen_q, int) and got.cu_seqlens_kv is got.cu_seqlens_q
+    assert got.cu_seqlens_kv_padded is got.cu_seqlens_q_padded
+    for field in ("cu_seqlens_q", "cu_seqlens_q_padded"):
+        a, b = getattr(got, field), getattr(expected, field)
+        if b is None:
+            assert a is None
+            continue
+        assert a.dtype == torch.int32 and a.shape == b.shape
+        if device == "meta":
+            assert a.device.type == "meta"
+        else:
+            assert type(a) is DeviceTensor and torch.equal(a.as_subclass(torch.Tensor), b)
+
+
+@pytest.mark.parametrize("device", ["meta", "values"])
+def test_packed_seq_params_reads_nothing_back_from_the_device(chat_build, device):
+    """With the batch's tensors on a device and its host ints (max_seqlen, n_boundaries) on the CPU, as Megatron's
+    get_batch leaves max_seqlen, packed_seq_params gives the same PackedSeqParams as on the CPU without a
+    device-to-host read: one sample, collate_thd, a default-collated [B, L] batch, with and without context
+    parallelism, and cu_seqlens padded with -1 (cut at n_boundaries)."""
+    plain, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0])
+    cp, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP, context_parallel_size=CP)
+    assert bool(torch.tensor([1]).any())  # a CPU read is no device read
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the stand-ins do refuse a read
+        bool((on_device(collate_thd([plain[0]]), device)["cu_seqlens"] < 0).any())
+    n_batches = 0
+    for train in (plain, cp):
+        samples = [train[k] for k in range(len(train))]
+        by_count = {}
+        for sample in samples:
+            by_count.setdefault(len(sample["cu_seqlens"]), []).append(sample)
+        group = max(by_count.values(), key=len)[:3]
+        assert len(group) == 3
+        tail = dict(samples[1], cu_seqlens=torch.cat([samples[1]["cu_seqlens"], torch.full((5,), -1, dtype=torch.int32)]))
+        if "cu_seqlens_padded" in tail:
+            tail["cu_seqlens_padded"] = torch.cat([tail["cu_seqlens_padded"], torch.full((5,), -1, dtype=torch.int32)])
+        for batch in (samples[0], default_collate(samples[:1]), collate_thd(samples[:3]), default_collate(group), tail):
+            expected = packed_seq_params(batch)
+            assert_params_equal(packed_seq_params(on_device(batch, device)), expected, device)
+            n_batches += 1
+        assert expected.cu_seqlens_q.tolist() == samples[1]["cu_seqlens"].tolist()  # the -1s cut
+    assert n_batches == 10
+
+
 def test_dense_attention_mask_and_the_padding_sample(chat_build):
     """create_attention_mask=True: [1, L, L], True where Megatron masks (a later token or another document);
     sample None (Megatron's padding sample) trains nothing."""
