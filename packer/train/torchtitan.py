@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from packer import masks
+from packer.store.manifest import load_manifest
 from packer.train.data import PackedDataset
 from packer.train.items import ItemFields
 
@@ -58,7 +59,7 @@ class PackedTitanDataset(IterableDataset):
         taken = sorted(set(packed_kwargs) & set(_OURS))
         if taken:
             raise ValueError(f"PackedTitanDataset sets {taken} itself (dp_rank, dp_world_size, seq_len); drop them")
-        context_length = PackedDataset(path, **packed_kwargs).context_length  # before PackedDataset's pad_to check
+        context_length = _context_length(path)  # manifests only, before PackedDataset's own pad_to check
         if seq_len < context_length:
             raise ValueError(f"seq_len={seq_len} is shorter than the context length {context_length} of {path!s}: "
                              "packer rows are never cut (a cut splits documents); set torchtitan's training.seq_len "
@@ -83,6 +84,14 @@ class PackedTitanDataset(IterableDataset):
 
     def load_state_dict(self, state: dict):
         self.packed.load_state_dict(state)
+
+
+def _context_length(path) -> int:
+    """The longest context length of the build(s) `path` names (PackedDataset's forms: one, a list, a dict), from
+    their manifests: what building a PackedDataset only to read it would cost (with balance=, every row's cost)
+    is spent once, by the one PackedTitanDataset builds."""
+    _, paths = PackedDataset._paths(path)
+    return max(int(load_manifest(p)[0]["config"]["context_length"]) for p in paths)
 
 
 def titan_dataloader(dataset: PackedTitanDataset, local_batch_size: int, **loader_kwargs):

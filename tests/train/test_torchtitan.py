@@ -212,6 +212,36 @@ def test_torchtitans_own_mask_helpers(dataset):
                            doc[:, None] == doc[None, :])
 
 
+def test_seq_len_shorter_than_the_rows_is_one_line(builds):
+    text, chat = builds("text"), builds("chat")
+    longest = max(seq_len_of(text), seq_len_of(chat)) - EXTRA
+    with pytest.raises(ValueError, match=rf"seq_len={longest - 1} is shorter than the context length {longest} of .*"
+                                         rf"set torchtitan's training.seq_len >= {longest}"):
+        PackedTitanDataset([text, chat], seq_len=longest - 1)
+
+
+def test_balanced_rows_cost_once_and_deal_as_packers_loader(builds, monkeypatch):
+    """With balance= passed through, every row's cost is read once (one PackedDataset, not one more to learn the
+    context length), and the samples are the balanced PackedDataset's items, in its order."""
+    from packer.data import Balance
+    from packer.train import data
+
+    dataset = builds("chat")
+    calls = []
+    counted = data.dataset_tokens_pairs
+    monkeypatch.setattr(data, "dataset_tokens_pairs", lambda ds: calls.append(ds) or counted(ds))
+    balance = Balance(window=2)
+    titan = PackedTitanDataset(dataset, seq_len=seq_len_of(dataset), dp_rank=1, dp_world_size=2, infinite=False,
+                               seed=3, balance=balance)
+    assert len(calls) == 1
+    ours = PackedDataset(str(dataset), rank=1, world_size=2, seed=3, balance=balance,
+                         fields=ItemFields(pad_to=seq_len_of(dataset)))
+    samples, items = list(titan), list(ours)
+    assert len(samples) == len(items) > 10
+    for (inputs, labels), item in zip(samples, items):
+        assert torch.equal(inputs["input"], item["input_ids"]) and torch.equal(inputs["positions"], item["position_ids"])
+
+
 # -- ranks and resume ----------------------------------------------------------------------
 
 
