@@ -37,10 +37,16 @@ step 45 test_hf "$PY" -m pytest tests/train/test_hf.py -k cuda -q -rs -p no:cach
 # context-parallel layouts (ItemFields(pad_multiple=K)): varlen_attention on masks.padded_segments, and Transformer
 # Engine's THD attention given cu_seqlens / cu_seqlens_padded (where it imports), against each document alone
 step 60 test_items_padded "$PY" -m pytest tests/train/test_items_padded.py -k cuda -q -rs -p no:cacheprovider
+# Megatron THD: packed_seq_params on CUDA batches makes no device sync (torch.cuda.set_sync_debug_mode("error"))
+if "$PY" -c "import megatron.core" >/dev/null 2>&1; then
+    step 60 test_megatron_no_sync "$PY" -m pytest tests/train/test_megatron_adapter.py -k no_device_sync_cuda -q -rs \
+        -p no:cacheprovider
+fi
 # Megatron THD: Transformer Engine's DotProductAttention (qkv_format="thd") given packer's PackedSeqParams, as
 # Megatron's TEDotProductAttention passes them, against packer's varlen_attention and a float64 per-document reference
 if "$PY" -c "import transformer_engine.pytorch, megatron.core" >/dev/null 2>&1; then
-    step 120 test_megatron_te "$PY" -m pytest tests/train/test_megatron_adapter.py -k cuda -q -rs -p no:cacheprovider
+    step 120 test_megatron_te "$PY" -m pytest tests/train/test_megatron_adapter.py -k "cuda and not no_device_sync" -q -rs \
+        -p no:cacheprovider
 else
     echo; echo "=== test_megatron_te: skipped: transformer_engine or megatron-core does not import here" \
         "(pip install megatron-core 'transformer-engine[pytorch]' on the CUDA box to run it)"

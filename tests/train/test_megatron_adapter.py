@@ -238,18 +238,12 @@ def assert_params_equal(got, expected, device):
             assert type(a) is DeviceTensor and torch.equal(a.as_subclass(torch.Tensor), b)
 
 
-@pytest.mark.parametrize("device", ["meta", "values"])
-def test_packed_seq_params_reads_nothing_back_from_the_device(chat_build, device):
-    """With the batch's tensors on a device and its host ints (max_seqlen, n_boundaries) on the CPU, as Megatron's
-    get_batch leaves max_seqlen, packed_seq_params gives the same PackedSeqParams as on the CPU without a
-    device-to-host read: one sample, collate_thd, a default-collated [B, L] batch, with and without context
-    parallelism, and cu_seqlens padded with -1 (cut at n_boundaries)."""
-    plain, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0])
-    cp, _, _ = build_splits([chat_build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP, context_parallel_size=CP)
-    assert bool(torch.tensor([1]).any())  # a CPU read is no device read
-    with pytest.raises((RuntimeError, NotImplementedError)):  # the stand-ins do refuse a read
-        bool((on_device(collate_thd([plain[0]]), device)["cu_seqlens"] < 0).any())
-    n_batches = 0
+def host_int_batches(build) -> list[dict]:
+    """Batches of the build's samples, without and with context parallelism: one sample, micro-batch 1
+    default-collated, collate_thd of 3, a default-collated [3, L] batch, one sample's cu_seqlens padded with -1."""
+    plain, _, _ = build_splits([build], None, "100,0,0", [None, 0, 0])
+    cp, _, _ = build_splits([build], None, "100,0,0", [None, 0, 0], sequence_length=L_CP, context_parallel_size=CP)
+    batches = []
     for train in (plain, cp):
         samples = [train[k] for k in range(len(train))]
         by_count = {}
@@ -257,15 +251,48 @@ def test_packed_seq_params_reads_nothing_back_from_the_device(chat_build, device
             by_count.setdefault(len(sample["cu_seqlens"]), []).append(sample)
         group = max(by_count.values(), key=len)[:3]
         assert len(group) == 3
-        tail = dict(samples[1], cu_seqlens=torch.cat([samples[1]["cu_seqlens"], torch.full((5,), -1, dtype=torch.int32)]))
-        if "cu_seqlens_padded" in tail:
-            tail["cu_seqlens_padded"] = torch.cat([tail["cu_seqlens_padded"], torch.full((5,), -1, dtype=torch.int32)])
-        for batch in (samples[0], default_collate(samples[:1]), collate_thd(samples[:3]), default_collate(group), tail):
-            expected = packed_seq_params(batch)
-            assert_params_equal(packed_seq_params(on_device(batch, device)), expected, device)
-            n_batches += 1
-        assert expected.cu_seqlens_q.tolist() == samples[1]["cu_seqlens"].tolist()  # the -1s cut
-    assert n_batches == 10
+        minus = torch.full((5,), -1, dtype=torch.int32)
+        tail = {**samples[1], **{key: torch.cat([samples[1][key], minus]) for key in ("cu_seqlens", "cu_seqlens_padded")
+                                 if key in samples[1]}}
+        batches += [samples[0], default_collate(samples[:1]), collate_thd(samples[:3]), default_collate(group), tail]
+    assert "cu_seqlens_padded" in batches[-1] and packed_seq_params(batches[-1]).cu_seqlens_q.tolist() == \
+        batches[-1]["cu_seqlens"][:int(batches[-1]["n_boundaries"])].tolist()  # the -1s cut
+    return batches
+
+
+@pytest.mark.parametrize("device", ["meta", "values"])
+def test_packed_seq_params_reads_nothing_back_from_the_device(chat_build, device):
+    """With the batch's tensors on a device and its host ints (max_seqlen, n_boundaries) on the CPU, as Megatron's
+    get_batch leaves max_seqlen, packed_seq_params gives the same PackedSeqParams as on the CPU without a
+    device-to-host read: one sample, collate_thd, a default-collated [B, L] batch, with and without context
+    parallelism, and cu_seqlens padded with -1 (cut at n_boundaries)."""
+    batches = host_int_batches(chat_build)
+    assert bool(torch.tensor([1]).any())  # a CPU read is no device read
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the stand-ins do refuse a read
+        bool((on_device(batches[0], device)["cu_seqlens"] < 0).any())
+    for batch in batches:
+        assert_params_equal(packed_seq_params(on_device(batch, device)), packed_seq_params(batch), device)
+    assert len(batches) == 10
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs it)")
+def test_packed_seq_params_makes_no_device_sync_cuda(chat_build):
+    """The GPU twin of the test above: the batches on CUDA (host ints left on the CPU), packed_seq_params under
+    torch.cuda.set_sync_debug_mode("error") (a synchronizing CUDA call raises) equals the CPU result."""
+    for batch in host_int_batches(chat_build):
+        expected = packed_seq_params(batch)
+        moved = {key: value if key in HOST else value.cuda() for key, value in batch.items()}
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = packed_seq_params(moved)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert got.max_seqlen_q == got.max_seqlen_kv == expected.max_seqlen_q
+        assert got.cu_seqlens_q.is_cuda and torch.equal(got.cu_seqlens_q.cpu(), expected.cu_seqlens_q)
+        assert (got.cu_seqlens_q_padded is None) == (expected.cu_seqlens_q_padded is None)
+        if expected.cu_seqlens_q_padded is not None:
+            assert torch.equal(got.cu_seqlens_q_padded.cpu(), expected.cu_seqlens_q_padded)
 
 
 def test_dense_attention_mask_and_the_padding_sample(chat_build):
