@@ -203,10 +203,6 @@ def _run_job(job: Job, keep_work: bool, overwrite: bool, quiet: bool):
         click.echo(f"config: {json.dumps(job.config.to_dict())}", err=True)
     manifest = build(job, keep_work=keep_work, overwrite=overwrite, progress="off" if quiet else "auto")
     _print_summary(manifest, job.output)
-    if manifest["config"]["format"] == "megatron":
-        from packer.store.formats.megatron import NOTICE
-
-        click.echo(NOTICE)
 
 
 BUILD_FIELDS = tuple(f.name for f in dataclasses.fields(BuildConfig))

@@ -54,6 +54,13 @@ EXTRA_FILES = sidecars.FILES  # loss_mask, source_ids, role_ids: packer/store/fo
 NOTICE = ("megatron: Megatron's stock GPTDataset re-packs these shards (shuffled, re-chunked: attention, positions "
           "and loss cross documents; loss masks unread); train with packer.megatron.PackedGPTDataset, one stored row "
           "per sample (docs/format.md)")
+
+
+def build_notes(manifest: dict) -> list[str]:
+    """Said at the end of every megatron build: what stock GPTDataset does with these files."""
+    return [NOTICE]
+
+
 DERIVED_FILES = memmap.DERIVED_FILES  # nothing beside the shards
 derived_files = memmap.derived_files
 MAGIC = b"MMIDIDX\x00\x00"
