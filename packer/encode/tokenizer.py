@@ -181,7 +181,7 @@ def _loaded(path: str):
 
     path = resolve_tokenizer(path)
     try:
-        if fs.is_remote(path):
+        if fs.is_uri(path):  # read through its place (a store, memory://, file://); a name is not resolved twice
             tok = Tokenizer.from_str(fs.location(path).read_text())
         else:
             tok = Tokenizer.from_file(path)
