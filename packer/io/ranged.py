@@ -147,6 +147,18 @@ def _drop_handle(path, owner: int, error=None):
             pass
 
 
+def _refuse_shrunk(path, start: int, stop: int, error):
+    """Raise retry.Shrunk when the object itself now ends before `stop`: a failed read is retried only
+    when the store still holds the bytes (a replaced dataset waited out the whole 60 s deadline before
+    its loader said so). Asked only after a failure, so a healthy read costs no extra request."""
+    size = path.size()
+    if size is None and error is not None:
+        raise error  # the object is gone: the read's own error (FileNotFoundError where the store says so)
+    if size is None or size < stop:
+        raise retry.Shrunk(f"bytes {start}-{stop} asked of an object of {size} bytes now: replaced or truncated "
+                           "in the store") from error
+
+
 def read_range(path, start: int, stop: int):
     """Bytes [start, stop) of a remote file (a RemotePath) as a pyarrow Buffer, in one ranged
     read, retried with backoff, each try timed out, all within a deadline (packer/io/retry.py); a
@@ -154,9 +166,14 @@ def read_range(path, start: int, stop: int):
     owner = threading.get_ident()
 
     def read():
-        data = _handle(path, owner).read_at(stop - start, start)
+        try:
+            data = _handle(path, owner).read_at(stop - start, start)
+        except OSError as e:  # pyarrow's "Cannot read past end of file" once a fresh handle knows the new size
+            _refuse_shrunk(path, start, stop, e)
+            raise
         if len(data) != stop - start:
-            raise OSError(f"short read: {len(data)} of {stop - start} bytes (the object was replaced or truncated)")
+            _refuse_shrunk(path, start, stop, None)
+            raise OSError(f"short read: {len(data)} of {stop - start} bytes (cut in transit)")
         return data
 
     return retry.retried(read, path, start, stop, on_error=lambda e: _drop_handle(path, owner, e))

@@ -76,7 +76,12 @@ def policy() -> Policy:
     return Policy(**given)
 
 
-PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+class Shrunk(OSError):
+    """The object itself is shorter than the range read (replaced or truncated in the store, not cut in
+    transit): asking again cannot help, and a loader's replaced-dataset check should run at once."""
+
+
+PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, Shrunk)
 
 
 def is_transient(error: BaseException) -> bool:
