@@ -89,7 +89,7 @@ DRIVER = textwrap.dedent("""
     threads.cgroup_quota_cores = lambda: None  # the cores are the affinity's alone, whatever quota CI runs under
     ex = make_executor(workers)
     try:
-        print(json.dumps(ex.map(count, [(engine,)] * workers)))
+        print(json.dumps(ex.map(count, [(engine, workers)] * workers)))
     finally:
         ex.close()
 """)
@@ -98,7 +98,8 @@ PROBE = textwrap.dedent("""
     import os
     import numpy as np
 
-    def count(engine):
+    def count(engine, workers):
+        import glob, time
         from packer.encode.engines.threads import engine_threads
         from packer.encode.text import encode_parts
         from packer.encode.tokenizer import load_encoder
@@ -110,6 +111,12 @@ PROBE = textwrap.dedent("""
         for _ in encode_parts(encoder, texts, dtype=np.uint32):
             pass
         started = set(os.listdir("/proc/self/task")) - loaded
+        # each call waits for the other workers' calls, so a pool cannot hand two calls to one process
+        here = os.path.dirname(os.path.abspath(__file__))
+        open(os.path.join(here, "pid-%%d" %% os.getpid()), "w").close()
+        deadline = time.monotonic() + 60
+        while len(glob.glob(os.path.join(here, "pid-*"))) < workers and time.monotonic() < deadline:
+            time.sleep(0.01)
         return {"started": len(started), "by_load": len(loaded - before), "setting": engine_threads(),
                 "pid": os.getpid()}
 """) % TOKENIZER
