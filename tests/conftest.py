@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,13 @@ def _rule_verdicts_of_this_run(tmp_path_factory):
         del os.environ["PACKER_RULE_CACHE"]
     else:
         os.environ["PACKER_RULE_CACHE"] = before
+
+
+def undated(page: bytes, engine: bool = False) -> bytes:
+    """A report.html without its header's build date (the one line two runs of a build differ in), and
+    with engine=True without the encode engine's line (builds with two engines differ there too)."""
+    page = re.sub(rb"<dt>built</dt><dd>[^<]*</dd>", b"", page)
+    return re.sub(rb"<dt>encode engine</dt><dd>[^<]*</dd>", b"", page) if engine else page
 
 
 def schema_errors(value) -> list[str]:

@@ -331,6 +331,7 @@ def _finalize(run: _Run) -> dict:
         "inputs": readers.input_descriptions(files),
         "shards": run.entries,
         "totals": _totals(counters, plan, config, work, run.skipped_files),
+        "created_unix": round(time.time(), 3),  # before the page: its header says the date
     }
     if named:
         manifest["sources"] = sources.source_entries(named.described, named.unit_sources, counters, summary,
@@ -507,7 +508,6 @@ def _build_into(job: Job, files, info, out, work, record: dict, expected: dict, 
     run = _Run(job=job, files=files, info=info, work=work, staged=staged, named=named, units=units,
                skipped_files=skipped_files or [], counters=counters, plan=plan, entries=entries)
     manifest = _finalize(run)
-    manifest["created_unix"] = round(time.time(), 3)
     manifest["build_seconds"] = round(time.time() - started, 3)
     atomic.write_json(staged / MANIFEST, manifest)  # last: the new dataset is complete
     return manifest

@@ -13,6 +13,7 @@ import html
 import io
 import json
 import re
+import time
 
 import numpy as np
 
@@ -279,21 +280,25 @@ pre{overflow-x:auto}"""
 
 
 def page_build(manifest: dict | None) -> dict | None:
-    """What the page's header says about the build, from its manifest: only what is the same on every
-    run of the same command (no date, no output path, no encode engine: the page is byte-identical
-    whatever the engine and wherever it is built; the header shows where the page lies by itself)."""
+    """What the page's header says about the build, from its manifest (so `packer verify` redraws it
+    from the same file): the settings, the encode engine and the date. No output path: the page is the
+    same wherever the dataset is moved; the header shows where it lies by itself."""
     if not manifest:
         return None
     config, tok = manifest.get("config", {}), manifest.get("tokenizer", {})
+    engine = tok.get("encode_engine") or {}
+    created = manifest.get("created_unix")
     return {"tokenizer": str(tok.get("path", "?")), "tokenizer_sha256": str(tok.get("sha256", ""))[:12],
             "vocab_size": tok.get("vocab_size"), "format": config.get("format", "arrow"),
             "algorithm": config.get("algorithm", "ffd"), "long_docs": config.get("long_docs", "split"),
-            "inputs": len(manifest.get("inputs") or ())}
+            "inputs": len(manifest.get("inputs") or ()),
+            "engine": " ".join(str(engine[k]) for k in ("name", "check") if engine.get(k)) or None,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(created)) if created else None}
 
 
 def _header_html(f: dict, build: dict | None) -> str:
     """The page's header: where it lies (its own folder, read by the browser), the build's settings,
-    and where the date and the engine are."""
+    its encode engine and the date it was built (both from manifest.json)."""
     where = "dataset directory" if build else "this page's folder"
     rows = [(where, '<span id="where">the folder holding this page</span>')]
     if build:
@@ -303,9 +308,10 @@ def _header_html(f: dict, build: dict | None) -> str:
                  ("packing", html.escape(f"{build['algorithm']}, long documents {build['long_docs']}"))]
     rows += [("context length", f"{f['context_length']:,}"), ("batch size, seed", f"{f['batch_size']}, {f['seed']}"),
              ("inputs", html.escape(_source_line(f)))]
-    if build:
-        rows.append(("date, encode engine", "in manifest.json (<code>created_unix</code>, <code>tokenizer.encode_engine"
-                                            "</code>): this page is the same bytes whatever the engine and the day"))
+    if build and build.get("engine"):
+        rows.append(("encode engine", html.escape(build["engine"] + " (every engine gives the tokenizer's own ids)")))
+    if build and build.get("date"):
+        rows.append(("built", html.escape(build["date"])))
     items = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     script = ("<script>document.getElementById('where').textContent=decodeURIComponent("
               r"location.pathname.replace(/\/[^\/]*$/,'')||'.')</script>")

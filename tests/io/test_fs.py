@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("fsspec")
 
-from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample  # noqa: E402
+from conftest import SAMPLE_INPUTS, TOKENIZER, build_sample, undated  # noqa: E402
 
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
@@ -36,6 +36,8 @@ def _files(loc) -> dict[str, bytes]:
     for key in TIMESTAMPS:
         manifest.pop(key)
     files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    if "report.html" in files:
+        files["report.html"] = undated(files["report.html"])
     return files
 
 

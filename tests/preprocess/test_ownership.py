@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLE_INPUTS, TOKENIZER, run_packer
+from conftest import SAMPLE_INPUTS, TOKENIZER, run_packer, undated
 
 from packer.cli import main
 from packer.config import BuildConfig, Job
@@ -49,6 +49,8 @@ def _dataset(out: Path) -> dict[str, bytes]:
     manifest = json.loads(files.pop("manifest.json"))
     manifest.pop("created_unix"), manifest.pop("build_seconds")
     files["manifest.json"] = json.dumps(manifest).encode()
+    if "report.html" in files:
+        files["report.html"] = undated(files["report.html"])
     return files
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 ray = pytest.importorskip("ray")
 
-from conftest import SAMPLE_INPUTS, TOKENIZER  # noqa: E402
+from conftest import SAMPLE_INPUTS, TOKENIZER, undated  # noqa: E402
 
 from packer.cli import main  # noqa: E402
 from packer.config import BuildConfig, Job  # noqa: E402
@@ -88,6 +88,8 @@ def _files(path) -> dict[str, bytes]:
     for key in VOLATILE:
         manifest.pop(key)
     files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    if "report.html" in files:
+        files["report.html"] = undated(files["report.html"])
     return files
 
 

@@ -5,8 +5,10 @@ charts: tests/stats/test_svg.py."""
 from __future__ import annotations
 
 import html
+import json
 import struct
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +17,7 @@ from conftest import TOKENIZER
 from packer.cli import main
 from packer.stats import mask_image, report
 from packer.stats.figures import corpus_stats
+from packer.store.verify import verify_dataset
 
 pytest.importorskip("matplotlib")  # in the dev extra, so CI runs these
 
@@ -136,6 +139,13 @@ def test_run_writes_the_report_beside_the_shards(tmp_path):
     assert result.exit_code == 0, result.output
     page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     assert "report:" in result.output and "<svg xmlns=" in page and "pack, first-fit decreasing" in page
+    # the header names the build's engine and its date, both read from the manifest (so verify redraws it)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    engine = manifest["tokenizer"]["encode_engine"]
+    built = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(manifest["created_unix"]))
+    assert f"<dt>encode engine</dt><dd>{engine['name']} {engine['check']} (" in page
+    assert f"<dt>built</dt><dd>{built}</dd>" in page
+    verify_dataset(tmp_path / "out")  # the page is the one its stats.json and manifest give
 
 
 MEASURE = """<script>
