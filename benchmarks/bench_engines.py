@@ -230,10 +230,8 @@ def cl100k(path: Path) -> str | None:
     return str(path)
 
 
-BASELINE = textwrap.dedent("""
-    import json, sys, time
-    from tokenizers import Tokenizer
-    files = json.loads(sys.argv[1])
+# A child script's texts (from the JSONL `files`) cut into the tokenize stage's batches, as `texts` and `batches`.
+BATCHES = textwrap.dedent("""
     texts = [json.loads(line)["text"] for f in files for line in open(f, encoding="utf-8")]
     batches, cur, n = [], [], 0
     for t in texts:  # the stage's batches: 1024 documents or ~1 MiB
@@ -241,6 +239,13 @@ BASELINE = textwrap.dedent("""
         if n >= 1 << 20 or len(cur) >= 1024:
             batches.append(cur); cur, n = [], 0
     batches.append(cur)
+""")
+
+BASELINE = textwrap.dedent("""
+    import json, sys, time
+    from tokenizers import Tokenizer
+    files = json.loads(sys.argv[1])
+""") + BATCHES + textwrap.dedent("""
     tok = Tokenizer.from_file(sys.argv[2])
     tok.encode_special_tokens = True
     t = time.perf_counter()

@@ -155,13 +155,7 @@ ENGINE_ALONE = textwrap.dedent("""
     import tiktoken
     from packer.encode.engines import byte_level
     files, path, threads = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    texts = [json.loads(line)["text"] for f in files for line in open(f, encoding="utf-8")]
-    batches, cur, n = [], [], 0
-    for t in texts:  # the stage's batches: 1024 documents or ~1 MiB
-        cur.append(t); n += len(t)
-        if n >= 1 << 20 or len(cur) >= 1024:
-            batches.append(cur); cur, n = [], 0
-    batches.append(cur)
+""") + bench_engines.BATCHES + textwrap.dedent("""
     vocab = byte_level.ranked_vocab_at(path)
     enc = tiktoken.Encoding("alone", pat_str=byte_level.FAST_FORMS.get(vocab.pattern, vocab.pattern),
                             mergeable_ranks=vocab.ranks, special_tokens={})
