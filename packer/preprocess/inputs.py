@@ -71,6 +71,10 @@ def _realpath(path: str) -> str | None:
         return None
 
 
+def _inside(real: str, root_real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
 def _outside(child: str, root_real: str | None) -> str | None:
     """The target of `child` when it is a local symlink resolving outside `root_real`, else None."""
     if root_real is None or not os.path.islink(child):
@@ -78,7 +82,7 @@ def _outside(child: str, root_real: str | None) -> str | None:
     target = _realpath(child)
     if target is None:
         return None  # listed as itself: planning names the chain (link_problem)
-    return None if target == root_real or target.startswith(root_real.rstrip(os.sep) + os.sep) else target
+    return None if _inside(target, root_real) else target
 
 
 def _walk(directory: str, place, ancestors: dict, root_real: str | None = None) -> list[str]:
@@ -117,10 +121,6 @@ def _glob_root(pattern: str) -> str:
         if not head:
             return "."
     return head or os.sep
-
-
-def _inside(real: str, root_real: str) -> bool:
-    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
 def link_problem(path: str) -> str | None:

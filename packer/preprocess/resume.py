@@ -16,6 +16,7 @@ from pathlib import Path
 
 from packer.io import atomic, fs
 from packer.preprocess import owned
+from packer.store import formats
 
 FINGERPRINT = "fingerprint.json"
 
@@ -150,7 +151,7 @@ def missing_files(out, manifest: dict) -> list[str]:
         present = {name for name, _, _ in fs.list_dir(out)}
     except OSError:
         return []
-    named = [v for entry in manifest.get("shards") or [] if isinstance(entry, dict)
-             for k, v in entry.items() if (k == "file" or k.endswith("_file")) and isinstance(v, str)]
+    fmt = formats.manifest_format(manifest["config"])
+    named = [name for files in formats.manifest_files(fmt, manifest["shards"]) for name, _ in files]
     return [name for name in named if name not in present]
 

@@ -30,8 +30,8 @@ from packer.store import checks, formats
 from packer.store import checksums as block_checksums
 from packer.store.dataset import files_root
 from packer.store.manifest import STATS, load_manifest, read_stats, require_regular, tokenizer_file
+from packer.store.stream import BLOCK_BYTES as STREAM_BLOCK_BYTES  # the block a streamed reader reads
 
-STREAM_BLOCK_BYTES = 1 << 20  # packer/store/stream.py's default block
 QUICK_SKIPS = ("shard sha256", "block checksums", "token ids below the vocabulary")  # what checksums=False leaves out
 
 
