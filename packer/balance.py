@@ -220,8 +220,8 @@ def move_figures(perm: np.ndarray, costs: np.ndarray, world: int, rows_per_rank:
     used = len(perm) // per_step * per_step
     if used == 0:
         return {"mean_moved_steps": 0.0, "corr_cost_step": float("nan")}
-    moved = np.abs(np.arange(used) // per_step - perm[:used] // per_step)
     step = np.arange(used) // per_step
+    moved = np.abs(step - perm[:used] // per_step)
     c = np.asarray(costs, np.float64)[perm[:used]]
     corr = float(np.corrcoef(c, step)[0, 1]) if c.std() > 0 and used > per_step else 0.0
     return {"mean_moved_steps": float(moved.mean()), "corr_cost_step": corr}

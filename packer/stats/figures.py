@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.balance import Balance, CostModel, row_tokens_pairs
+from packer.balance import Balance, CostModel
 from packer.binpack import lower_bound, pack, split_documents
 from packer.io import fs
 from packer.stats.step_balance import step_balance
@@ -371,7 +371,9 @@ def dataset_stats(ds, *, batch_size: int = 8, cost: CostModel | None = None) -> 
     if (trained := dataset_trained(ds)) is not None:
         add_trained(out, trained)
     balance = Balance(cost=cost) if cost is not None else Balance()
-    out["step_balance"] = step_balance(*row_tokens_pairs(rows), seed=int(config.get("seed", 0)), balance=balance)
+    # each row's sum of squared segment lengths from the segments above (stored rows hold at least one)
+    pairs = np.add.reduceat(seg_len.astype(np.float64) ** 2, starts) if n else np.zeros(0)
+    out["step_balance"] = step_balance(seq_tokens, pairs, seed=int(config.get("seed", 0)), balance=balance)
     return out
 
 

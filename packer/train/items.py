@@ -248,10 +248,7 @@ def _block_batch(block: _Block, r0: int, r1: int, padded: bool) -> dict:
     if docs is not None:
         batch["n_tokens"] = b - a
     if not padded:  # numbered across the flattened row: the segments of its layout
-        if "document_ids" in block.fields:
-            batch["document_ids"] = masks.document_ids(segments)[None]
-        if "seq_idx" in block.fields:
-            batch["seq_idx"] = masks.document_ids(segments).to(torch.int32)[None]
+        _number_documents(batch, segments, "document_ids" in block.fields, "seq_idx" in block.fields)
     return batch
 
 
@@ -520,11 +517,19 @@ def collate_varlen(items: list[dict]) -> dict:
     if "document_ids" in items[0] or "seq_idx" in items[0]:  # numbered across the flattened row: its segments
         segments = batch["cu_seqlens"] if "cu_seqlens_padded" not in batch else \
             masks.padded_segments(batch["cu_seqlens"], batch["cu_seqlens_padded"])
-        if "document_ids" in items[0]:
-            batch["document_ids"] = masks.document_ids(segments)[None]
-        if "seq_idx" in items[0]:
-            batch["seq_idx"] = masks.document_ids(segments).to(torch.int32)[None]
+        _number_documents(batch, segments, "document_ids" in items[0], "seq_idx" in items[0])
     return batch
+
+
+def _number_documents(batch: dict, segments, document_ids: bool, seq_idx: bool):
+    """The flattened row's document index per token, numbered once for either field asked for."""
+    if not (document_ids or seq_idx):
+        return
+    doc = masks.document_ids(segments)
+    if document_ids:
+        batch["document_ids"] = doc[None]
+    if seq_idx:
+        batch["seq_idx"] = doc.to(torch.int32)[None]
 
 
 def _merge_boundaries(batch: dict, items: list[dict], lengths: list[int]):
