@@ -208,7 +208,7 @@ def finish(out, record: dict):
     for name, entry in record["files"].items():
         if name not in incoming and matches(out / name, entry):
             (out / name).unlink()
-    previous = out.joinpath(*PREVIOUS)
+    previous = out / PREVIOUS[0] / PREVIOUS[1]  # a RemotePath has no joinpath
     if previous.exists():
         fs.rmtree(previous)
     record["files"] = {name: {**entry, "mtime_ns": _mtime(out / name)} for name, entry in incoming.items()}
@@ -228,7 +228,7 @@ def _keep_previous(out) -> bool:
     manifest = out / MANIFEST
     if not manifest.is_file():
         return True  # nothing to keep
-    previous = out.joinpath(*PREVIOUS)
+    previous = out / PREVIOUS[0] / PREVIOUS[1]  # a RemotePath has no joinpath
     if (previous / MANIFEST).is_file():
         return True  # kept before a kill: the links are of the same files, none replaced yet
     if previous.exists():
