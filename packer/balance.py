@@ -1,7 +1,9 @@
 """Step balance: what a packed row costs to train (tokens and squared document lengths, from its offsets), and a
 dealing of rows to ranks and micro-batches that makes every rank's step cost about the same.
 
-A leaf (numpy only) so that the loader (packer/train/balance.py) and the stats (packer/stats/) share it.
+A leaf (numpy only) so that the loader (packer/train/balance.py) and the stats (packer/stats/) share it, and
+with it the one flattening of rows' offsets into their document lengths (document_lengths, row_sums) that
+Megatron's row check and PaddedDocuments use too.
 
 Cost of a row = per_token * tokens + per_pair * pairs, where pairs is the sum of its documents'
 squared lengths (the entries of each document's L x L score matrix). A row [a a a | b b]:
@@ -110,22 +112,40 @@ class Balance:
         return f"{cost.per_token!r}:{cost.per_pair!r}:{cost.per_row!r}:{self.rows_per_rank}:{self.window}"
 
 
+def document_lengths(offsets: np.ndarray, n_offsets: np.ndarray) -> np.ndarray:
+    """Every row's document lengths back to back, int64, from the rows' offsets back to back (each row's 0 ... T)
+    and how many offsets each row has. Offsets [0 3 5 | 0 4 | 0], n_offsets [3 2 1] -> [3 2 | 4 |]: row k's are
+    the n_offsets[k] - 1 after the earlier rows' (row_sums adds them up a row)."""
+    lengths = np.diff(np.asarray(offsets, np.int64))
+    inside = np.ones(len(lengths), bool)
+    inside[np.cumsum(n_offsets)[:-1] - 1] = False  # the step from one row's last offset to the next row's 0
+    return lengths[inside]
+
+
+def row_document_lengths(offsets: list) -> tuple[np.ndarray, np.ndarray]:
+    """(document_lengths, n_docs) of rows given as a list of offsets arrays: [[0 3 5], [0 4]] -> ([3 2 4], [2 1])."""
+    n_offsets = np.fromiter(map(len, offsets), np.int64, len(offsets))
+    flat = np.concatenate(offsets, dtype=np.int64) if len(offsets) else np.zeros(0, np.int64)
+    return document_lengths(flat, n_offsets), n_offsets - 1
+
+
+def row_sums(values: np.ndarray, n_docs: np.ndarray) -> np.ndarray:
+    """Each row's sum of its n_docs values (values back to back, as document_lengths gives them; a row of none
+    sums to 0), in the values' dtype: row_sums([3 2 4], [2 0 1]) -> [5 0 4]."""
+    values = np.asarray(values)
+    starts = np.cumsum(n_docs) - n_docs
+    if not len(values):
+        return np.zeros(len(n_docs), values.dtype)
+    sums = np.add.reduceat(np.append(values, values.dtype.type(0)), starts)  # one past the end for trailing empties
+    sums[np.asarray(n_docs) == 0] = 0  # reduceat gives an empty range the value at its start
+    return sums
+
+
 def row_tokens_pairs(offsets: list) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, pairs: the sum of squared document lengths) of each row, int64 and float64, from each
     row's offsets (0 ... T)."""
-    n = len(offsets)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.float64)
-    counts = np.fromiter(map(len, offsets), np.int64, n)
-    flat = np.concatenate(offsets).astype(np.int64)
-    ends = np.cumsum(counts)
-    lengths = np.diff(flat).astype(np.float64)
-    lengths[ends[:-1] - 1] = 0.0  # the step from one row's last offset to the next row's 0
-    tri = lengths * lengths
-    starts = ends - counts  # row k's segments are lengths[starts[k] : ends[k] - 1]
-    sums = np.add.reduceat(np.append(tri, 0.0), starts) if len(tri) else np.zeros(n)
-    sums[counts <= 1] = 0.0
-    return flat[ends - 1], sums
+    lengths, n_docs = row_document_lengths(offsets)
+    return row_sums(lengths, n_docs), row_sums(lengths.astype(np.float64) ** 2, n_docs)
 
 
 def deal_window(costs: np.ndarray, world: int, rows_per_rank: int, unit: int = 1) -> np.ndarray:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.balance import Balance, CostModel
+from packer.balance import Balance, CostModel, row_document_lengths, row_sums
 from packer.binpack import lower_bound, pack, split_documents
 from packer.io import fs
 from packer.stats.step_balance import step_balance
@@ -328,15 +328,8 @@ def dataset_stats(ds, *, batch_size: int = 8, cost: CostModel | None = None) -> 
     config = ds.manifest["config"]
     L = int(config["context_length"])
     n = len(ds)
-    rows = read_rows(ds, np.arange(n))[1]
-    ends = np.cumsum(np.fromiter(map(len, rows), np.int64, n))  # row k's offsets end at ends[k]
-    offsets = np.concatenate(rows, dtype=np.int64) if n else np.zeros(0, np.int64)
-    seq_docs = np.diff(ends, prepend=0) - 1
-    seq_tokens = offsets[ends - 1]
-    steps = np.diff(offsets)
-    keep = np.ones(len(steps), bool)
-    keep[ends[:-1] - 1] = False  # the step from one row's end to the next row's 0 is no segment
-    seg_len = steps[keep]
+    seg_len, seq_docs = row_document_lengths(read_rows(ds, np.arange(n))[1])  # a segment: a stored document piece
+    seq_tokens = row_sums(seg_len, seq_docs)
     doc_ids = _stored_doc_ids(ds)
     if doc_ids is not None and len(doc_ids) == len(seg_len):
         per_doc = np.bincount(doc_ids, weights=seg_len).astype(np.int64)
@@ -354,8 +347,7 @@ def dataset_stats(ds, *, batch_size: int = 8, cost: CostModel | None = None) -> 
         fill_rate=n_tokens / (n * L) if n else 1.0, lower_bound=bound, bins_over_lower_bound=n - bound)
     out["source"] = {"kind": "dataset", "inputs": [fs.redact(str(getattr(ds, "path", "")))], "sample": None,
                      "documents_from": documents_from}
-    starts = np.concatenate([[0], np.cumsum(seq_docs)[:-1]]).astype(np.int64)
-    split_count = np.add.reduceat(seg_split.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
+    split_count = row_sums(seg_split.astype(np.int64), seq_docs)
     out["packing"] = {
         "algorithm": algorithm, "source": "dataset",
         **_pack_totals(n, int(seg_len.sum()), L),
@@ -366,13 +358,13 @@ def dataset_stats(ds, *, batch_size: int = 8, cost: CostModel | None = None) -> 
     if named and getattr(ds, "has_source_ids", False):
         seg_source = np.concatenate(ds.source_views(np.arange(n)), dtype=np.int64) if n else np.zeros(0, np.int64)
         seg_doc = doc_ids if doc_ids is not None and len(doc_ids) == len(seg_len) else np.arange(len(seg_len))
-        out["sources"] = source_figures([s["name"] for s in named], seg_source, seg_len, seg_doc, seg_source[starts], L,
+        row_source = seg_source[np.cumsum(seq_docs) - seq_docs]  # each row's first segment's (rows hold one or more)
+        out["sources"] = source_figures([s["name"] for s in named], seg_source, seg_len, seg_doc, row_source, L,
                                         [s.get("docs_skipped", {}) for s in named])
     if (trained := dataset_trained(ds)) is not None:
         add_trained(out, trained)
     balance = Balance(cost=cost) if cost is not None else Balance()
-    # each row's sum of squared segment lengths from the segments above (stored rows hold at least one)
-    pairs = np.add.reduceat(seg_len.astype(np.float64) ** 2, starts) if n else np.zeros(0)
+    pairs = row_sums(seg_len.astype(np.float64) ** 2, seq_docs)  # as row_tokens_pairs, from the segments above
     out["step_balance"] = step_balance(seq_tokens, pairs, seed=int(config.get("seed", 0)), balance=balance)
     return out
 

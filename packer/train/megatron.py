@@ -70,6 +70,7 @@ import numpy as np
 import torch
 
 from packer import masks
+from packer.balance import row_document_lengths, row_sums
 from packer.store.dataset import open_dataset, read_rows
 from packer.train.items import make_item
 
@@ -260,13 +261,8 @@ def _check_padded_rows(dataset, where, rows: np.ndarray, k: int, sequence_length
 def _padded_row_lengths(offsets: list, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(length, documents) of each row (its offsets 0 ... T) with every document padded to a multiple of k:
     sum(ceil(len / k) * k) over its documents, int64. Offsets [0, 3, 5] and [0, 4], k = 4 -> ([8, 4], [2, 1])."""
-    counts = np.fromiter(map(len, offsets), np.int64, len(offsets))
-    flat = np.concatenate(offsets).astype(np.int64)
-    ends = np.cumsum(counts)
-    lengths = np.diff(flat)
-    lengths[ends[:-1] - 1] = 0  # the step from one row's last offset to the next row's 0
-    padded = -(-lengths // k) * k
-    return np.add.reduceat(np.append(padded, 0), ends - counts), counts - 1
+    lengths, documents = row_document_lengths(offsets)
+    return row_sums(-(-lengths // k) * k, documents), documents
 
 
 def _row_sample(dataset, row: int, config, pad_id: int, pad_multiple: int | None) -> dict:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from packer import masks
+from packer.balance import document_lengths
 
 
 def check_pad_multiple(pad_multiple, pad_to=None):
@@ -39,10 +40,7 @@ class PaddedDocuments:
 
     def __init__(self, offsets, n_offsets, multiple: int):
         n_rows = len(n_offsets)
-        lengths = np.diff(offsets)
-        inside = np.ones(len(lengths), bool)
-        inside[np.cumsum(n_offsets)[:-1] - 1] = False  # the step from one row's end to the next row's 0
-        self.length = lengths[inside]
+        self.length = document_lengths(offsets, n_offsets)
         self.padded = self.length + (-self.length) % multiple
         self.n_docs = n_offsets - 1
         self.row = np.repeat(np.arange(n_rows), self.n_docs)
