@@ -90,7 +90,7 @@ def table(contexts_rows, window: int, seed: int):
           f"{'busy':<7}{'moved':<6}{'corr':<7}{'deal s':<7}")
     for context, tokens, pairs in contexts_rows:
         costs = COST.costs(tokens, pairs)[np.random.default_rng(seed).permutation(len(tokens))]
-        share = COST.attention_share(tokens, pairs)
+        share = COST.attention_share(rows=len(tokens), tokens=float(np.sum(tokens)), pairs=float(np.sum(pairs)))
         for ranks, rows in CASES:
             t0 = time.perf_counter()
             perm = balanced_order(costs, ranks, rows, window)

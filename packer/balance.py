@@ -83,10 +83,12 @@ class CostModel:
         tokens, pairs = np.asarray(tokens, np.float64), np.asarray(pairs, np.float64)
         return self.per_row + self.per_token * tokens + self.per_pair * pairs
 
-    def attention_share(self, tokens, pairs) -> float:
-        """The share of the total cost that is attention (per_pair * pairs)."""
-        total = float(self.costs(tokens, pairs).sum())
-        return self.per_pair * float(np.sum(pairs, dtype=np.float64)) / total if total else 0.0
+    def attention_share(self, *, rows: int, tokens: float, pairs: float) -> float:
+        """The share of the cost of `rows` rows holding `tokens` tokens and `pairs` pairs in all that is attention:
+        per_pair * pairs / (per_row * rows + per_token * tokens + per_pair * pairs), 0 when that costs nothing
+        (the stats' `attention_share`; totals, so a sample of the rows can give them exact)."""
+        whole = self.per_row * rows + self.per_token * tokens + self.per_pair * pairs
+        return self.per_pair * pairs / whole if whole else 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

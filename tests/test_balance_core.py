@@ -87,7 +87,9 @@ def test_cost_model_for_a_model_and_the_default():
     model = CostModel.for_model(n_params=8e9, d_model=4096, n_layers=32)
     assert model == CostModel() and model.per_token == 4.8e10 and model.per_pair == 786432
     assert model.costs([10], [100]).tolist() == [4.8e11 + 786432 * 100]
-    assert model.attention_share([10, 10], [0, 0]) == 0
+    assert model.attention_share(rows=2, tokens=20, pairs=0) == 0
+    assert model.attention_share(rows=2, tokens=20, pairs=50) == 786432 * 50 / (4.8e10 * 20 + 786432 * 50)
+    assert CostModel(per_token=1, per_pair=1, per_row=2).attention_share(rows=3, tokens=4, pairs=10) == 10 / 20
     with pytest.raises(ValueError, match="CostModel"):
         CostModel(per_token=-1)
     with pytest.raises(ValueError, match="rows_per_rank"):

@@ -136,8 +136,8 @@ def format_table(f: dict) -> str:
         lines.append(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]:>{w[4]}}  {r[5]}".rstrip())
     if f.get("sources"):
         lines += ["", *_aligned([SOURCE_HEAD] + source_rows(f))]
-    if step_balance_rows(f):
-        lines += ["", step_balance_title(f), *_aligned([STEP_BALANCE_HEAD] + step_balance_rows(f))]
+    if balance_rows := step_balance_rows(f):
+        lines += ["", step_balance_title(f), *_aligned([STEP_BALANCE_HEAD] + balance_rows)]
     return "\n".join(lines)
 
 
@@ -224,10 +224,10 @@ def _sources_html(f: dict) -> str:
 
 def _step_balance_html(f: dict) -> str:
     """The step-balance table of a dataset's own rows ('' without: other pages keep their bytes)."""
-    if not step_balance_rows(f):
+    if not (rows := step_balance_rows(f)):
         return ""
     return (f"\n<h2>Step balance</h2>\n<p>{html.escape(step_balance_title(f))}</p>\n"
-            f"{_html_table(STEP_BALANCE_HEAD, step_balance_rows(f))}")
+            f"{_html_table(STEP_BALANCE_HEAD, rows)}")
 
 
 def _page_before_header(f: dict) -> str:

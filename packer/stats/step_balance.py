@@ -67,9 +67,9 @@ class RowSample:
         assert self.seen == self.n, f"{self.seen} rows added, {self.n} expected"
         cost: CostModel = balance.cost
         costs = cost.costs(self.tokens, self.pairs)
-        whole = cost.per_row * self.n + cost.per_token * float(self.total_tokens) + cost.per_pair * float(self.total_pairs)
+        share = cost.attention_share(rows=self.n, tokens=float(self.total_tokens), pairs=float(self.total_pairs))
         out = {"cost": {"per_token": cost.per_token, "per_pair": cost.per_pair}, "window": balance.window,
-               "attention_share": cost.per_pair * float(self.total_pairs) / whole if whole else 0.0,
+               "attention_share": share,
                "rows": len(costs), "rows_in_dataset": self.n, "cases": []}
         for ranks, rows in cases:
             if len(costs) < ranks * rows:

@@ -32,7 +32,7 @@ def _busy_by_loop(costs, ranks: int) -> float:
     return mean / slowest
 
 
-def test_a_datasets_stats_have_the_table_and_the_report_shows_it(sample_dataset, tmp_path):
+def test_a_datasets_stats_have_the_table_and_the_report_shows_it(sample_dataset, tmp_path, monkeypatch):
     ds = open_dataset(sample_dataset)
     f = dataset_stats(ds)
     assert not schema_errors(f)
@@ -51,6 +51,10 @@ def test_a_datasets_stats_have_the_table_and_the_report_shows_it(sample_dataset,
     assert "step balance: cost 4.8e+10 a token" in text and "rows moved (steps)" in text
     page = report.html_page(f)
     assert "<h2>Step balance</h2>" in page
+    calls = []  # each page deals the table's rows once
+    monkeypatch.setattr(report, "step_balance_rows", lambda g: calls.append(g) or sb.step_balance_rows(g))
+    assert report.format_table(f) == text and len(calls) == 1
+    assert report.html_page(f) == page and len(calls) == 2
     del f["step_balance"]  # stats without the table (a plan of a packer before seq_sq): the page is as it was
     assert "Step balance" not in report.html_page(f) and "step balance" not in report.format_table(f)
 
