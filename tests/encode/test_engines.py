@@ -208,6 +208,31 @@ def test_lone_surrogates_are_refused_by_both(tokenizers_):
             load_encoder(tokenizers_["gpt2"], engine).encode_ids(["fine", "a\ud800b"], np.uint32)
 
 
+def _reference_first_tokens(tok) -> str:
+    """The probe's first-tokens text as engines._first_tokens made it before 2026-12-05 (get_vocab, a sort of all)."""
+    to_bytes = str.maketrans({c: chr(b) for c, b in byte_level.byte_chars().items()})
+    vocab = sorted(tok.get_vocab(with_added_tokens=False).items(), key=lambda item: item[1])
+    pieces = []
+    for token, _ in vocab[256:256 + engines.PROBE_TOKENS]:
+        try:
+            pieces.append(token.translate(to_bytes).encode("latin-1").decode("utf-8"))
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            continue
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize("name", ["sample", "gpt2", "llama3", "qwen2-nfc"])
+def test_the_probe_text_made_with_the_ranks_is_the_tokenizers_own(tokenizers_, name):
+    """RankedVocab.probe_text (from the file's vocab, ids below 256 + PROBE_TOKENS sorted) equals the text
+    read from the loaded tokenizer; and with ids that have gaps (the file's ids spread out), still."""
+    path, tok = tokenizers_[name], load_tokenizer(tokenizers_[name])
+    want = _reference_first_tokens(tok)
+    assert len(want) > 1000 and byte_level.ranked_vocab(_spec(path), check_reach=False).probe_text == want
+    vocab = tok.get_vocab(with_added_tokens=False)
+    spread = {token: 3 * i + (i % 2) for token, i in vocab.items()}  # the same order by id, with gaps
+    assert byte_level.first_tokens(spread) == want == engines._first_tokens(tok)
+
+
 def _spec(path) -> dict:
     return json.loads(open(path, encoding="utf-8").read())
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.encode.engines import fastokens_bpe, hf, tiktoken_bpe
+from packer.encode.engines import byte_level, fastokens_bpe, hf, tiktoken_bpe
 
 ENGINES = {"hf": hf, "fastokens": fastokens_bpe, "tiktoken": tiktoken_bpe}
 # what auto tries, in order: only engines whose equality with tokenizers is proven for the files the
@@ -90,7 +90,7 @@ PROBE = [
     "<|endoftext|><s></s>[CLS]<|im_start|>user\n",
     "", " ", "\n", "a", "   leading and trailing   ",
 ]
-PROBE_TOKENS = 4096
+PROBE_TOKENS = byte_level.PROBE_TOKENS
 
 
 class ProbeError(ValueError):
@@ -101,9 +101,10 @@ class ProbeError(ValueError):
         super().__init__(f"the {name} engine gives {self.why} ({path}); use --encode-engine hf")
 
 
-def probe_difference(encoder, tok) -> str | None:
-    """Where `encoder` (a fast engine's) and `tokenizers` (`tok`) give other ids on the probe texts, or None."""
-    texts = [*PROBE, _first_tokens(tok)]
+def probe_difference(encoder, tok, first_tokens: str | None = None) -> str | None:
+    """Where `encoder` (a fast engine's) and `tokenizers` (`tok`) give other ids on the probe texts, or None.
+    `first_tokens`: the tokenizer's first merged tokens written out (RankedVocab.probe_text), else read from `tok`."""
+    texts = [*PROBE, _first_tokens(tok) if first_tokens is None else first_tokens]
     got, got_lengths = encoder.encode_ids(texts, np.int64)
     want, want_lengths = hf.encode_batch(tok, texts, np.int64)
     if np.array_equal(got_lengths, want_lengths) and np.array_equal(got, want):
@@ -114,19 +115,16 @@ def probe_difference(encoder, tok) -> str | None:
 
 
 def _first_tokens(tok) -> str:
-    """The tokenizer's first PROBE_TOKENS tokens past the bytes (by id), each as the text it spells,
-    one after another: words whose merges compete, in the order a trained vocabulary made them."""
-    from packer.encode.engines.byte_level import byte_chars
+    """The tokenizer's first PROBE_TOKENS tokens past the bytes (by id), each as the text it spells
+    (byte_level.first_tokens), read from the loaded tokenizer."""
+    return byte_level.first_tokens(tok.get_vocab(with_added_tokens=False), PROBE_TOKENS)
 
-    to_bytes = str.maketrans({c: chr(b) for c, b in byte_chars().items()})
-    vocab = sorted(tok.get_vocab(with_added_tokens=False).items(), key=lambda item: item[1])
-    pieces = []
-    for token, _ in vocab[256:256 + PROBE_TOKENS]:
-        try:
-            pieces.append(token.translate(to_bytes).encode("latin-1").decode("utf-8"))
-        except (UnicodeEncodeError, UnicodeDecodeError):
-            continue  # part of a character, or not a byte-level token
-    return "".join(pieces)
+
+def _probed(path: str, name: str, tok):
+    """Engine `name`'s encoder for `path` and where its ids differ from tokenizers' on the probe (or None);
+    the probe's first tokens come from the ranks this process made from the file (no get_vocab)."""
+    encoder = ENGINES[name].Encoder(path, tok, check_reach=False)
+    return encoder, probe_difference(encoder, tok, byte_level.ranked_vocab_at(path, check_reach=False).probe_text)
 
 
 def make_encoder(path: str, name: str, tok):
@@ -135,17 +133,13 @@ def make_encoder(path: str, name: str, tok):
     finds other ids than tokenizers' (then the ranks are made again from the file, kept ones dropped)."""
     if name == "hf":
         return hf.Encoder(path, tok)
-    from packer.encode.engines import byte_level
-
-    encoder = ENGINES[name].Encoder(path, tok, check_reach=False)
-    differs = probe_difference(encoder, tok)
+    encoder, differs = _probed(path, name, tok)
     if differs:  # a verdict of "passed" that is not true, or a bug: the file checked again, the verdict kept again
         byte_level.forget(path)
         refused = ENGINES[name].refusal(path)
         if refused:
             raise ProbeError(name, path, refused)
-        encoder = ENGINES[name].Encoder(path, tok, check_reach=False)
-        differs = probe_difference(encoder, tok)
+        encoder, differs = _probed(path, name, tok)
     if differs:
         raise ProbeError(name, path, f"{differs}, with the rule checked again (a packer bug: please report it)")
     return encoder

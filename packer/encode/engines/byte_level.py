@@ -90,12 +90,14 @@ FAST_FORMS = {
 @dataclass(frozen=True)
 class RankedVocab:
     """What a rank-merging engine needs: bytes -> rank (bytes 0-255, then tokens in merge order),
-    the tokenizer's id of each rank, the split regex, and whether NFC runs first."""
+    the tokenizer's id of each rank, the split regex, and whether NFC runs first; and the text of
+    the tokenizer's first merged tokens, which the probe encodes (first_tokens)."""
 
     ranks: dict
     ids: np.ndarray
     pattern: str
     nfc: bool
+    probe_text: str = ""
 
 
 def read_spec(path: str) -> dict:
@@ -232,21 +234,90 @@ def ranked_vocab(spec: dict, check_reach: bool = True) -> RankedVocab | str:
     tokens = [*sorted(alphabet, key=alphabet.get), *order]
     ranks = {token.translate(to_latin1).encode("latin-1"): rank for rank, token in enumerate(tokens)}
     ids = np.fromiter(map(vocab.__getitem__, tokens), np.int64, len(tokens))
-    return RankedVocab(ranks, ids, _pattern(spec["pre_tokenizer"]), spec.get("normalizer") is not None)
+    return RankedVocab(ranks, ids, _pattern(spec["pre_tokenizer"]), spec.get("normalizer") is not None,
+                       first_tokens(vocab))
+
+
+PROBE_TOKENS = 4096  # how many of a tokenizer's first merged tokens the probe encodes (engines/__init__.py)
+
+
+def first_tokens(vocab: dict, count: int = PROBE_TOKENS) -> str:
+    """The first `count` tokens of the model's `vocab` (token -> id) past the first 256 (the bytes),
+    by id, each as the text it spells, one after another: words whose merges compete, in the order a
+    trained vocabulary made them. A token that is part of a character, or not byte-level, is left out.
+    Where ids run 0, 1, 2, ... only the ids below 256 + count are sorted (3 ms for 50,000 tokens,
+    against 40 for the tokenizer's get_vocab and a sort of all, 2026-12-05)."""
+    want = 256 + count
+    low = [(token, i) for token, i in vocab.items() if i < want]
+    if len(low) < want:  # ids with gaps: the first `want` by id are not all below it
+        low = list(vocab.items())
+    low.sort(key=lambda item: item[1])
+    to_bytes = str.maketrans({c: chr(b) for c, b in byte_chars().items()})
+    pieces = []
+    for token, _ in low[256:want]:
+        try:
+            pieces.append(token.translate(to_bytes).encode("latin-1").decode("utf-8"))
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            continue  # part of a character, or not a byte-level token
+    return "".join(pieces)
 
 
 def _merge_order(merges: list, alphabet: dict) -> tuple[list[str], str | None]:
     """The tokens merges make, in the order of their first merge (merges a part of which no merge
     makes are left out: they never fire), or a refusal: a pair listed twice, or a token's merges
-    not consecutive (B)."""
+    not consecutive (B).
+
+    One pass over the merges in order, growing the reachable set as it goes; only where a merge
+    comes before the merge making its part (it fires all the same) is the reach closed over those
+    late merges and, if one of them fires, the order made again with the closed reach. 50,000 merges: 20-25 ms
+    against 65-75 ms for three passes (2026-12-05; tests/encode/test_engines.py holds the three-pass
+    version as a reference and compares them on seeded random merge lists)."""
     pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in merges]
-    if len(set(map(tuple, pairs))) != len(pairs):
+    if _listed_twice(pairs):
         return [], "a merge is listed twice"
-    reach, grew = set(alphabet), True
-    while grew:  # a merge may come before the merge making its part: it fires all the same
+    reach = set(alphabet)
+    order, placed, last, late, refused = [], set(), None, [], None
+    for i, (a, b) in enumerate(pairs):
+        if a not in reach or b not in reach:
+            late.append(i)
+            continue
+        c = a + b
+        if c != last:
+            reach.add(c)
+            if c in placed:
+                refused = refused or f"the merges making {c!r} are not consecutive (merge {i})"
+            placed.add(c)
+            order.append(c)
+            last = c
+    if late and _fires_late(reach, [pairs[i] for i in late]):
+        return _order_in(pairs, reach)
+    return ([], refused) if refused else (order, None)
+
+
+def _listed_twice(pairs: list) -> bool:
+    """Whether a pair is listed twice. Joined by a space first (2 ms for 50,000 against 13 for tuples):
+    byte-level tokens hold no space, so two pairs join alike only when equal; tuples decide otherwise."""
+    try:
+        if len(set(map(" ".join, pairs))) == len(pairs):
+            return False
+    except TypeError:  # not strings: the tuples decide
+        pass
+    return len(set(map(tuple, pairs))) != len(pairs)
+
+
+def _fires_late(reach: set, late: list) -> bool:
+    """Add to `reach` what the `late` pairs make from it, until nothing more; whether one of them fires
+    (what it makes may have been made already by a merge after it: it still takes its place in the order)."""
+    grew = True
+    while grew:
         size = len(reach)
-        reach.update(a + b for a, b in pairs if a in reach and b in reach)
+        reach.update(a + b for a, b in late if a in reach and b in reach)
         grew = len(reach) > size
+    return any(a in reach and b in reach for a, b in late)
+
+
+def _order_in(pairs: list, reach: set) -> tuple[list[str], str | None]:
+    """_merge_order's order (or refusal) given the closed reach."""
     order, placed, last = [], set(), None
     for i, (a, b) in enumerate(pairs):
         if a not in reach or b not in reach:
