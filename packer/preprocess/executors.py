@@ -30,6 +30,9 @@ from packer.io.fs import redact, redact_text
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
 RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
+# What a local pool's forkserver imports once, so that each worker it forks has it (the stage functions'
+# modules: numpy, pyarrow, the engines; ~0.2 s of CPU a worker otherwise spends importing them again).
+PRELOAD = ("packer.preprocess.pipeline",)
 
 
 def usable_cores() -> int:
@@ -54,9 +57,15 @@ def _set_threads(threads: int):
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
 
 
-def _init_worker(threads: int = 1):
+def _init_worker(threads: int = 1, warm=None):
     _set_threads(threads)
     _exit_with_driver()
+    if warm is not None:
+        fn, args = warm
+        try:
+            fn(*args)
+        except Exception:  # the first task that needs it loads it again and reports what is wrong
+            pass
 
 
 def _exit_with_driver():
@@ -157,19 +166,44 @@ class LocalExecutor:
     worker's threads: a pool started for one call only adds its start (a forkserver, then a worker
     importing packer and loading the tokenizer the driver has loaded already: 0.6-0.8 s of a tiny
     build's 1.5 s, 2026-12-05, loaded machine). The pool starts on the first map of two calls or
-    more; where a call runs never changes the bytes it writes (module docstring)."""
+    more, or at start(): a build that knows it will need the pool starts it before it loads its
+    own tokenizer, each worker running `warm` = (fn, args) once as it starts (the tokenizer and
+    engine its tasks will use), so the workers' start overlaps the driver's; where a call runs
+    never changes the bytes it writes (module docstring)."""
 
-    def __init__(self, n_workers: int):
+    def __init__(self, n_workers: int, warm=None):
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        context = mp.get_context(method)
+        if method == "forkserver":  # imported once in the server, not again in each worker it forks
+            context.set_forkserver_preload(["__main__", *PRELOAD])
+        self._n = n_workers
+        self._starting = None
         self._pool = ProcessPoolExecutor(
-            max_workers=n_workers, mp_context=mp.get_context(method), initializer=_init_worker,
-            initargs=(tokenizer_threads(n_workers),),
+            max_workers=n_workers, mp_context=context, initializer=_init_worker,
+            initargs=(tokenizer_threads(n_workers), warm),
         )
+
+    def start(self):
+        """Start the workers now, from a thread, and return at once: each submit of a no-op starts a
+        process while none is idle (concurrent.futures spawns forkserver workers on demand)."""
+        def spawn():
+            with _main_without_a_missing_file():
+                for _ in range(self._n):
+                    self._pool.submit(os.getpid)
+
+        self._starting = threading.Thread(target=spawn, name="packer-pool-start", daemon=True)
+        self._starting.start()
+
+    def _started(self):
+        if self._starting is not None:  # map and close wait for start's submits (they touch __main__)
+            self._starting.join()
+            self._starting = None
 
     def map(self, fn, items, on_done=None):
         items = list(items)
         if len(items) <= 1:
             return self._map_here(fn, items, on_done)
+        self._started()
         with _main_without_a_missing_file():  # the pool starts its processes inside submit
             futures = {self._pool.submit(fn, *item): i for i, item in enumerate(items)}
         results = [None] * len(futures)
@@ -215,8 +249,11 @@ class LocalExecutor:
         finally:
             inline.close()
 
-    def close(self):
-        if getattr(self, "_stop_now", False):  # Ctrl-C or a failed item: don't finish the others
+    def close(self, now: bool = False):
+        """Wait for the workers to finish and end (a second close does nothing); `now`: end them at
+        once, what they were doing dropped (a pool started for a build that turned out to need none)."""
+        self._started()
+        if now or getattr(self, "_stop_now", False):  # Ctrl-C or a failed item: don't finish the others
             processes = list((self._pool._processes or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
             for p in processes:
@@ -368,6 +405,7 @@ class _Workers:
 
     workers: int
     ray_address: None = None
+    executor: str = "local"
 
     @property
     def n_workers(self) -> int:
@@ -380,9 +418,11 @@ def runs_inline(job) -> bool:
     return job.executor == "local" and job.n_workers <= 1
 
 
-def make_executor(job_or_workers):
+def make_executor(job_or_workers, warm=None):
     """The executor a Job asks for (`executor`, `workers`, `ray_address`); an int n means local
-    with n workers (1 = inline)."""
+    with n workers (1 = inline). `warm`: (fn, args) a local pool's workers run as they start."""
     if isinstance(job_or_workers, int):
-        return EXECUTORS["local"](_Workers(job_or_workers))
+        job_or_workers = _Workers(job_or_workers)
+    if warm is not None and job_or_workers.executor == "local" and job_or_workers.n_workers > 1:
+        return LocalExecutor(job_or_workers.n_workers, warm)
     return EXECUTORS[job_or_workers.executor](job_or_workers)

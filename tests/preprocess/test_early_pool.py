@@ -1,0 +1,120 @@
+"""A build's pool started before the driver loads its tokenizer, each worker loading it as it starts
+(packer/preprocess/pipeline.py _pool_started_early, executors.LocalExecutor warm/start)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import pytest
+from conftest import SAMPLE_INPUTS, TOKENIZER
+
+from packer.config import BuildConfig, Job
+from packer.encode.tokenizer import load_encoder, load_tokenizer, resolve_tokenizer
+from packer.preprocess import pipeline
+from packer.preprocess.executors import LocalExecutor
+
+
+def note_pid(directory: str, tag: str):
+    """A worker's warm function: leaves DIRECTORY/TAG-PID."""
+    open(os.path.join(directory, f"{tag}-{os.getpid()}"), "w").close()
+
+
+def fail(*_):
+    raise ValueError("no such tokenizer")
+
+
+def worker_pid(delay: float) -> int:
+    time.sleep(delay)
+    return os.getpid()
+
+
+def test_every_worker_runs_warm_once_before_its_tasks(tmp_path):
+    ex = LocalExecutor(2, warm=(note_pid, (str(tmp_path), "warm")))
+    ex.start()
+    try:
+        pids = set(ex.map(worker_pid, [(0.2,), (0.2,), (0.0,), (0.0,)]))
+    finally:
+        ex.close()
+    warmed = {int(p.name.split("-")[1]) for p in tmp_path.iterdir()}
+    assert len(list(tmp_path.iterdir())) == len(warmed) == 2  # once per worker, two workers
+    assert pids <= warmed
+
+
+def test_a_warm_that_fails_leaves_the_pool_working(tmp_path):
+    ex = LocalExecutor(2, warm=(fail, ()))
+    try:
+        assert sorted(ex.map(worker_pid, [(0.0,), (0.0,), (0.0,)])) != []
+    finally:
+        ex.close()
+
+
+def test_close_now_ends_a_pool_that_never_ran_a_task(tmp_path):
+    ex = LocalExecutor(2, warm=(note_pid, (str(tmp_path), "warm")))
+    ex.start()
+    ex.close(now=True)
+    ex.close()  # a second close does nothing
+    for p in tmp_path.iterdir():  # every worker that started is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(p.name.split("-")[1]), 0)
+
+
+def test_warm_worker_loads_what_a_tokenize_task_uses():
+    path = resolve_tokenizer(TOKENIZER)
+    load_encoder.cache_clear()
+    pipeline._warm_worker(TOKENIZER, "auto")
+    assert load_encoder.cache_info().currsize == 1
+    before = load_encoder.cache_info().hits
+    assert load_encoder(path, "tiktoken") is not None  # the task's call finds it made
+    assert load_encoder.cache_info().hits == before + 1
+    load_encoder.cache_clear()
+    pipeline._warm_worker(TOKENIZER, "hf")
+    assert load_encoder.cache_info().currsize == 0 and load_tokenizer(path) is not None
+
+
+def _job(tmp_path, inputs, workers=2, **kw):
+    return Job(inputs=tuple(inputs), tokenizer=TOKENIZER, output=str(tmp_path / "out"), workers=workers,
+               config=BuildConfig(context_length=64, **kw))
+
+
+def test_a_pool_is_started_early_only_where_the_build_will_use_one(tmp_path):
+    out = tmp_path / "out"
+    two = _job(tmp_path, SAMPLE_INPUTS[:2])
+    pool = pipeline._pool_started_early(two, list(two.inputs), out, overwrite=False)
+    assert isinstance(pool, LocalExecutor)
+    pool.close(now=True)
+    one = _job(tmp_path, SAMPLE_INPUTS[:1])
+    assert os.path.getsize(SAMPLE_INPUTS[0]) < one.config.unit_bytes
+    assert pipeline._pool_started_early(one, list(one.inputs), out, overwrite=False) is None  # one unit
+    small_units = dataclasses.replace(one, config=dataclasses.replace(one.config, unit_bytes=1 << 10))
+    pool = pipeline._pool_started_early(small_units, list(one.inputs), out, overwrite=False)
+    assert isinstance(pool, LocalExecutor)  # one file, several units
+    pool.close(now=True)
+    inline = _job(tmp_path, SAMPLE_INPUTS[:2], workers=1)
+    assert pipeline._pool_started_early(inline, list(inline.inputs), out, overwrite=False) is None
+    missing = _job(tmp_path, [str(tmp_path / "gone.jsonl")])
+    assert pipeline._pool_started_early(missing, list(missing.inputs), out, overwrite=False) is None
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")  # a complete dataset: the same command returns it
+    assert pipeline._pool_started_early(two, list(two.inputs), out, overwrite=False) is None
+    pool = pipeline._pool_started_early(two, list(two.inputs), out, overwrite=True)
+    assert isinstance(pool, LocalExecutor)
+    pool.close(now=True)
+
+
+def test_builds_with_the_early_pool_equal_the_inline_build(tmp_path):
+    inline = pipeline.build(_job(tmp_path / "a", SAMPLE_INPUTS, workers=1))
+    pooled = pipeline.build(_job(tmp_path / "b", SAMPLE_INPUTS, workers=2))
+    for name in ("shard-00000.arrow",):
+        assert (tmp_path / "a" / "out" / name).read_bytes() == (tmp_path / "b" / "out" / name).read_bytes()
+    assert inline["totals"] == pooled["totals"]
+
+
+def test_a_build_refused_after_the_pool_started_stops_cleanly(tmp_path):
+    job = dataclasses.replace(_job(tmp_path, SAMPLE_INPUTS), tokenizer=str(tmp_path / "no-tokenizer.json"))
+    t = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="no-tokenizer"):
+        pipeline.build(job)
+    assert time.perf_counter() - t < 60  # the pool ended, not waited on forever
+    assert not (tmp_path / "out").exists()
