@@ -583,11 +583,11 @@ def verify(dataset, quick):
     """Check shards against the manifest: present, checksums, offsets, counts. Exit 1 on any problem.
     DATASET is a directory or a URI (s3://, gs://, file://, ...)."""
     from packer.stats.report import check_report
-    from packer.store.dataset import current_files
-    from packer.store.verify import verify_dataset
+    from packer.store.verify import verify_generation
 
-    totals = verify_dataset(dataset, checksums=not quick)
-    check_report(current_files(dataset))  # mid-publish of an --overwrite: the old dataset's page, in _work/previous/
+    checked = verify_generation(dataset, checksums=not quick)  # reads the manifest once: one generation throughout
+    check_report(checked.root, checked.manifest)  # mid-publish of an --overwrite: the old page, in _work/previous/
+    totals = checked.totals
     skipped = f"; skipped (--quick): {', '.join(totals['skipped'])}" if totals["skipped"] else ""
     click.echo(f"ok: {totals['sequences']:,} sequences, {totals['tokens']:,} tokens, {totals['documents']:,} segments{skipped}")
 

@@ -453,9 +453,10 @@ def _without_charts(page: bytes) -> bytes:
     return _CHARTS.sub(b"", page, count=1)
 
 
-def check_report(path):
+def check_report(path, manifest: dict | None = None):
     """A dataset's report.html is the page its stats.json gives (deterministic); ValueError naming
-    the file otherwise. Nothing to check without either file."""
+    the file otherwise. Nothing to check without either file. `manifest`: the dataset's, already read (None:
+    read from `path`, where there is one)."""
     from packer.io import fs
     from packer.store.manifest import MANIFEST, REPORT, STATS, read_manifest, read_stats
 
@@ -465,7 +466,9 @@ def check_report(path):
         return
     page, figures = report.read_bytes(), read_stats(stats)
     if b'<meta name="viewport"' in page:  # written since 2026-12-05: the header names the build from its manifest
-        want = html_page(figures, page_build(read_manifest(path) if (path / MANIFEST).is_file() else None)).encode()
+        if manifest is None and (path / MANIFEST).is_file():
+            manifest = read_manifest(path)
+        want = html_page(figures, page_build(manifest)).encode()
     else:
         want = _page_before_header(figures).encode("utf-8")
     if page != want and (b"<svg xmlns=" in page or _without_charts(page) != _without_charts(want)):

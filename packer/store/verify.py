@@ -17,10 +17,14 @@ when the manifest has that table and in none otherwise. Beside the shards: token
 packer's stats schema whose context length, document and token counts are the manifest's; an Arrow
 dataset's state.json and dataset_info.json equal to what its shard entries give (`packer verify`
 also checks report.html against stats.json: packer/stats/report.py check_report).
-The returned totals name what `checksums=False` skipped (`skipped`, empty for a full check).
+The returned totals name what `checksums=False` skipped (`skipped`, empty for a full check). The manifest is
+read once (verify_generation): a publish while verify runs cannot pair one generation's files with another's
+manifest, and `packer verify` checks the page of the generation whose files it checked.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pyarrow as pa
@@ -35,9 +39,25 @@ from packer.store.stream import BLOCK_BYTES as STREAM_BLOCK_BYTES  # the block a
 QUICK_SKIPS = ("shard sha256", "block checksums", "token ids below the vocabulary")  # what checksums=False leaves out
 
 
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """What verify_generation checked: `totals` (verify_dataset's), the directory whose files it checked (`root`:
+    the dataset's, or _work/previous/ mid-publish) and the manifest it read, once, to check them."""
+
+    totals: dict
+    root: fs.Place
+    manifest: dict
+
+
 def verify_dataset(path, *, checksums: bool = True) -> dict:
     """Check a dataset; return its totals (sequences, tokens, documents) and `skipped`, the checks
     left out (QUICK_SKIPS without checksums, else none), or raise ValueError."""
+    return verify_generation(path, checksums=checksums).totals
+
+
+def verify_generation(path, *, checksums: bool = True) -> Verified:
+    """verify_dataset, also giving the files' directory and the manifest it read (one read) for what checks them
+    further (`packer verify`: the report page)."""
     path = fs.location(path)  # a directory, or a URI (packer/io/fs.py)
     manifest, generation = load_manifest(path)
     path = files_root(path, generation)  # mid-publish of an --overwrite: the old dataset, whole, in _work/previous/
@@ -81,7 +101,7 @@ def verify_dataset(path, *, checksums: bool = True) -> dict:
     tokenizer_file(path, manifest)
     stats = _check_stats(path, manifest)
     _check_derived(path, manifest, stats)
-    return {**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}
+    return Verified({**totals, "skipped": [] if checksums else list(QUICK_SKIPS)}, path, manifest)
 
 
 def _check_as_streamed(path, fmt: str, entry: dict, sums):
