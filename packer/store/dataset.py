@@ -344,13 +344,6 @@ def open_dataset(path, generation: str | None = None, **stream_options):
 PREVIOUS = ("_work", "previous")  # OUTPUT/_work/previous/: the old dataset while a new one moves in
 
 
-def current_files(path):
-    """The directory holding the files of the dataset at `path` as it is now (files_root of its
-    manifest's generation)."""
-    path = fs.location(path)
-    return files_root(path, load_manifest(path)[1])
-
-
 def files_root(path, generation: str):
     """The directory holding the files of generation `generation` of the dataset at `path`: `path`,
     or, while an --overwrite moves a new dataset in over it (packer/preprocess/owned.py publish),
