@@ -176,21 +176,27 @@ def load_tokenizer(path: str):
 
 @functools.lru_cache(maxsize=4)
 def _loaded(path: str):
-    """(the configured tokenizer, (truncation max_length or None, padding on) as its file set them)."""
+    """(the configured tokenizer, (truncation max_length or None, padding on) as its file set them, the
+    file's bytes). The file is read once a process: the tokenizer, the manifest's sha256 and a fast
+    engine's ranks (byte_level.ranked_vocab_at) are all made from these bytes (3 reads before, 2026-12-05)."""
     from tokenizers import Tokenizer
 
     path = resolve_tokenizer(path)
+    data = fs.location(path).read_bytes() if fs.is_uri(path) else _read_local(path)
     try:
-        if fs.is_uri(path):  # read through its place (a store, memory://, file://); a name is not resolved twice
-            tok = Tokenizer.from_str(fs.location(path).read_text())
-        else:
-            tok = Tokenizer.from_file(path)
+        tok = Tokenizer.from_str(data.decode("utf-8"))  # from_file reads the text and parses it the same way
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON ("expected ident at line 1 column 2")
         raise ValueError(f"{fs.redact(path)}: {_why_not_a_tokenizer(path, e)}; give a tokenizer.json "
                          "(HuggingFace tokenizers' file), a directory holding one, or a hub name") from None
     truncation = tok.truncation  # read before configure turns both off: no parse of the JSON of our own
     shipped = (truncation["max_length"] if truncation else None), tok.padding is not None
-    return configure(tok), shipped
+    return configure(tok), shipped, data
+
+
+def _read_local(path: str) -> bytes:
+    """A plain path's bytes, read without resolving it to a place first (a name is not resolved twice)."""
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _why_not_a_tokenizer(path: str, error: Exception) -> str:
@@ -213,15 +219,17 @@ def load_encoder(path: str, engine: str):
     the tokenizer at `path`, once per process, shared as load_tokenizer's object is."""
     from packer.encode.engines import make_encoder
 
-    return make_encoder(path, engine, load_tokenizer(path))
+    tok, _, data = _loaded(path)
+    return make_encoder(path, engine, tok, data)
 
 
 def checked_engine(path: str, choice: str = "auto"):
     """choose_engine's Choice for the tokenizer at `path`, with a fast engine's encoder made here, which
     probes it against tokenizers (packer/encode/engines make_encoder): one that gives other ids runs
     hf under auto, and stops the build in one line when named."""
-    from packer.encode.engines import Choice, ProbeError, choose_engine
+    from packer.encode.engines import Choice, ProbeError, choose_engine, offer_bytes
 
+    offer_bytes(path, choice, _loaded(path)[2])  # the bytes read once: the rule checks the file from them
     engine = choose_engine(path, choice)
     if engine.name == "hf":
         return engine
@@ -383,8 +391,7 @@ def tokenizer_info(path: str, config: BuildConfig) -> TokenizerInfo:
     """The tokenizer at `path` (see resolve_tokenizer) and the eos/bos/pad a build with `config`
     uses (module docstring). config.eos / config.bos may be None: eos on; bos as the tokenizer says."""
     path = resolve_tokenizer(path)
-    tok, (truncation, padding) = _loaded(path)
-    data = fs.location(path).read_bytes()
+    tok, (truncation, padding), data = _loaded(path)
     declared = declared_specials(path)
     eos = _choose(tok, "eos", config.eos_token, declared, path) if config.eos is not False else None
     bos_added_by = _bos_added_by(config.bos, declared)

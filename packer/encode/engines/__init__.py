@@ -71,6 +71,15 @@ def choose_engine(path: str, choice: str = "auto") -> Choice:
     return Choice("hf", "auto: " + "; ".join(reasons))
 
 
+def offer_bytes(path: str, choice: str, data: bytes):
+    """Hand the tokenizer.json's bytes, read once by the caller (packer/encode/tokenizer.py), to the rule:
+    where choose_engine(path, choice) would make a fast engine's ranks from the file (an engine it
+    asks that can run here), they are made from `data` now, and choose_engine finds them made."""
+    names = FAST if choice == "auto" else (choice,) if choice in ENGINES and choice != "hf" else ()
+    if any(ENGINES[name].missing() is None for name in names):
+        byte_level.ranked_vocab_at(path, data=data)
+
+
 # What the manifest's tokenizer.encode_engine.check says each engine passed on the build that wrote it.
 CHECKS = {"hf": "reference (tokenizers itself)",
           "tiktoken": "byte-level rule (docs/engines.md) and the probe, equal to tokenizers on this build",
@@ -127,12 +136,15 @@ def _probed(path: str, name: str, tok):
     return encoder, probe_difference(encoder, tok, byte_level.ranked_vocab_at(path, check_reach=False).probe_text)
 
 
-def make_encoder(path: str, name: str, tok):
-    """Engine `name`'s encoder for the tokenizer at `path` (`tok`: it, loaded and configured).
-    `name` comes from choose_engine, which checked the merges: not redone here, unless the probe
-    finds other ids than tokenizers' (then the ranks are made again from the file, kept ones dropped)."""
+def make_encoder(path: str, name: str, tok, data: bytes | None = None):
+    """Engine `name`'s encoder for the tokenizer at `path` (`tok`: it, loaded and configured; `data`: the
+    file's bytes where the caller read them, else read here). `name` comes from choose_engine, which
+    checked the merges: not redone here, unless the probe finds other ids than tokenizers' (then the
+    ranks are made again from the file, kept ones dropped)."""
     if name == "hf":
         return hf.Encoder(path, tok)
+    if data is not None:  # this process's ranks made from the bytes its tokenizer was loaded from
+        byte_level.ranked_vocab_at(path, check_reach=False, data=data)
     encoder, differs = _probed(path, name, tok)
     if differs:  # a verdict of "passed" that is not true, or a bug: the file checked again, the verdict kept again
         byte_level.forget(path)

@@ -122,17 +122,18 @@ def loads(data: bytes):
         return json.loads(data)
 
 
-def ranked_vocab_at(path: str, check_reach: bool = True) -> RankedVocab | str:
+def ranked_vocab_at(path: str, check_reach: bool = True, data: bytes | None = None) -> RankedVocab | str:
     """ranked_vocab of the file at `path`, once per process: a result with (S) checked serves a
     later call that skips it (the driver decides, a worker in the same process reuses it). The
     verdict is also kept on disk by the file's sha256 (rule_verdicts), so a later build of the same
     tokenizer, and each of its workers, does not check (S) again (~0.25 s per 50,000 tokens, a tenth
-    of a 50 MB build); the ranks themselves are always made from the file (rule_verdicts says why)."""
+    of a 50 MB build); the ranks themselves are always made from the file (rule_verdicts says why).
+    `data`: the file's bytes, where the caller read them already (packer/encode/tokenizer.py)."""
     found = _RANKED.get(path)
     if found is None or (check_reach and not found[0]):
         if len(_RANKED) >= 4:
             _RANKED.clear()
-        data = _read(path)
+        data = _read(path) if data is None else data
         kept = rule_verdicts.get(data)  # why refused, "" for passed, or None
         if kept:
             found = (True, kept)
