@@ -52,15 +52,17 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from packer.io import fs
 from packer.store import checksums
 from packer.store.rows import EXTRAS, Layout, Rows, row_chunks, split_chunk
+
+if TYPE_CHECKING:  # imported when used (_parquet)
+    import pyarrow.parquet as pq
 
 FILES = (("file", "sha256", ".idx.parquet"),)
 EXTRA_FILES: dict = {}  # loss_mask, source_ids and role_ids are columns of the one file
@@ -86,6 +88,14 @@ def build_notes(manifest: dict) -> list[str]:
             "an end, so Megatron-Bridge's packed collate never trains the token after each inner EOS, and NeMo 2 / "
             "Megatron-Bridge <= 0.2 with context parallelism cut each such conversation at its second EOS; the "
             "seq_start_id boundaries packer wrote are exact (docs/format.md, NeMo shards)"]
+
+
+def _parquet():
+    """pyarrow.parquet, imported when a nemo shard is written or read: a build of another format does
+    not load it (12 ms and pyarrow.fs, 2026-12-05)."""
+    import pyarrow.parquet
+
+    return pyarrow.parquet
 
 
 def _array(values: np.ndarray, type) -> pa.Array:
@@ -178,7 +188,7 @@ def write(layout: Layout, tokens_of, sinks, extras=()):
             tokens, mask, roles = split_chunk(tokens_of(r0, r1))
             if writer is None:
                 schema = _schema(tokens.dtype.itemsize, extras)
-                writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, **WRITE_OPTIONS)
+                writer = _parquet().ParquetWriter(pa.PythonFile(sink, mode="w"), schema, **WRITE_OPTIONS)
             t0 = int(layout.token_starts[r0])
             for a, b in _groups(layout.token_starts, r0, r1):
                 x0, x1 = int(layout.token_starts[a]) - t0, int(layout.token_starts[b]) - t0
@@ -287,7 +297,7 @@ def blocks(paths, extras=(), sums=None):
     path = paths[0]
     where = fs.redact(path)
     raw = fs.map_bytes(path)
-    parquet = pq.ParquetFile(pa.BufferReader(pa.py_buffer(raw)))
+    parquet = _parquet().ParquetFile(pa.BufferReader(pa.py_buffer(raw)))
     ranges = group_ranges(parquet.metadata, len(raw), where)
     if sums is not None:
         _check_sums(sums, ranges, parquet.metadata, len(raw), where)
@@ -335,7 +345,7 @@ def stream_index(read, size, paths, block_bytes: int, extras=(), sums=None):
     footer, total = _footer(read, size, path, sums)
     if footer[-4:] != MAGIC:
         raise ValueError(f"{where}: no Parquet footer at its end (truncated, or not a Parquet file); rebuild the dataset")
-    metadata = pq.read_metadata(pa.BufferReader(MAGIC + footer))  # the footer alone, as the file's last bytes
+    metadata = _parquet().read_metadata(pa.BufferReader(MAGIC + footer))  # the footer alone, as the file's last bytes
     ranges = group_ranges(metadata, total, where)
     if sums is not None:
         _check_sums(sums, ranges, metadata, total, where)
@@ -379,5 +389,5 @@ class _Window(io.RawIOBase):
 def stream_block(state: StreamState, bounds, k: int, buffers) -> tuple[Rows, np.ndarray]:
     """Row group k of a streamed shard from its bytes (decoded with the footer read at open)."""
     start, _ = state.ranges[k]
-    parquet = pq.ParquetFile(pa.PythonFile(_Window(start, buffers[0], state.size), mode="r"), metadata=state.metadata)
+    parquet = _parquet().ParquetFile(pa.PythonFile(_Window(start, buffers[0], state.size), mode="r"), metadata=state.metadata)
     return _table_rows(parquet.read_row_group(k), state.where)
