@@ -1,29 +1,38 @@
 """Where does a build's time go: the engine's encode, or packer's own work around it?
 
-    python benchmarks/bench_pipeline_split.py                 # 3 corpora x 2 tokenizers x 1, 2 workers
+    python benchmarks/bench_pipeline_split.py                 # 3 corpora x 3 tokenizers x 1, 2 workers
     python benchmarks/bench_pipeline_split.py --mb 60 --repeat 3
     python benchmarks/bench_pipeline_split.py --nfc 5         # also the NFC check, paired (packer/encode/nfc.py)
     python benchmarks/bench_pipeline_split.py --corpus DIR    # keep the corpora in DIR, or read them from there
+    python benchmarks/bench_pipeline_split.py --markdown --json rows.json  # docs/engines.md's table; every row's columns
     python benchmarks/bench_pipeline_split.py --smoke         # seconds (tests/test_benchmarks.py runs it)
 
 Corpora, made here from what this machine holds (deterministic on one machine; documents cut at
 DOC_CHARS, about 11 KB as the issue's held-out set), each --mb of JSONL:
 
     english        /usr/share/doc (text, and HTML turned to text) and the English man pages
-    code           the Python standard library's sources
+    code           the Python standard library's sources (tests left out: 13.2 MB of text on this
+                   machine), then the installed packages' (site-packages, one file of each package in
+                   turn; 279 MB more here)
     multilingual   man pages in every other language under /usr/share/man, and every installed
-                   .mo catalog's translations
+                   .mo catalog's translations (12.4 + 97.7 MB here)
+
+A kind that runs out before --mb says so ("all this machine holds"), never silently smaller.
 
 Tokenizers trained here on a sample of all three (`tokenizers`' BpeTrainer, --vocab tokens):
-GPT-2 style (ByteLevel with its regex) and NFC Qwen 2 style (NFC, the Qwen 2 Split, ByteLevel);
-`auto` picks tiktoken for both.
+GPT-2 style (ByteLevel with its regex) and NFC Qwen 2 style (NFC, the Qwen 2 Split, ByteLevel), for
+which `auto` picks tiktoken, and DeepSeek-V3 style (its tokenizer.json's three Splits: digits in
+threes, CJK runs, words and punctuation; then ByteLevel without its regex), for which `auto` picks hf
+(each row asserts the engine the manifest names).
 
 Rows, per corpus, tokenizer and worker count (cores = workers x engine threads, the cores rule):
 
     encode_batch_fast   tokenizers over the same texts in memory, 1 MiB batches, RAYON_NUM_THREADS = cores
     engine alone        tiktoken's encode_ordinary_batch, the build's ranks and split regex, num_threads =
                         cores, the same batches (no NFC: for the Qwen tokenizer the normalization is
-                        packer's work here)
+                        packer's work here). For hf (DeepSeek style) the engine alone IS encode_batch_fast
+                        with the same threads: the row reuses the baseline's run, so its two ratios are
+                        equal ("alone = batch_fast" on the line, in the markdown cell)
     build               the whole `packer build` process, split by stage, timed inside it:
         start-up          interpreter, imports, the tokenizer loaded and its engine probed, units cut
         tokenize          the stage (read, parse, hash, normalize, encode, unit files), and in it
@@ -32,12 +41,23 @@ Rows, per corpus, tokenizer and worker count (cores = workers x engine threads, 
         finish            stats, report, manifest, publish, exit
 
 and the ratios: build / encode_batch_fast (the baseline's seconds over the build's: the issue's
-targets >= 3.0 GPT-2 style, >= 2.5 Qwen NFC) and build / engine alone (the engine's seconds over
-the build's, target >= 0.85). With --repeat N each row runs N times in rounds and each ratio is the
-median of its rounds (paired: a round's rows ran minutes apart at most).
+targets >= 3.0 GPT-2 style, >= 2.5 Qwen NFC, >= 0.9 hf) and build / engine alone (the engine's
+seconds over the build's, target >= 0.85). With --repeat N each row runs N times in rounds and each
+ratio is the median of its rounds (paired: a round's rows ran minutes apart at most).
+
+--markdown prints the rows as docs/engines.md's "Packer's own work, per corpus" table (ratios: the
+median, and the rounds' range with --repeat; stages in seconds; "tokenize (not the engine)": the
+stage, and the stage less the engine alone); --json PATH writes every row with all its columns and
+each round's ratios.
 
 Figures: none yet from a quiet machine. The figures in docs/engines.md's table are labelled with the
-load they were taken under.
+load they were taken under. The kept corpora (written once, `--corpus /work/notes/corpus --mb 60`):
+english 62.2 MB of JSONL (7,066 documents), code 62.5 MB (8,274), multilingual 62.0 MB (6,682).
+
+Check run of the hf row, 2026-12-05, a loaded machine (load 5.9 on 2 shared cores, so the figures
+only show the row works), `--mb 4 --repeat 1 --tokenizers deepseek --workers 2`: build /
+encode_batch_fast 0.36 english, 0.59 code, 0.40 multilingual; at 4 MB the fixed work (start-up
+0.8-1.4 s) weighs far more than at 60.
 
 --nfc, 2026-12-05, a loaded machine (load 5.8 on 2 shared cores), `--nfc 5 --mb 4 --vocab 20000
 --tokenizers qwen --corpora english,multilingual --workers 1`: the tiktoken engine's encode with the
@@ -58,6 +78,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
@@ -71,6 +92,22 @@ import bench_engines  # noqa: E402  (corpus families, the tokenizer trainer, the
 DOC_CHARS = 11_000
 N_FILES = 4
 SEED_SAMPLE = 8  # train on every SEED_SAMPLE-th document
+
+# DeepSeek-V3's tokenizer.json pre_tokenizer: a Sequence of these three Splits (each Isolated, not inverted), then
+# ByteLevel(add_prefix_space=False, use_regex=False). No engine but hf reproduces several Splits, so auto picks hf.
+DEEPSEEK_V3_SPLITS = (
+    "\\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+
+# --tokenizers name -> its label here, its name in docs/engines.md's table, and the engine `auto` must pick for it
+TOKENIZERS = {
+    "gpt2": {"label": "gpt2-style", "doc": "GPT-2 style", "engine": "tiktoken"},
+    "qwen": {"label": "qwen-style NFC", "doc": "Qwen 2 style, NFC", "engine": "tiktoken"},
+    "deepseek": {"label": "deepseek-style", "doc": "DeepSeek-V3 style (3 Splits)", "engine": "hf"},
+}
 
 
 class _Text(html.parser.HTMLParser):
@@ -124,9 +161,26 @@ def _round_robin(*families):
                 yield text
 
 
+def _package_sources():
+    """The installed packages' Python sources (site-packages, tests left out), one file of each top-level
+    package in turn: the standard library alone is about 13 MB here, short of the issue's 60."""
+    root = Path(sysconfig.get_paths()["purelib"])
+    packages = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.endswith((".dist-info", ".egg-info")))
+    return _round_robin(*(_sources(p) for p in packages))
+
+
+def _sources(root: Path):
+    for path in sorted(root.rglob("*.py")):
+        if not {"test", "tests"} & set(path.relative_to(root).parts):
+            try:
+                yield path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+
+
 CORPORA = {
     "english": _english,
-    "code": bench_engines._python_sources,
+    "code": lambda: itertools.chain(bench_engines._python_sources(), _package_sources()),
     "multilingual": lambda: _round_robin(_man_pages(english=False), bench_engines._translations()),
 }
 
@@ -147,6 +201,8 @@ def write_corpus(d: Path, kind: str, n_bytes: int) -> list[str]:
             break
     for f in files:
         f.close()
+    if written < n_bytes:
+        print(f"corpus {kind}: {written / 1e6:.1f} MB of text, all this machine holds (asked for {n_bytes / 1e6:.1f} MB)")
     return [f.name for f in files]
 
 
@@ -287,70 +343,165 @@ def _split(seconds: float, marks: dict) -> dict:
 STAGES = ("start-up", "tokenize", "plan", "write", "finish")
 
 
-def main():
+def train_deepseek(path: Path, files: list[str], vocab: int) -> str:
+    """A DeepSeek-V3 style tokenizer (DEEPSEEK_V3_SPLITS, ByteLevel without its regex), trained as
+    bench_engines.train trains the other two."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = [json.loads(line)["text"] for f in files for line in open(f, encoding="utf-8")]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(r), "isolated") for r in DEEPSEEK_V3_SPLITS),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    tok.save(str(path))
+    return str(path)
+
+
+def _train(d: Path, name: str, sample: Path, vocab: int) -> str:
+    if name == "deepseek":
+        return train_deepseek(d / f"{name}.json", [str(sample)], vocab)
+    bench_engines.VOCAB = vocab
+    return bench_engines.train(d / f"{name}.json", name, [str(sample)])
+
+
+def _corpora(args, d: Path) -> dict:
+    """kind -> its JSONL files: read back from --corpus DIR/KIND where that holds them, else written (there or in d)."""
+    keep, corpora = args.corpus or d, {}
+    for kind in args.corpora.split(","):
+        kept = sorted(map(str, (keep / kind).glob("part-*.jsonl"))) if args.corpus else []
+        corpora[kind] = kept or write_corpus(keep / kind, kind, int(args.mb * 1e6))
+    return corpora
+
+
+def _row(kind: str, files: list[str], name: str, path: str, workers: int, cores: int, args, out: Path) -> dict:
+    """One row: --repeat rounds of the baseline, the engine alone and the build, each ratio the median of its rounds."""
+    tok, size = TOKENIZERS[name], sum(os.path.getsize(p) for p in files)
+    rounds = []
+    for _ in range(args.repeat):
+        base = _python(bench_engines.BASELINE, [json.dumps(files), path], threads=cores)
+        # hf's engine alone is tokenizers' encode_batch_fast with the same threads: the baseline itself
+        alone = _python(ENGINE_ALONE, [json.dumps(files), path, str(cores)]) if tok["engine"] == "tiktoken" else base
+        built = _build(files, path, out, workers, max(size // (4 * N_FILES), 1 << 16))
+        assert built["engine"] == tok["engine"], f"{name}: auto chose {built['engine']}, not {tok['engine']}"
+        rounds.append((base, alone, built))
+    base, alone, built = (min((r[i] for r in rounds), key=lambda r: r["seconds"]) for i in range(3))
+    vs_base = [b["seconds"] / r["seconds"] for b, _, r in rounds]
+    vs_alone = [a["seconds"] / r["seconds"] for _, a, r in rounds]
+    return {"corpus": kind, "tokenizer": tok["doc"], "engine": built["engine"],
+            "engine_alone": "tiktoken encode_ordinary_batch" if tok["engine"] == "tiktoken" else "encode_batch_fast",
+            "workers": workers, "cores": cores, "corpus_mb": size / 1e6, "chars": base["chars"],
+            "tokens": built["tokens"], "rounds": args.repeat, "batch_fast_s": base["seconds"],
+            "engine_alone_s": alone["seconds"], "build_s": built["seconds"], **{s: built[s] for s in STAGES},
+            "not_engine": built["tokenize"] - alone["seconds"],
+            "build/batch_fast": statistics.median(vs_base), "build/engine": statistics.median(vs_alone),
+            "build/batch_fast rounds": vs_base, "build/engine rounds": vs_alone}
+
+
+HEAD = (f"{'corpus':<13}{'tokenizer':<16}{'engine':>9}{'workers':>8}{'cores':>6}{'batch_fast':>11}{'alone':>7}"
+        f"{'build':>8}  |{''.join(f'{s:>10}' for s in STAGES)}{'not engine':>11}  |{'build/batch_fast':>17}"
+        f"{'build/engine':>13}")
+
+
+def _line(r: dict) -> str:
+    stages = "".join(f"{r[s]:>10.2f}" for s in STAGES)
+    same = "  (alone = batch_fast)" if r["engine_alone"] == "encode_batch_fast" else ""
+    label = next(t["label"] for t in TOKENIZERS.values() if t["doc"] == r["tokenizer"])
+    return (f"{r['corpus']:<13}{label:<16}{r['engine']:>9}{r['workers']:>8}{r['cores']:>6}{r['batch_fast_s']:>11.2f}"
+            f"{r['engine_alone_s']:>7.2f}{r['build_s']:>8.2f}  |{stages}{r['not_engine']:>11.2f}  |"
+            f"{r['build/batch_fast']:>17.2f}{r['build/engine']:>13.2f}{same}")
+
+
+MARKDOWN = ("corpus", "tokenizer", "engine", "workers", "build / encode_batch_fast", "build / engine alone", "start-up",
+            "tokenize (not the engine)", "plan", "write", "finish")
+
+
+def _ratio(r: dict, key: str) -> str:
+    rounds = r[f"{key} rounds"]
+    return f"{r[key]:.2f}" + (f" ({min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else "")
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/engines.md's "Packer's own work, per corpus" table: ratios (medians, the rounds' range), stages in seconds."""
+    lines = ["| " + " | ".join(MARKDOWN) + " |", "|" + "---|" * len(MARKDOWN)]
+    for r in rows:
+        alone = _ratio(r, "build/engine") + (" (alone = encode_batch_fast)" if r["engine_alone"] == "encode_batch_fast"
+                                             else "")
+        cells = [r["corpus"], r["tokenizer"], r["engine"], str(r["workers"]), _ratio(r, "build/batch_fast"), alone,
+                 f"{r['start-up']:.2f}", f"{r['tokenize']:.2f} ({r['not_engine']:.2f})",
+                 *(f"{r[s]:.2f}" for s in ("plan", "write", "finish"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _arguments():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=20, help="MB of UTF-8 text per corpus (default 20)")
     parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
     parser.add_argument("--corpora", default=",".join(CORPORA), help=f"of {', '.join(CORPORA)}")
-    parser.add_argument("--tokenizers", default="gpt2,qwen", help="gpt2 (GPT-2 style), qwen (NFC Qwen 2 style)")
+    parser.add_argument("--tokenizers", default=",".join(TOKENIZERS), help="gpt2 (GPT-2 style), qwen (NFC Qwen 2 "
+                        "style), deepseek (DeepSeek-V3 style: three Splits, run by hf)")
     parser.add_argument("--vocab", type=int, default=50_000, help="tokens of each trained tokenizer")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; ratios are medians of paired rounds")
     parser.add_argument("--corpus", type=Path, help="keep the corpora in DIR/KIND: written there when absent, else read "
                         "from there (--mb ignored): the same texts on a quiet machine")
     parser.add_argument("--nfc", type=int, default=0, metavar="ROUNDS",
                         help="also the NFC check against normalizing every non-ASCII text, ROUNDS paired rounds")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write every row, all its columns, to PATH")
+    parser.add_argument("--markdown", action="store_true", help="also print the rows as docs/engines.md's table")
     parser.add_argument("--smoke", action="store_true", help="the smallest run (seconds; tests/test_benchmarks.py runs it)")
     args = parser.parse_args()
     if args.smoke:
-        args.mb, args.vocab, args.repeat, args.tokenizers, args.corpora, args.nfc = 0.1, 1000, 1, "qwen", "code", 2
+        args.mb, args.vocab, args.repeat, args.tokenizers, args.corpora, args.nfc = 0.1, 1000, 1, "qwen,deepseek", "code", 2
+        args.workers = "2"
+    unknown = set(args.tokenizers.split(",")) - set(TOKENIZERS)
+    if unknown:
+        parser.error(f"--tokenizers: {', '.join(sorted(unknown))} unknown; choose from {', '.join(TOKENIZERS)}")
+    return args
+
+
+def main():
+    args = _arguments()
     import tiktoken
     import tokenizers
 
     from packer.encode.engines.threads import threads_per_worker, usable_cores
 
-    print(f"machine: {platform.machine()}, {usable_cores()} usable cores, load {os.getloadavg()[0]:.2f}, "
-          f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}")
+    machine = (f"machine: {platform.machine()}, {usable_cores()} usable cores, load {os.getloadavg()[0]:.2f}, "
+               f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}")
+    print(machine)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        keep = args.corpus or d
-        corpora = {kind: sorted(map(str, (keep / kind).glob("part-*.jsonl"))) if args.corpus and (keep / kind).is_dir()
-                   else write_corpus(keep / kind, kind, int(args.mb * 1e6)) for kind in args.corpora.split(",")}
+        corpora = _corpora(args, d)
         sample = d / "sample.jsonl"
         with open(sample, "w", encoding="utf-8") as f:
             lines = (line for files in corpora.values() for p in files for line in open(p, encoding="utf-8"))
             f.writelines(itertools.islice(lines, 0, None, SEED_SAMPLE))
-        bench_engines.VOCAB = args.vocab
         t = time.perf_counter()
-        styles = {"gpt2": "gpt2-style", "qwen": "qwen-style NFC"}
-        toks = {styles[s]: bench_engines.train(d / f"{s}.json", s, [str(sample)]) for s in args.tokenizers.split(",")}
+        toks = {name: _train(d, name, sample, args.vocab) for name in args.tokenizers.split(",")}
         print(f"corpora: {', '.join(f'{k} {sum(os.path.getsize(p) for p in v) / 1e6:.1f} MB' for k, v in corpora.items())}"
               f" (documents of at most {DOC_CHARS:,} characters); tokenizers ({args.vocab:,} tokens) trained in "
               f"{time.perf_counter() - t:.0f} s")
-        if args.nfc and "qwen-style NFC" in toks:
-            _nfc_rows(corpora, toks["qwen-style NFC"], args.nfc)
-        head = "".join(f"{s:>10}" for s in STAGES)
-        print(f"{'corpus':<13}{'tokenizer':<16}{'workers':>8}{'cores':>6}{'batch_fast':>11}{'engine':>8}{'build':>8}"
-              f"  |{head}{'not engine':>11}  |{'build/batch_fast':>17}{'build/engine':>13}")
+        if args.nfc and "qwen" in toks:
+            _nfc_rows(corpora, toks["qwen"], args.nfc)
+        print(HEAD)
         for kind, files in corpora.items():
-            size = sum(os.path.getsize(p) for p in files)
-            unit_bytes = max(size // (4 * N_FILES), 1 << 16)
             for name, path in toks.items():
                 for workers in map(int, args.workers.split(",")):
                     cores = min(workers * threads_per_worker(workers), usable_cores())
-                    rounds = []
-                    for _ in range(args.repeat):
-                        base = _python(bench_engines.BASELINE, [json.dumps(files), path], threads=cores)
-                        alone = _python(ENGINE_ALONE, [json.dumps(files), path, str(cores)])
-                        built = _build(files, path, d / "out", workers, unit_bytes)
-                        assert built["engine"] == "tiktoken", built["engine"]
-                        rounds.append((base, alone, built))
-                    base, alone, built = (min((r[i] for r in rounds), key=lambda r: r["seconds"]) for i in range(3))
-                    vs_base = statistics.median(b["seconds"] / r["seconds"] for b, _, r in rounds)
-                    vs_alone = statistics.median(a["seconds"] / r["seconds"] for _, a, r in rounds)
-                    stages = "".join(f"{built[s]:>10.2f}" for s in STAGES)
-                    print(f"{kind:<13}{name:<16}{workers:>8}{cores:>6}{base['seconds']:>11.2f}{alone['seconds']:>8.2f}"
-                          f"{built['seconds']:>8.2f}  |{stages}{built['tokenize'] - alone['seconds']:>11.2f}  |"
-                          f"{vs_base:>17.2f}{vs_alone:>13.2f}", flush=True)
+                    rows.append(_row(kind, files, name, path, workers, cores, args, d / "out"))
+                    print(_line(rows[-1]), flush=True)
+    if any(r["engine"] == "hf" for r in rows):
+        print("hf rows: the engine alone is encode_batch_fast with the same threads, the baseline itself, so "
+              "build/engine = build/batch_fast")
+    if args.markdown:
+        print(markdown(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
+                                         "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
