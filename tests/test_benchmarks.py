@@ -10,6 +10,7 @@ is not run here.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,8 @@ SLOW = {  # smallest run over ~10 s on 2 shared cores, or needing a git worktree
     "bench_sft_labels.py", "bench_tokenize.py", "bench_train.py", "bench_balance.py", "compare_builds.py",
     "corruption_matrix.py",
 }
-EXTRA = {"compare_builds.py": ["--ref", "HEAD"]}  # against this checkout's own HEAD: identical builds
+EXTRA = {"compare_builds.py": ["--ref", "HEAD"],  # against this checkout's own HEAD: identical builds
+         "bench_pipeline_split.py": ["--markdown", "--json", "{tmp}/rows.json"]}  # docs/engines.md's table, its rows
 
 
 def _scripts():
@@ -34,13 +36,19 @@ def _scripts():
 
 
 @pytest.mark.parametrize("script", _scripts())
-def test_benchmark_smoke_run(script):
+def test_benchmark_smoke_run(script, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # TMPDIR left as is: Ray's socket paths must stay under 108 bytes
-    done = subprocess.run([sys.executable, str(script), "--smoke", *EXTRA.get(script.name, [])], cwd=ROOT, env=env,
+    extra = [a.format(tmp=tmp_path) for a in EXTRA.get(script.name, [])]
+    done = subprocess.run([sys.executable, str(script), "--smoke", *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{script.name} --smoke exited {done.returncode}:\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert len(done.stdout.strip().splitlines()) >= 3, done.stdout  # its header and a table
+    if script.name == "bench_pipeline_split.py":  # every --json row is a --markdown line, hf's row among them
+        rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+        assert {r["engine"] for r in rows} == {"tiktoken", "hf"}, rows
+        assert all(f"| {r['corpus']} | {r['tokenizer']} | {r['engine']} | {r['workers']} | {r['build/batch_fast']:.2f} |"
+                   in done.stdout for r in rows), done.stdout
 
 
 def test_every_benchmark_has_a_smoke_mode():
