@@ -19,6 +19,7 @@ token-weighted loss, times the world size)}; the global loss of a step is their 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import tempfile
 
@@ -85,16 +86,32 @@ def main(argv=None):
                     output_dir=opts.output_dir, audit=bool(opts.rows_seen or opts.loss_log))
     write_audit(trainer.args.process_index, opts.rows_seen, opts.loss_log, getattr(trainer, "rows_trained", []),
                 getattr(trainer, "step_log", []))
+    del trainer  # its DDP model goes first: see end_process_group
     end_process_group()
 
 
 def end_process_group():
-    """Close the process group torchrun opened: left to interpreter exit, gloo's threads can abort a rank
-    ("terminate called without an active exception") after training finished. The barrier first: a rank
-    that shuts its group down while another is still in a collective can leave both waiting (pytorch #75097)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    """Close the process group torchrun opened, once the DDP model that trained in it is gone (del the trainer
+    or model first; a model still alive is refused here).
+
+    Left to interpreter exit, gloo's threads can abort a rank ("terminate called without an active exception").
+    The order matters too: destroy_process_group drops the group's Python handle, whose destructor joins gloo's
+    worker threads with the GIL released; a DDP model still alive holds the last reference in its Reducer, and
+    the Reducer's destructor joins them with the GIL held. A worker still dropping its last collective (whose
+    tensors Python made, so it needs the GIL) then waits for the GIL forever while the main thread waits for it:
+    2 runs in 7 of the 2-rank Trainer example hung so on 2 cores (2026-12; py-spy: main thread in
+    ProcessGroupGloo::~ProcessGroupGloo under Reducer::~Reducer, worker in gil_scoped_acquire; pytorch #56297).
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    gc.collect()  # a model that only a reference cycle keeps alive goes now, while the group is still registered
+    ddp = torch.nn.parallel.DistributedDataParallel  # by type(): isinstance reads __class__, which some objects warn on
+    alive = [type(o).__name__ for o in gc.get_objects() if issubclass(type(o), ddp)]
+    if alive:
+        raise RuntimeError(f"end_process_group: a {alive[0]} model is still alive; del the trainer (or model) first, "
+                           "or its destructor joins the process group's threads holding the GIL and can hang")
+    torch.distributed.barrier()  # no rank shuts its group down while another is still in a collective
+    torch.distributed.destroy_process_group()
 
 
 def write_audit(rank: int, rows_seen, loss_log, rows: list[int], steps: list[dict]):
