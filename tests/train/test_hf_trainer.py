@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,24 +49,46 @@ def _run(script: str, n_proc: int, args: list[str], cwd):
 
 
 def run_torchrun(command: list[str], timeout: float = 240, **kwargs) -> tuple[int, str]:
-    """(returncode, stderr) of a launcher run. Past `timeout` the launcher and its ranks (each in a session of
-    its own) get SIGABRT, so faulthandler prints their Python stacks: a hang fails with where it hung, and no
-    rank is left running."""
+    """(returncode, output) of a launcher run: its stdout and stderr and its ranks' (they inherit both), in order.
+    Past `timeout` the test fails with where every process hung: py-spy's native and Python stacks of the
+    launcher and each rank (a hang inside a C++ destructor shows only there; py-spy where installed), then the
+    SIGABRT that makes faulthandler print their Python stacks, then SIGKILL, so no rank is left running."""
     env = {**kwargs.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                **kwargs)
     try:
-        _, stderr = process.communicate(timeout=timeout)
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        tree = [process.pid, *_descendants(process.pid)]
+        tree = [process.pid, *_descendants(process.pid)]  # the ranks run in sessions of their own: no killpg
+        stacks = _native_stacks(tree)
         for sig in (signal.SIGABRT, signal.SIGKILL):
             for pid in tree:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-            time.sleep(5)
-        _, stderr = process.communicate()
-        pytest.fail(f"hung past {timeout} s; the stacks of the launcher and its ranks:\n{stderr[-12000:]}")
-    return process.returncode, stderr
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in tree[1:]):
+                time.sleep(0.1)
+        output, _ = process.communicate()
+        pytest.fail(f"hung past {timeout} s; the output of the launcher and its ranks (faulthandler's Python stacks "
+                    f"last):\n{output[-8000:]}\n{stacks}")
+    return process.returncode, output
+
+
+def _native_stacks(pids: list[int]) -> str:
+    """`py-spy dump --native` of each process, bare addresses left out; a line saying why where it cannot."""
+    if shutil.which("py-spy") is None:
+        return "(py-spy is not installed: no native stacks)"
+    dumps = []
+    for pid in pids:
+        try:
+            done = subprocess.run(["py-spy", "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                                  timeout=30)
+            text = done.stdout + done.stderr
+        except subprocess.TimeoutExpired:
+            text = "py-spy timed out"
+        lines = [line for line in text.splitlines() if not line.strip().startswith("0x")]
+        dumps.append(f"--- py-spy, pid {pid}:\n" + "\n".join(lines))
+    return "\n".join(dumps)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -83,11 +106,55 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+HANGS = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import os, time; print('rank up', os.getpid(), flush=True); time.sleep(600)"],
+                 start_new_session=True)  # as torchrun starts its ranks
+print('launcher up', flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_hung_launcher_fails_with_every_process_output_and_stacks_and_leaves_none_running(tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_torchrun([sys.executable, str(tmp_path / "hangs.py")], timeout=3)
+    message = str(failed.value)
+    assert "hung past 3 s" in message and "launcher up" in message and "rank up" in message
+    assert message.count("Fatal Python error: Aborted") == 2  # faulthandler, in the launcher and in its rank
+    if shutil.which("py-spy"):
+        assert message.count("--- py-spy, pid") == 2 and "<module> (hangs.py:" in message
+    rank = int(message.split("rank up ")[1].split()[0])
+    stat = Path(f"/proc/{rank}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # killed (a zombie at most)
+
+
 def _example_module():
     spec = importlib.util.spec_from_file_location("hf_trainer_example", EXAMPLES / "hf_trainer.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_end_process_group_refuses_while_a_ddp_model_is_alive(tmp_path):
+    """A live DDP model's Reducer would hold the group's last reference and join gloo's threads with the GIL held,
+    the hang that end_process_group's docstring tells: it refuses, and closes the group once the model is gone."""
+    end_process_group = _example_module().end_process_group
+    torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(str(tmp_path / "store"), 1),
+                                         rank=0, world_size=1)
+    models = [torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))]
+    try:
+        models[0](torch.ones(1, 2)).sum().backward()  # one step: the Reducer has run its collective
+        with pytest.raises(RuntimeError, match="DistributedDataParallel model is still alive; del the trainer"):
+            end_process_group()
+        assert torch.distributed.is_initialized()
+        models.clear()
+        end_process_group()
+        assert not torch.distributed.is_initialized()
+    finally:
+        models.clear()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def per_document_loss(data, rows: list[int]) -> float:

@@ -191,9 +191,10 @@ def test_sft_settings_that_reshape_data_are_refused(tmp_path):
 TWO_RANKS = """
 import json, os, sys
 from pathlib import Path
-sys.path[:0] = sys.argv[3].split(os.pathsep)  # tests/train, tests (conftest)
+sys.path[:0] = sys.argv[3].split(os.pathsep)  # tests/train, tests (conftest), examples
 import torch
 import test_trl as T
+from hf_trainer import end_process_group
 from packer.data import PackedDataset
 data, out = sys.argv[1], Path(sys.argv[2])
 trainer = T.AuditedTrainer(model=T.tiny_llama(data), args=T.sft_config(out), train_dataset=PackedDataset(data, seed=T.SEED),
@@ -201,7 +202,8 @@ trainer = T.AuditedTrainer(model=T.tiny_llama(data), args=T.sft_config(out), tra
 trainer.train()
 rank = torch.distributed.get_rank()
 (out / f"rows.{rank}").write_text(json.dumps([step["row_ids"].tolist() for step in trainer.steps]))
-torch.distributed.destroy_process_group()
+del trainer  # its DDP model goes before the process group (else a hang: end_process_group's docstring)
+end_process_group()
 """
 
 
@@ -220,7 +222,8 @@ def test_sft_trainer_two_ranks(dataset, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     returncode, stderr = run_torchrun([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                        "--nproc_per_node=2", str(script), str(dataset), str(tmp_path),
-                                       os.pathsep.join(map(str, (here, here.parent)))], env=env, cwd=tmp_path)
+                                       os.pathsep.join(map(str, (here, here.parent, here.parents[1] / "examples")))],
+                                      env=env, cwd=tmp_path)
     assert returncode == 0, stderr[-4000:]
     split = {"world_size": 2, "worker": 0, "num_workers": 1}
     seen = [json.loads((tmp_path / f"rows.{r}").read_text()) for r in range(2)]
