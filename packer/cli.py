@@ -166,10 +166,13 @@ def _print_summary(manifest: dict, output: str):
         click.echo(f"report:    {redact(fs.location(location) / REPORT)} (packer stats {output} prints the table)")
 
 
+_CONFIG_FIELDS = {f.name: f for f in (*dataclasses.fields(BuildConfig), *dataclasses.fields(Job))}  # once, not per option
+
+
 def _option(name: str, *, prefix: str = "", **overrides):
     """A click option for config field `name` (BuildConfig or Job): its flag, type, default, choices
     and help all come from packer/config.py, the one home of every choice list and default."""
-    spec = {f.name: f for f in (*dataclasses.fields(BuildConfig), *dataclasses.fields(Job))}[name]
+    spec = _CONFIG_FIELDS[name]
     flag = "--" + name.replace("_", "-")
     kwargs = {"default": spec.default, "help": prefix + spec.metadata["help"], "show_default": spec.default is not None}
     if isinstance(spec.default, bool) or spec.type == "bool | None":  # --bos/--no-bos; unset: None

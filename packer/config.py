@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -324,6 +323,8 @@ def _check_choices(obj):
 def load_job(path: str | Path) -> Job:
     """Read a pipeline TOML file (see pipelines/sample.toml). Relative paths in it are taken
     relative to the current directory, like paths given on the command line."""
+    import tomllib  # here: `packer build` reads no TOML
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pipeline file not found: {path}")
