@@ -193,6 +193,12 @@ def _loaded(path: str):
     return configure(tok), shipped, data
 
 
+def tokenizer_bytes(path: str) -> bytes:
+    """The bytes of the tokenizer.json at `path` as this process loaded them (load_tokenizer, once a
+    process): hand them to byte_level.ranked_vocab_at(..., data=) rather than reading the file again."""
+    return _loaded(path)[2]
+
+
 def _read_local(path: str) -> bytes:
     """A plain path's bytes, read without resolving it to a place first (a name is not resolved twice)."""
     with open(path, "rb") as f:

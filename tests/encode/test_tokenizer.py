@@ -371,3 +371,47 @@ def test_a_deep_tokenizer_config_is_one_line_not_a_recursion_error(tmp_path):
     assert "tokenizer_config.json: JSON nested 100,000 levels deep" in message, message
     message = _tokenizer_error(tmp_path / "b", None, '{"eos_token": "<|endoftext|>",}')
     assert "tokenizer_config.json: not JSON (line 1, column 31" in message, message
+
+
+def test_a_build_reads_its_tokenizer_json_once_per_process(tmp_path, monkeypatch):
+    """tokenizer_info (its sha256, the tokenizer, the rule's ranks, the probe) and a worker's load_encoder
+    each read tokenizer.json once a process (issue 38; three reads before), and the ranks are made from
+    those bytes: the sha256 names them and the probe passes."""
+    import builtins
+    import hashlib
+    import io
+    import shutil
+
+    from packer.encode import engines
+    from packer.encode.engines import byte_level
+    from packer.encode.tokenizer import _loaded, load_encoder
+
+    path = str(tmp_path / "tokenizer.json")
+    shutil.copy(TOKENIZER, path)
+    reads = []
+    real_open, real_io_open = builtins.open, io.open
+
+    def counted(opener):
+        def open_(file, *args, **kwargs):
+            if os.fspath(file) == path if isinstance(file, (str, os.PathLike)) else False:
+                reads.append(1)
+            return opener(file, *args, **kwargs)
+        return open_
+
+    def new_process():
+        monkeypatch.setattr(byte_level, "_RANKED", {})
+        engines.choose_engine.cache_clear()
+        load_encoder.cache_clear()
+        _loaded.cache_clear()
+
+    new_process()
+    monkeypatch.setattr(builtins, "open", counted(real_open))
+    monkeypatch.setattr(io, "open", counted(real_io_open))
+    info = tokenizer_info(path, BuildConfig())
+    assert info.engine == "tiktoken" and reads == [1]
+    assert info.sha256 == hashlib.sha256(open(path, "rb").read()).hexdigest()
+    new_process()
+    reads.clear()
+    load_encoder(path, "tiktoken")  # a worker: the tokenizer, its ranks and the probe from one read
+    assert reads == [1]
+    new_process()
