@@ -219,3 +219,30 @@ def test_config_reads_the_tables_and_nothing_else():
                 table.replace("TABLES = {'format': _names}", "TABLES = {}")):  # not a table reader
         with pytest.raises(AssertionError, match="config imports packer only to read a table's names"):
             _table_reads(bad)
+
+
+# What a quiet build of the default (arrow) format never uses, so never imports (issue 38: a tiny build's
+# start-up): another format's library, the progress bar's, the TOML reader, torch, plotting.
+UNUSED_BY_A_QUIET_ARROW_BUILD = ("pyarrow.parquet", "tqdm", "tomllib", "torch", "matplotlib")
+
+
+def test_a_quiet_arrow_build_leaves_out_what_it_does_not_use(tmp_path):
+    """`packer build --quiet` in a fresh interpreter, then the modules it loaded: none of the list above
+    (tqdm and pyarrow.parquet were imported by every build before the lazy imports of 2026-12-05)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import SAMPLE, TOKENIZER
+
+    doc = tmp_path / "three.jsonl"
+    doc.write_text("".join((SAMPLE / "prose.jsonl").read_text(encoding="utf-8").splitlines(True)[:3]), encoding="utf-8")
+    code = ("import json, sys\nfrom packer.cli import main\n"
+            f"sys.argv = ['packer', 'build', {str(doc)!r}, '-o', {str(tmp_path / 'out')!r}, '--tokenizer', "
+            f"{str(TOKENIZER)!r}, '--context-length', '128', '--quiet']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            f"print(json.dumps([m for m in {UNUSED_BY_A_QUIET_ARROW_BUILD!r} if m in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert json.loads(done.stdout.splitlines()[-1]) == []
