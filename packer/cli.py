@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -59,6 +60,19 @@ class _Group(click.Group):
     """Expected errors become one line on stderr and exit 1, not a traceback (with --debug: both).
     Ctrl-C and SIGTERM stop with one line too (exit 130 / 143): finished work is kept."""
 
+    def main(self, args=None, *rest, standalone_mode: bool = True, **kwargs):
+        """click's main; run as the process's own command (`packer ...`, `python -m packer ...`: no
+        `args` given, standalone), the process ends once the command has (_end_process). Called with
+        `args` (tests, CliRunner) or standalone_mode=False, click's main as it is."""
+        if args is not None or rest or not standalone_mode:
+            return super().main(args, *rest, standalone_mode=standalone_mode, **kwargs)
+        try:
+            super().main(standalone_mode=True, **kwargs)
+            code = 0
+        except SystemExit as e:  # standalone: click always ends with it, the command's exit status
+            code = e.code
+        _end_process(code)
+
     def parse_args(self, ctx, args):
         try:
             return super().parse_args(ctx, args)
@@ -94,6 +108,26 @@ class _Group(click.Group):
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _end_process(code):
+    """End the process with exit status `code` as the interpreter's exit does (threads joined, atexit
+    handlers run, stdout and stderr flushed), but without its teardown, which frees every module and
+    object one by one: 50-55 ms of a 0.5 s tiny build (numpy, pyarrow, the tokenizer and its ranks;
+    2026-12-06). Files are written and closed by then (atomic writes), so nothing is lost with it."""
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()  # what the interpreter's exit does first: non-daemon threads joined, pools ended
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left, a closed stream: as the interpreter ignores it
+            pass
+    os._exit(code or 0)
 
 
 def _main_thread() -> bool:

@@ -432,3 +432,34 @@ def test_inspect_seq_prints_nothing_before_its_error(tmp_path):
     code, shown = run_packer(["inspect", str(out), "--seq", "1"])
     lines = [line for line in shown.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and lines[0].startswith("Error: ") and "tokenizer" in lines[0], shown
+
+
+ENDS_IN_MAIN = """
+import atexit, sys, threading, time
+from pathlib import Path
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+def late():
+    time.sleep(0.3)
+    (out / "thread").write_text("done")
+threading.Thread(target=late).start()  # not a daemon: the interpreter's exit waits for it
+sys.stdout.write("written before, not flushed\\n")
+sys.argv = ["packer", *sys.argv[2:]]
+from packer.cli import main
+main()
+print("after main")
+"""
+
+
+@pytest.mark.parametrize("argv, status", [(["--version"], 0), (["build", "--bogus"], 2),
+                                          (["build", "missing.jsonl", "-o", "out", "--tokenizer", "t.json"], 1)])
+def test_the_process_ends_in_main_as_the_interpreter_would_end_it(tmp_path, argv, status):
+    """`packer ...` ends its process once the command is done (cli._end_process, without the interpreter's
+    teardown): with the command's exit status, a non-daemon thread's work awaited, atexit handlers run,
+    what was written to stdout flushed, and nothing after main() run."""
+    done = subprocess.run([sys.executable, "-c", ENDS_IN_MAIN, str(tmp_path), *argv], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.returncode == status, done.stderr
+    assert done.stdout.startswith("written before, not flushed\n") and "after main" not in done.stdout
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
+    assert ("packer, version" in done.stdout) == (status == 0) and bool(done.stderr.strip()) == (status != 0)

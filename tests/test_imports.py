@@ -240,7 +240,7 @@ def test_a_quiet_arrow_build_leaves_out_what_it_does_not_use(tmp_path):
     code = ("import json, sys\nfrom packer.cli import main\n"
             f"sys.argv = ['packer', 'build', {str(doc)!r}, '-o', {str(tmp_path / 'out')!r}, '--tokenizer', "
             f"{str(TOKENIZER)!r}, '--context-length', '128', '--quiet']\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             f"print(json.dumps([m for m in {UNUSED_BY_A_QUIET_ARROW_BUILD!r} if m in sys.modules]))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
