@@ -30,9 +30,10 @@ from packer.io.fs import redact, redact_text
 RAY_INSTALL_HINT = 'pip install "packer[ray]"'
 RAY_MAX_RETRIES = 3  # a task whose worker process dies is rerun this many times, then the build fails
 RAY_STALL_SECONDS: float | None = None  # fail when no task finishes for this long (None: wait forever)
-# What a local pool's forkserver imports once, so that each worker it forks has it (the stage functions'
-# modules: numpy, pyarrow, the engines; ~0.2 s of CPU a worker otherwise spends importing them again).
-PRELOAD = ("packer.preprocess.pipeline",)
+# What a local pool's forkserver imports once, so that each worker it forks has it: the tokenize task's
+# modules (numpy, the readers, the engines; ~0.2 s a worker otherwise spends importing them); the later
+# stages' modules are imported by the workers that run them.
+PRELOAD = ("packer.preprocess.tokenize", "tokenizers", "tiktoken")
 
 
 def usable_cores() -> int:

@@ -36,12 +36,8 @@ from packer._version import __version__
 from packer.config import Job
 from packer.encode import engines
 from packer.encode.chat_source import chat_template_manifest
-from packer.encode.engines import byte_level
 from packer.encode.tokenizer import (
     TokenizerInfo,
-    load_encoder,
-    load_tokenizer,
-    resolve_tokenizer,
     resolved_config,
     specials_manifest,
     tokenizer_info,
@@ -52,7 +48,7 @@ from packer.preprocess import changed, owned, plan_groups, readers, resume, sour
 from packer.preprocess.executors import make_executor, runs_inline
 from packer.preprocess.plan import Plan
 from packer.preprocess.plan_groups import PlanIndex
-from packer.preprocess.tokenize import tokenize_unit, trained_totals, unit_paths
+from packer.preprocess.tokenize import tokenize_task, trained_totals, unit_paths, warm_worker
 from packer.stats import report
 from packer.stats.figures import add_trained, plan_source_figures
 from packer.stats.streamed import finalize_stats
@@ -85,12 +81,7 @@ def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", u
             failpoints.hit("tokenize", n_done[0])
 
         args = [(u, info, unit_configs[u.index] if unit_configs else config, units_dir) for u in units]
-        return executor.map(_tokenize_task, args, on_done=done)
-
-
-def _tokenize_task(unit, info, config, units_dir: fs.Place) -> dict:
-    failpoints.hit("unit", unit.index)
-    return tokenize_unit(unit, info, config, units_dir)
+        return executor.map(tokenize_task, args, on_done=done)
 
 
 def _unit_docs(units_dir, n_units: int) -> list[int]:
@@ -390,14 +381,14 @@ def build(job: Job, *, keep_work: bool = False, overwrite: bool = False, progres
 def _pool_started_early(job: Job, files, out, overwrite: bool):
     """The local pool a build will tokenize on, started now, while this process loads its tokenizer
     (tokenizer_info: ~0.3 s for 50,000 tokens), each worker loading the same tokenizer and engine as
-    it starts (_warm_worker), so that the workers are ready when the first unit is: None where the
+    it starts (tokenize.warm_worker), so that the workers are ready when the first unit is: None where the
     build may need no pool (Ray, one worker, one input no larger than a unit) or has a complete
     dataset to return (an unchanged command run again)."""
     if runs_inline(job) or job.executor != "local" or ((out / MANIFEST).exists() and not overwrite):
         return None
     if len(files) < 2 and not (files and _local_size(files[0]) > job.config.unit_bytes):
         return None
-    pool = make_executor(job, warm=(_warm_worker, (job.tokenizer, job.config.encode_engine)))
+    pool = make_executor(job, warm=(warm_worker, (job.tokenizer, job.config.encode_engine)))
     pool.start()
     return pool
 
@@ -408,19 +399,6 @@ def _local_size(path) -> int:
         return 0 if fs.is_uri(path) else os.path.getsize(path)
     except (OSError, TypeError, ValueError):
         return 0
-
-
-def _warm_worker(tokenizer: str, choice: str):
-    """A pool worker's first work as it starts: the tokenizer, and the engine's encoder that auto or
-    `choice` takes unless the driver's check of the rule refuses it (then tasks load hf's), kept for
-    the process by load_tokenizer / load_encoder, which every tokenize task calls."""
-    path = resolve_tokenizer(tokenizer)
-    name = engines.FAST[0] if choice == "auto" else choice
-    ready = name != "hf" and engines.ENGINES[name].missing() is None
-    if ready and not isinstance(byte_level.ranked_vocab_at(path, check_reach=False), str):
-        load_encoder(path, name)  # the ranks made from the file and probed, as a task would
-    else:
-        load_tokenizer(path)
 
 
 def _dirs_to_make(out) -> list:

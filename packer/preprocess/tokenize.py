@@ -26,12 +26,34 @@ import struct
 import numpy as np
 
 from packer.config import BuildConfig
+from packer.encode import engines
+from packer.encode.engines import byte_level
 from packer.encode.text import encode_parts, encode_texts
-from packer.encode.tokenizer import TokenizerInfo, load_encoder
-from packer.io import atomic, fs
+from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer, resolve_tokenizer
+from packer.io import atomic, failpoints, fs
 from packer.preprocess import changed
 from packer.preprocess.inner_eos import InnerEos
 from packer.preprocess.readers import FileError, SkipLog, Unit, field_names, read_records, read_unit
+
+
+def tokenize_task(unit: Unit, info: TokenizerInfo, config: BuildConfig, units_dir: fs.Place) -> dict:
+    """The stage's call for one unit on an executor (failpoint "unit" first: tests kill a worker here)."""
+    failpoints.hit("unit", unit.index)
+    return tokenize_unit(unit, info, config, units_dir)
+
+
+def warm_worker(tokenizer: str, choice: str):
+    """A pool worker's first work as it starts (executors.LocalExecutor warm): the tokenizer, and the
+    engine's encoder that auto or `choice` takes unless the driver's check of the rule refuses it
+    (then tasks load hf's), kept for the process by load_tokenizer / load_encoder, which each task
+    calls. This module is what a pool's forkserver preloads: its imports are a worker's."""
+    path = resolve_tokenizer(tokenizer)
+    name = engines.FAST[0] if choice == "auto" else choice
+    ready = name != "hf" and engines.ENGINES[name].missing() is None
+    if ready and not isinstance(byte_level.ranked_vocab_at(path, check_reach=False), str):
+        load_encoder(path, name)  # the ranks made from the file and probed, as a task would
+    else:
+        load_tokenizer(path)
 
 
 def unit_paths(work_dir: fs.Place, index: int) -> dict:

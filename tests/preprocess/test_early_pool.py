@@ -14,6 +14,7 @@ from packer.config import BuildConfig, Job
 from packer.encode.tokenizer import load_encoder, load_tokenizer, resolve_tokenizer
 from packer.preprocess import pipeline
 from packer.preprocess.executors import LocalExecutor
+from packer.preprocess.tokenize import warm_worker
 
 
 def note_pid(directory: str, tag: str):
@@ -63,13 +64,13 @@ def test_close_now_ends_a_pool_that_never_ran_a_task(tmp_path):
 def test_warm_worker_loads_what_a_tokenize_task_uses():
     path = resolve_tokenizer(TOKENIZER)
     load_encoder.cache_clear()
-    pipeline._warm_worker(TOKENIZER, "auto")
+    warm_worker(TOKENIZER, "auto")
     assert load_encoder.cache_info().currsize == 1
     before = load_encoder.cache_info().hits
     assert load_encoder(path, "tiktoken") is not None  # the task's call finds it made
     assert load_encoder.cache_info().hits == before + 1
     load_encoder.cache_clear()
-    pipeline._warm_worker(TOKENIZER, "hf")
+    warm_worker(TOKENIZER, "hf")
     assert load_encoder.cache_info().currsize == 0 and load_tokenizer(path) is not None
 
 
