@@ -173,24 +173,32 @@ class LocalExecutor:
     never changes the bytes it writes (module docstring)."""
 
     def __init__(self, n_workers: int, warm=None):
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        context = mp.get_context(method)
-        if method == "forkserver":  # imported once in the server, not again in each worker it forks
-            context.set_forkserver_preload(["__main__", *PRELOAD])
-        self._n = n_workers
+        self._n, self._warm = n_workers, warm
         self._starting = None
-        self._pool = ProcessPoolExecutor(
-            max_workers=n_workers, mp_context=context, initializer=_init_worker,
-            initargs=(tokenizer_threads(n_workers), warm),
-        )
+        self._made = None  # the ProcessPoolExecutor, made on first use: its queues start a resource-tracker process
+
+    @property
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._made is None:
+            method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+            context = mp.get_context(method)
+            if method == "forkserver":  # imported once in the server, not again in each worker it forks
+                context.set_forkserver_preload(["__main__", *PRELOAD])
+            self._made = ProcessPoolExecutor(
+                max_workers=self._n, mp_context=context, initializer=_init_worker,
+                initargs=(tokenizer_threads(self._n), self._warm),
+            )
+        return self._made
 
     def start(self):
         """Start the workers now, from a thread, and return at once: each submit of a no-op starts a
         process while none is idle (concurrent.futures spawns forkserver workers on demand)."""
+        pool = self._pool
+
         def spawn():
             with _main_without_a_missing_file():
                 for _ in range(self._n):
-                    self._pool.submit(os.getpid)
+                    pool.submit(os.getpid)
 
         self._starting = threading.Thread(target=spawn, name="packer-pool-start", daemon=True)
         self._starting.start()
@@ -254,6 +262,8 @@ class LocalExecutor:
         """Wait for the workers to finish and end (a second close does nothing); `now`: end them at
         once, what they were doing dropped (a pool started for a build that turned out to need none)."""
         self._started()
+        if self._made is None:  # every map ran here: no pool was made
+            return
         if now or getattr(self, "_stop_now", False):  # Ctrl-C or a failed item: don't finish the others
             processes = list((self._pool._processes or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -29,7 +29,7 @@ from packer.config import BuildConfig
 from packer.encode import engines
 from packer.encode.engines import byte_level
 from packer.encode.text import encode_parts, encode_texts
-from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer, resolve_tokenizer
+from packer.encode.tokenizer import TokenizerInfo, load_encoder, load_tokenizer, resolve_tokenizer, tokenizer_bytes
 from packer.io import atomic, failpoints, fs
 from packer.preprocess import changed
 from packer.preprocess.inner_eos import InnerEos
@@ -48,12 +48,12 @@ def warm_worker(tokenizer: str, choice: str):
     (then tasks load hf's), kept for the process by load_tokenizer / load_encoder, which each task
     calls. This module is what a pool's forkserver preloads: its imports are a worker's."""
     path = resolve_tokenizer(tokenizer)
+    load_tokenizer(path)
     name = engines.FAST[0] if choice == "auto" else choice
-    ready = name != "hf" and engines.ENGINES[name].missing() is None
-    if ready and not isinstance(byte_level.ranked_vocab_at(path, check_reach=False), str):
-        load_encoder(path, name)  # the ranks made from the file and probed, as a task would
-    else:
-        load_tokenizer(path)
+    if name == "hf" or engines.ENGINES[name].missing() is not None:
+        return
+    if not isinstance(byte_level.ranked_vocab_at(path, check_reach=False, data=tokenizer_bytes(path)), str):
+        load_encoder(path, name)  # the ranks made from the bytes the tokenizer was loaded from, and probed
 
 
 def unit_paths(work_dir: fs.Place, index: int) -> dict:

@@ -119,3 +119,25 @@ def test_a_build_refused_after_the_pool_started_stops_cleanly(tmp_path):
         pipeline.build(job)
     assert time.perf_counter() - t < 60  # the pool ended, not waited on forever
     assert not (tmp_path / "out").exists()
+
+
+ONE_CALL = """
+import os, sys
+from packer.preprocess.executors import LocalExecutor
+ex = LocalExecutor(2)
+assert ex.map(abs, [(-3,)]) == [3]
+children = [c for t in os.listdir("/proc/self/task") for c in open(f"/proc/self/task/{t}/children").read().split()]
+ex.close()
+print(len(children))
+"""
+
+
+def test_a_pool_whose_maps_all_run_here_starts_no_process():
+    """Not even multiprocessing's resource tracker (a ProcessPoolExecutor's queues start one): a tiny build."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-c", ONE_CALL], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert proc.stdout.split() == ["0"], proc.stdout + proc.stderr
