@@ -24,7 +24,7 @@ from conftest import TOKENIZER, sample_texts
 from packer.cli import main
 from packer.config import BuildConfig, Job
 from packer.io import failpoints
-from packer.preprocess import changed, pipeline
+from packer.preprocess import changed, tokenize
 from packer.preprocess.changed import InputChanged
 from packer.preprocess.pipeline import build
 
@@ -109,7 +109,7 @@ def test_each_unit_records_a_hash_of_what_it_read(tmp_path, fmt):
 
 def _edit_after_first_unit(monkeypatch, path: Path, at: int):
     """Simulate another program rewriting `path` once the build has read its first unit."""
-    real = pipeline.tokenize_unit
+    real = tokenize.tokenize_unit
 
     def tokenize_then_edit(unit, *args):
         counters = real(unit, *args)
@@ -117,7 +117,7 @@ def _edit_after_first_unit(monkeypatch, path: Path, at: int):
             _edit_same_size(path, at)
         return counters
 
-    monkeypatch.setattr(pipeline, "tokenize_unit", tokenize_then_edit)
+    monkeypatch.setattr(tokenize, "tokenize_unit", tokenize_then_edit)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet", "arrow"])
@@ -126,7 +126,7 @@ def test_an_input_edited_during_the_build_is_refused_before_the_manifest(tmp_pat
     out = tmp_path / "out"
     at = 100 if fmt in ("jsonl", "jsonl.gz") else 8  # inside unit 0's bytes (jsonl) / the stored data
     if fmt == "jsonl.gz":  # any stored byte of a compressed file: recompressing keeps the size only by luck
-        monkeypatch.setattr(pipeline, "tokenize_unit", _flip_byte_after(pipeline.tokenize_unit, path, 100))
+        monkeypatch.setattr(tokenize, "tokenize_unit", _flip_byte_after(tokenize.tokenize_unit, path, 100))
     else:
         _edit_after_first_unit(monkeypatch, path, at)
     with pytest.raises(InputChanged) as e:
@@ -154,14 +154,14 @@ def test_restoring_the_file_resumes_and_overwrite_rebuilds(tmp_path, monkeypatch
     path = _inputs(tmp_path, "jsonl")
     original, st = path.read_bytes(), os.stat(path)
     out, clean = tmp_path / "out", tmp_path / "clean"
-    real = pipeline.tokenize_unit
+    real = tokenize.tokenize_unit
 
     def stop_after_two(unit, *args):  # Ctrl-C once two units are finished
         if unit.index == 2:
             raise KeyboardInterrupt
         return real(unit, *args)
 
-    monkeypatch.setattr(pipeline, "tokenize_unit", stop_after_two)
+    monkeypatch.setattr(tokenize, "tokenize_unit", stop_after_two)
     with pytest.raises(KeyboardInterrupt):
         build(_job([path], out))
     monkeypatch.undo()
