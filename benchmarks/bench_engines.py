@@ -131,6 +131,15 @@ N_FILES = 8
 DOC_CHARS = 65536
 VOCAB = 50_000
 QWEN2 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+# DeepSeek-V3's tokenizer.json pre_tokenizer: a Sequence of these three Splits (each Isolated, not inverted), then
+# ByteLevel(add_prefix_space=False, use_regex=False). No engine but hf reproduces several Splits, so auto picks hf.
+DEEPSEEK_V3_SPLITS = (
+    "\\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
 _TROFF = re.compile(r"^\.[A-Za-z]+\s?|\\f[BIRP]|\\\(..|\\[-&e|^]")
 
 
@@ -206,6 +215,9 @@ def train(path: Path, style: str, files: list[str]) -> str:
     tok = Tokenizer(models.BPE())
     if style == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif style == "deepseek":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(r), "isolated") for r in DEEPSEEK_V3_SPLITS),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), "isolated"),

@@ -94,15 +94,6 @@ DOC_CHARS = 11_000
 N_FILES = 4
 SEED_SAMPLE = 8  # train on every SEED_SAMPLE-th document
 
-# DeepSeek-V3's tokenizer.json pre_tokenizer: a Sequence of these three Splits (each Isolated, not inverted), then
-# ByteLevel(add_prefix_space=False, use_regex=False). No engine but hf reproduces several Splits, so auto picks hf.
-DEEPSEEK_V3_SPLITS = (
-    "\\p{N}{1,3}",
-    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
-    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-)
-
 # --tokenizers name -> its label here, its name in docs/engines.md's table, and the engine `auto` must pick for it
 TOKENIZERS = {
     "gpt2": {"label": "gpt2-style", "doc": "GPT-2 style", "engine": "tiktoken"},
@@ -344,26 +335,7 @@ def _split(seconds: float, marks: dict) -> dict:
 STAGES = ("start-up", "tokenize", "plan", "write", "finish")
 
 
-def train_deepseek(path: Path, files: list[str], vocab: int) -> str:
-    """A DeepSeek-V3 style tokenizer (DEEPSEEK_V3_SPLITS, ByteLevel without its regex), trained as
-    bench_engines.train trains the other two."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    texts = [json.loads(line)["text"] for f in files for line in open(f, encoding="utf-8")]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(r), "isolated") for r in DEEPSEEK_V3_SPLITS),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
-    tok.save(str(path))
-    return str(path)
-
-
 def _train(d: Path, name: str, sample: Path, vocab: int) -> str:
-    if name == "deepseek":
-        return train_deepseek(d / f"{name}.json", [str(sample)], vocab)
     bench_engines.VOCAB = vocab
     return bench_engines.train(d / f"{name}.json", name, [str(sample)])
 
