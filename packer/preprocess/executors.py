@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -225,11 +226,7 @@ class LocalExecutor:
                     try:
                         results[i] = fut.result()
                     except BrokenProcessPool as e:  # which task's worker died is not known: every pending one fails
-                        raise WorkerDied(
-                            f"{fn.__name__}: a worker process died (killed, or out of memory?) with tasks in flight; "
-                            "finished work is kept: run the same command again to resume (with fewer --workers "
-                            "if memory ran out)"
-                        ) from e
+                        raise _died(fn) from e
                     except Exception as e:
                         raise _labelled(e, describe_call(fn, items[i], i)) from e
                     if on_done:
@@ -240,6 +237,21 @@ class LocalExecutor:
             self._stop_now = True
             raise
         return results
+
+    def call(self, fn, *args):
+        """fn(*args) on a worker (the pool started if it is not), returned, raised and warned as if it
+        ran here: what the driver asks of work a worker has done already (the build's tokenizer_info,
+        from the tokenizer and engine its warm-up loaded), so that the driver does not do it too."""
+        self._started()
+        with _main_without_a_missing_file():
+            future = self._pool.submit(_warned, fn, args)
+        try:
+            result, caught = future.result()
+        except BrokenProcessPool as e:
+            raise _died(fn) from e
+        for message, category in caught:
+            warnings.warn(message, category, stacklevel=2)
+        return result
 
     @staticmethod
     def _map_here(fn, items, on_done):
@@ -273,6 +285,21 @@ class LocalExecutor:
                 p.join()
             return
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _died(fn) -> WorkerDied:
+    return WorkerDied(f"{fn.__name__}: a worker process died (killed, or out of memory?) with tasks in flight; "
+                      "finished work is kept: run the same command again to resume (with fewer --workers "
+                      "if memory ran out)")
+
+
+def _warned(fn, args):
+    """A worker's body for LocalExecutor.call: (fn's result, the warnings it gave as (message, category)),
+    for the driver to give again (a worker's own stderr is not where the build's warnings go)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    return result, [(str(w.message), w.category) for w in caught]
 
 
 def _run_task(fn, args, cwd: str, env: dict):

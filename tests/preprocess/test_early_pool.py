@@ -26,6 +26,13 @@ def fail(*_):
     raise ValueError("no such tokenizer")
 
 
+def warn_and_return(value):
+    import warnings
+
+    warnings.warn(f"careful with {value}", UserWarning)
+    return value
+
+
 def worker_pid(delay: float) -> int:
     time.sleep(delay)
     return os.getpid()
@@ -59,6 +66,30 @@ def test_close_now_ends_a_pool_that_never_ran_a_task(tmp_path):
     for p in tmp_path.iterdir():  # every worker that started is gone
         with pytest.raises(ProcessLookupError):
             os.kill(int(p.name.split("-")[1]), 0)
+
+
+def test_call_runs_on_a_worker_and_returns_raises_and_warns_as_if_here():
+    ex = LocalExecutor(2)
+    try:
+        assert ex.call(os.getpid) != os.getpid()
+        with pytest.raises(ValueError, match="no such tokenizer"):
+            ex.call(fail)
+        with pytest.warns(UserWarning, match="careful with 7"):
+            assert ex.call(warn_and_return, 7) == 7
+        assert ex.map(abs, [(-1,), (-2,)]) == [1, 2]  # the pool still works after a call raised
+    finally:
+        ex.close()
+
+
+def test_call_on_a_worker_that_dies_says_so():
+    from packer.preprocess.executors import WorkerDied
+
+    ex = LocalExecutor(2)
+    try:
+        with pytest.raises(WorkerDied, match="_exit: a worker process died"):
+            ex.call(os._exit, 3)
+    finally:
+        ex.close(now=True)
 
 
 def test_warm_worker_loads_what_a_tokenize_task_uses():
@@ -110,6 +141,30 @@ def test_builds_with_the_early_pool_equal_the_inline_build(tmp_path):
     for name in ("shard-00000.arrow",):
         assert (tmp_path / "a" / "out" / name).read_bytes() == (tmp_path / "b" / "out" / name).read_bytes()
     assert inline["totals"] == pooled["totals"]
+
+
+def test_the_driver_of_a_pooled_build_never_loads_the_tokenizer(tmp_path):
+    """A worker reads the build's tokenizer_info (pipeline.build): the driver's process loads neither
+    the tokenizer nor an engine, and the info's warnings still reach the driver's caller."""
+    import json
+    import shutil
+
+    from packer.encode import tokenizer
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    shutil.copy(TOKENIZER, d / "tokenizer.json")
+    (d / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<pad>"}))
+    tokenizer._loaded.cache_clear()
+    load_encoder.cache_clear()
+    job = dataclasses.replace(_job(tmp_path, SAMPLE_INPUTS), tokenizer=str(d))
+    with pytest.warns(UserWarning, match=r"names pad_token '<pad>', which .* does not have"):
+        manifest = pipeline.build(job)
+    assert tokenizer._loaded.cache_info().currsize == 0 and load_encoder.cache_info().currsize == 0
+    with pytest.warns(UserWarning, match="names pad_token"):
+        inline = pipeline.build(dataclasses.replace(job, workers=1, output=str(tmp_path / "inline")))
+    assert tokenizer._loaded.cache_info().currsize == 1  # the inline build loads it here, and agrees
+    assert manifest["tokenizer"] == inline["tokenizer"] and manifest["totals"] == inline["totals"]
 
 
 def test_a_build_refused_after_the_pool_started_stops_cleanly(tmp_path):
