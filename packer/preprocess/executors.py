@@ -1,7 +1,8 @@
 """Where stage functions run: in this process, in a local process pool, or as Ray tasks (EXECUTORS: name -> factory).
 
-An executor is `map(fn, items, on_done=None)` (completion in any order, results in item
-order, `on_done(result)` on the driver as each finishes) plus `close()`. Stage functions
+An executor is `map(fn, items, on_done=None, sizes=None)` (completion in any order, results in
+item order, `on_done(result)` on the driver as each finishes; `sizes`: each call's rough cost, so a
+pool starts the largest first) plus `close()`. Stage functions
 are module-level and take small picklable arguments (paths, units, indices); token data
 moves only through files, so where a call runs never changes the bytes it writes.
 
@@ -85,6 +86,16 @@ def _exit_with_driver():
     threading.Thread(target=watch, name="packer-driver-watch", daemon=True).start()
 
 
+def largest_first(n: int, sizes=None) -> list[int]:
+    """The order a pool starts n calls in: by `sizes` (each call's rough cost), largest first, ties in
+    item order (none given: item order). The last calls to start are then the smallest, and the
+    workers finish together: 16 units of 3.9 MB and a remainder of 0.1 MB in item order left one of 2
+    workers idle for the last 0.28 s of a 2.2 s stage; the remainder last, 0.03 s (2026-12-06)."""
+    if sizes is None:
+        return list(range(n))
+    return sorted(range(n), key=lambda i: -sizes[i])
+
+
 def describe_call(fn, item, index: int) -> str:
     """Name a call for error messages by its domain arguments: 'tokenize_unit, unit 3 (a.jsonl bytes
     0-65536)' ('... (a.jsonl.gz whole file)'), 'write_shard, shard 2', else 'fn, item 5'."""
@@ -144,7 +155,7 @@ class InlineExecutor:
         self._saved = {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
         _set_threads(tokenizer_threads(1))
 
-    def map(self, fn, items, on_done=None):
+    def map(self, fn, items, on_done=None, sizes=None):  # one call at a time: the order costs nothing
         results = []
         for item in items:
             results.append(fn(*item))
@@ -209,13 +220,13 @@ class LocalExecutor:
             self._starting.join()
             self._starting = None
 
-    def map(self, fn, items, on_done=None):
+    def map(self, fn, items, on_done=None, sizes=None):
         items = list(items)
         if len(items) <= 1:
             return self._map_here(fn, items, on_done)
         self._started()
         with _main_without_a_missing_file():  # the pool starts its processes inside submit
-            futures = {self._pool.submit(fn, *item): i for i, item in enumerate(items)}
+            futures = {self._pool.submit(fn, *items[i]): i for i in largest_first(len(items), sizes)}
         results = [None] * len(futures)
         pending = set(futures)
         try:
@@ -366,16 +377,18 @@ class RayExecutor:
         self.max_in_flight = n_workers if n_workers > 0 else 2 * max(cpus, 1)
         self._task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(_run_task)
 
-    def map(self, fn, items, on_done=None):
+    def map(self, fn, items, on_done=None, sizes=None):
         ray, items, cwd, env = self._ray, list(items), os.getcwd(), failpoints.environment()
         results = [None] * len(items)
         in_flight: dict = {}  # ObjectRef -> item index
+        order = iter(largest_first(len(items), sizes))
         submitted = 0
         try:
             while submitted < len(items) or in_flight:
                 while submitted < len(items) and len(in_flight) < self.max_in_flight:
-                    ref = self._task.remote(fn, items[submitted], cwd, env)
-                    in_flight[ref] = submitted
+                    i = next(order)
+                    ref = self._task.remote(fn, items[i], cwd, env)
+                    in_flight[ref] = i
                     submitted += 1
                 ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=RAY_STALL_SECONDS)
                 if not ready:

@@ -81,7 +81,8 @@ def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", u
             failpoints.hit("tokenize", n_done[0])
 
         args = [(u, info, unit_configs[u.index] if unit_configs else config, units_dir) for u in units]
-        return executor.map(tokenize_task, args, on_done=done)
+        sizes = [0 if (fs.redact(u.path), u.start, u.end) in earlier else u.size for u in units]  # largest first
+        return executor.map(tokenize_task, args, on_done=done, sizes=sizes)
 
 
 def _unit_docs(units_dir, n_units: int) -> list[int]:

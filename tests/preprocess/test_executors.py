@@ -17,7 +17,14 @@ from packer.cli import main
 from packer.config import BuildConfig, Job, load_job
 from packer.encode.tokenizer import tokenizer_info
 from packer.io import failpoints
-from packer.preprocess.executors import EXECUTORS, InlineExecutor, LocalExecutor, describe_call, make_executor
+from packer.preprocess.executors import (
+    EXECUTORS,
+    InlineExecutor,
+    LocalExecutor,
+    describe_call,
+    largest_first,
+    make_executor,
+)
 from packer.preprocess.readers import Unit
 from packer.preprocess.tokenize import tokenize_unit
 from packer.preprocess.writer import write_shard
@@ -49,6 +56,50 @@ def test_results_in_item_order_and_on_done_once_each(executor):
         assert sorted(seen) == [x * x for x in range(6)]
     finally:
         ex.close()
+
+
+def note_start(directory: str, x: int) -> int:
+    with open(os.path.join(directory, "started"), "a") as f:
+        f.write(f"{x}\n")
+    return x * 10
+
+
+def test_largest_first_orders_by_size_ties_in_item_order():
+    assert largest_first(5, [1, 5, 3, 5, -1]) == [1, 3, 2, 0, 4]
+    assert largest_first(3) == [0, 1, 2]
+
+
+def test_a_pool_starts_the_largest_calls_first_and_keeps_item_order(tmp_path):
+    ex = LocalExecutor(1)  # one worker: calls run in the order they were started
+    try:
+        got = ex.map(note_start, [(str(tmp_path), i) for i in range(5)], sizes=[1, 5, 3, 5, -1])
+    finally:
+        ex.close()
+    assert got == [0, 10, 20, 30, 40]
+    assert (tmp_path / "started").read_text().split() == ["1", "3", "2", "0", "4"]
+
+
+class _Sizes(InlineExecutor):
+    """Runs nothing: keeps the sizes the stage asks a pool to order its calls by."""
+
+    def map(self, fn, items, on_done=None, sizes=None):
+        self.sizes = sizes
+        return [{} for _ in items]
+
+
+def test_the_tokenize_stage_starts_big_units_first_and_finished_ones_count_nothing(tmp_path):
+    from packer.preprocess import pipeline, readers
+    from packer.preprocess.tokenize import unit_paths
+
+    units = readers.plan_units(list(SAMPLE_INPUTS), 1 << 11)
+    assert len(units) >= 3 and len({u.size for u in units}) > 1
+    unit_paths(tmp_path, units[0].index)["json"].write_text("{}")  # an earlier run finished it
+    ex = _Sizes()
+    try:
+        pipeline._tokenize_stage(units, None, BuildConfig(), tmp_path, ex, progress="off")
+    finally:
+        ex.close()
+    assert ex.sizes == [0, *(u.size for u in units[1:])]
 
 
 def test_local_worker_error_keeps_its_type_and_names_the_unit(tmp_path):
