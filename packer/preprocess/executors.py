@@ -129,13 +129,16 @@ def _labelled(exc: BaseException, label: str) -> BaseException:
 
 
 @contextlib.contextmanager
-def _main_without_a_missing_file():
-    """forkserver and spawn workers re-run the parent's __main__ from its __file__; when that is no
-    file (a script piped in: `python - < build.py`, __file__ '<stdin>') each new worker would die
-    trying. Hide such a __file__ while workers start: the stage functions live in packer, not __main__."""
+def _main_hidden():
+    """Hide __main__'s __file__ while pool workers start, so that none runs the parent's main script
+    again: forkserver and spawn workers import it (as __mp_main__) to find what a task names there,
+    and packer's tasks name nothing there (stage functions and their arguments live in packer). So a
+    script with no `if __name__ == "__main__":` guard builds once, `python - < build.py` (__file__
+    '<stdin>', no file to run) works, and a worker of the `packer` command does not import packer.cli
+    (0.06 s before it can start, 2026-12-06)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if path is None or os.path.isfile(path):
+    if path is None:
         yield
         return
     del main.__file__
@@ -195,7 +198,7 @@ class LocalExecutor:
             method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
             context = mp.get_context(method)
             if method == "forkserver":  # imported once in the server, not again in each worker it forks
-                context.set_forkserver_preload(["__main__", *PRELOAD])
+                context.set_forkserver_preload(list(PRELOAD))  # not __main__: _main_hidden
             self._made = ProcessPoolExecutor(
                 max_workers=self._n, mp_context=context, initializer=_init_worker,
                 initargs=(tokenizer_threads(self._n), self._warm),
@@ -208,7 +211,7 @@ class LocalExecutor:
         pool = self._pool
 
         def spawn():
-            with _main_without_a_missing_file():
+            with _main_hidden():
                 for _ in range(self._n):
                     pool.submit(os.getpid)
 
@@ -225,7 +228,7 @@ class LocalExecutor:
         if len(items) <= 1:
             return self._map_here(fn, items, on_done)
         self._started()
-        with _main_without_a_missing_file():  # the pool starts its processes inside submit
+        with _main_hidden():  # the pool starts its processes inside submit
             futures = {self._pool.submit(fn, *items[i]): i for i in largest_first(len(items), sizes)}
         results = [None] * len(futures)
         pending = set(futures)
@@ -254,7 +257,7 @@ class LocalExecutor:
         ran here: what the driver asks of work a worker has done already (the build's tokenizer_info,
         from the tokenizer and engine its warm-up loaded), so that the driver does not do it too."""
         self._started()
-        with _main_without_a_missing_file():
+        with _main_hidden():
             future = self._pool.submit(_warned, fn, args)
         try:
             result, caught = future.result()

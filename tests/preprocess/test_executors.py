@@ -229,6 +229,29 @@ def test_local_pool_runs_from_a_script_piped_to_python(tmp_path):
     assert (tmp_path / "ds" / "manifest.json").is_file()
 
 
+def test_a_script_without_a_main_guard_builds_once_and_workers_do_not_run_it(tmp_path):
+    """Workers never import the parent's main script (executors._main_hidden): a script with no
+    `if __name__ == "__main__":` guard builds once (before, the forkserver ran it again and the build
+    failed: a process started while the server was bootstrapping), and no worker has run it (the
+    `packer` command's workers imported packer.cli that way)."""
+    (tmp_path / "probe_mod.py").write_text("import sys\n\ndef has_main(_):\n    return hasattr(sys.modules['__main__'], 'BUILD_SCRIPT')\n")
+    script = tmp_path / "build.py"
+    script.write_text(
+        "BUILD_SCRIPT = True\nfrom packer.config import Job\nfrom packer.preprocess.executors import LocalExecutor\n"
+        "from packer.preprocess.pipeline import build\nimport probe_mod\n"
+        f"build(Job(inputs={tuple(SAMPLE_INPUTS)!r}, tokenizer={TOKENIZER!r}, output={str(tmp_path / 'ds')!r}, "
+        "workers=2))\nprint('built')\n"
+        "ex = LocalExecutor(2)\nprint('workers ran the script:', any(ex.map(probe_mod.has_main, [(0,), (1,)])))\n"
+        "ex.close()\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n").count("built") == 1
+    assert "workers ran the script: False" in result.stdout
+    assert (tmp_path / "ds" / "manifest.json").is_file()
+
+
 def _process_state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/status") as f:
