@@ -159,9 +159,19 @@ class InlineExecutor:
         _set_threads(tokenizer_threads(1))
 
     def map(self, fn, items, on_done=None, sizes=None):  # one call at a time: the order costs nothing
+        return self.run(fn, items, on_done)
+
+    @staticmethod
+    def run(fn, items, on_done=None, labelled: bool = False):
+        """Each call in turn here; `labelled`: an error names its call as a pool's does (describe_call)."""
         results = []
-        for item in items:
-            results.append(fn(*item))
+        for i, item in enumerate(items):
+            try:
+                results.append(fn(*item))
+            except Exception as e:
+                if not labelled:
+                    raise
+                raise _labelled(e, describe_call(fn, item, i)) from e
             if on_done:
                 on_done(results[-1])
         return results
@@ -272,15 +282,7 @@ class LocalExecutor:
         """map in this process (one call at most), labelled as a pool's call is, on one worker's threads."""
         inline = InlineExecutor()
         try:
-            results = []
-            for i, item in enumerate(items):
-                try:
-                    results.append(fn(*item))
-                except Exception as e:
-                    raise _labelled(e, describe_call(fn, item, i)) from e
-                if on_done:
-                    on_done(results[-1])
-            return results
+            return inline.run(fn, items, on_done, labelled=True)
         finally:
             inline.close()
 
