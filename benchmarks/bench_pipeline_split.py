@@ -50,10 +50,10 @@ median, and the rounds' range with --repeat; stages in seconds; "tokenize (not t
 stage, and the stage less the engine alone); --json PATH writes every row with all its columns and
 each round's ratios.
 
-Figures: docs/engines.md "Packer's own work, per corpus" (2026-12-06, quiet, `--corpus DIR --repeat 2
---markdown`; at 2 workers GPT-2 style 2.74 / 2.92 / 3.12x encode_batch_fast on english / code /
-multilingual, build / engine alone 0.84 / 0.90 / 0.89). The kept corpora (written once, `--corpus DIR --mb 60`):
-english 62.2 MB of JSONL (7,066 documents), code 62.5 MB (8,274), multilingual 62.0 MB (6,682).
+Figures: docs/engines.md "Packer's own work, per corpus" (2026-12-06, load 1.1, `--corpus DIR --repeat 2
+--markdown`; at 2 workers GPT-2 style 3.36 / 3.03 / 3.18x encode_batch_fast on english / code /
+multilingual, Qwen NFC 3.64 / 3.31 / 3.35, hf 0.94 / 0.90 / 0.89, build / engine alone 0.90-0.97).
+The kept corpora (written once, `--corpus DIR --mb 60`): english 62.2 MB of JSONL (7,066 documents), code 62.5 MB (8,274), multilingual 62.0 MB (6,682).
 
 Check run of the hf row, 2026-12-05, a loaded machine (load 5.9 on 2 shared cores, so the figures
 only show the row works), `--mb 4 --repeat 1 --tokenizers deepseek --workers 2`: build /
