@@ -61,8 +61,8 @@ WORK = "_work"
 def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", unit_configs=None):
     total = sum(max(u.size, 0) for u in units)
     n_done = [0]
-    earlier = {(fs.redact(u.path), u.start, u.end): max(u.size, 0)  # units an earlier run finished: not in the rates
-               for u in units if unit_paths(units_dir, u.index)["json"].exists()}
+    finished = [unit_paths(units_dir, u.index)["json"].exists() for u in units]  # by an earlier run: not in the rates
+    earlier = {(fs.redact(u.path), u.start, u.end): max(u.size, 0) for u, was in zip(units, finished) if was}
     with Progress("tokenize", total, "B", mode=progress, before=sum(earlier.values()),
                   before_note=f"{len(earlier)} of {len(units)} units") as bar:
         seen = {"docs": 0, "tokens": 0}
@@ -81,7 +81,7 @@ def _tokenize_stage(units, info, config, units_dir, executor, progress="auto", u
             failpoints.hit("tokenize", n_done[0])
 
         args = [(u, info, unit_configs[u.index] if unit_configs else config, units_dir) for u in units]
-        sizes = [0 if (fs.redact(u.path), u.start, u.end) in earlier else u.size for u in units]  # largest first
+        sizes = [0 if was else u.size for u, was in zip(units, finished)]  # a pool starts the largest first
         return executor.map(tokenize_task, args, on_done=done, sizes=sizes)
 
 
